@@ -1,0 +1,50 @@
+"""Compose conf/ + overrides with Hydra into a typed RunConfig. The only module that uses Hydra.
+
+`DictConfig` never leaves this module: callers get a plain `RunConfig` dataclass.
+"""
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from conf.errors import ConfigError, Problem
+from conf.overrides import CONF_DIR, check_overrides
+from conf.schema import RunConfig
+
+SCHEMA_NAME = "run_schema"
+
+
+def _register_schema() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+
+
+def compose_config(overrides: list[str]) -> RunConfig:
+    """Compose the default config with `overrides`; raise ConfigError on any bad override."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_overrides(overrides)
+    _register_schema()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+        run_config = OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError([_problem_from_hydra(err)], "Invalid overrides") from None
+    assert isinstance(run_config, RunConfig), type(run_config)
+    return run_config
+
+
+def config_yaml(run_config: RunConfig) -> str:
+    """The composed config as YAML (what `config.yaml` in the run dir holds)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(run_config))
+
+
+def _problem_from_hydra(err: Exception) -> Problem:
+    text = " ".join(str(err).split())
+    cause = err.__cause__
+    if cause is not None and str(cause) and str(cause) not in text:
+        text = f"{text}: {' '.join(str(cause).split())}"
+    return Problem("overrides", "", text, "check the keys and values against conf/schema.py")

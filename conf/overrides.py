@@ -1,0 +1,121 @@
+"""Check command-line overrides against the schema before Hydra sees them.
+
+Hydra stops at the first bad override; this module reports every unknown group option,
+unknown key and wrongly typed value at once, each with the valid choices or a close match.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from enum import Enum
+from pathlib import Path
+
+from conf.errors import ProblemList
+from conf.schema import RunConfig
+
+CONF_DIR = Path(__file__).resolve().parent
+GROUPS = ("model", "precision", "parallel", "recompute", "schedule", "optim", "data",
+          "cluster", "logging")
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: the YAML files in conf/<group>/."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _schema_field(path: list[str]) -> tuple[type | None, str]:
+    """Walk the schema along `path`; return (field type, "") or (None, the first bad part)."""
+    node: type = RunConfig
+    for i, part in enumerate(path):
+        if not dataclasses.is_dataclass(node):
+            return None, ".".join(path[: i + 1])
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return None, ".".join(path[: i + 1])
+        node = hints[part]
+    return node, ""
+
+
+def _close_keys(path: list[str]) -> list[str]:
+    parent, _ = _schema_field(path[:-1]) if len(path) > 1 else (RunConfig, "")
+    if parent is None or not dataclasses.is_dataclass(parent):
+        return []
+    names = [f.name for f in dataclasses.fields(parent)]
+    prefix = ".".join(path[:-1] + [""])
+    return [prefix + n for n in difflib.get_close_matches(path[-1], names, n=3)]
+
+
+def _type_problem(kind: type, value: object) -> str:
+    """Why `value` cannot be a `kind`, or "" when it can."""
+    if isinstance(value, str) and value.startswith("${"):
+        return ""  # an interpolation: OmegaConf checks it after resolving
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        names = [m.name for m in kind]
+        return "" if str(value) in names else f"must be one of {', '.join(names)}"
+    if kind is bool:
+        return "" if isinstance(value, bool) else "must be true or false"
+    if kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return "" if ok else "must be an integer"
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return "" if ok else "must be a number"
+    if kind is str:
+        return "" if isinstance(value, (str, int, float, bool)) else "must be a string"
+    return ""
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Raise one ConfigError listing every override that cannot compose."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    problems = ProblemList()
+    parser = OverridesParser.create()
+    for line in overrides:
+        try:
+            (ov,) = parser.parse_overrides([line])
+        except OverrideParseException as err:
+            first = str(err).strip().splitlines()[0]
+            problems.add(line, "", f"is not valid override syntax ({first})",
+                         "write key=value, group=option, +key=value or ~key")
+            continue
+        if ov.is_sweep_override():
+            problems.add(ov.key_or_group, ov.get_value_string(),
+                         "is a sweep (several values) but `run` takes one value per key",
+                         "use `meshrun sweep` for sweeps, or give a single value")
+            continue
+        _check_one(ov, problems)
+    problems.raise_if_any("Invalid overrides")
+
+
+def _check_one(ov, problems: ProblemList) -> None:
+    key = ov.key_or_group
+    value = ov.value()
+    if key in GROUPS and not ov.is_delete():
+        options = group_options(key)
+        if str(value) not in options:
+            problems.add(key, value, f"unknown {key} option",
+                         f"choose one of: {', '.join(options)}")
+        return
+    path = key.split(".")
+    kind, bad = _schema_field(path)
+    if ov.is_delete() or (ov.is_add() and kind is not None):
+        return  # Hydra's own grammar: checked when composing
+    if kind is None and ov.is_add():
+        problems.add(key, value, f"cannot add key '{bad}': the run schema is fixed",
+                     "set an existing key (see conf/schema.py) without '+'")
+        return
+    if kind is None:
+        close = _close_keys(bad.split("."))
+        fix = f"did you mean {' or '.join(close)}?" if close else "see conf/schema.py for keys"
+        problems.add(key, value, f"unknown key '{bad}'", fix)
+        return
+    if dataclasses.is_dataclass(kind):
+        problems.add(key, value, "is a config section, not a value",
+                     f"set one of its keys, e.g. {key}.{dataclasses.fields(kind)[0].name}=...")
+        return
+    why = _type_problem(kind, value)
+    if why:
+        problems.add(key, value, why, f"give a valid {getattr(kind, '__name__', kind)}")

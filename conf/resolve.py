@@ -1,0 +1,160 @@
+"""resolve(): RunConfig (mutable, may hold "auto") -> RunSpec (frozen, complete, checked).
+
+Every cross-field rule lives here. Problems are collected, never raised one by one, so a user
+sees all of them at once; `ProblemList.raise_if_any` raises a single ConfigError at the end.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+from conf import rules
+from conf.errors import ProblemList
+from conf.schema import DeviceKind, DType, Precision, RunConfig
+from conf.spec import (
+    CheckpointSpec, ClusterSpec, DataSpec, HostSpec, LoggingSpec, ModelSpec, OptimSpec,
+    ParallelSpec, PrecisionSpec, RecomputeSpec, RunSpec, ScheduleSpec, TrainingSpec,
+)
+
+BYTE_VOCAB = 256
+CPU_DEFAULT_PROCS = 2
+
+
+def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunSpec:
+    """Fill every auto value and check every rule; raise one ConfigError listing all problems."""
+    problems = ProblemList()
+    device = _resolve_device(cfg, host, problems)
+    model = _resolve_model(cfg, problems)
+    procs = _resolve_procs_per_node(cfg, host, device, problems)
+    parallel = _resolve_parallel(cfg, cfg.cluster.nodes * procs, problems)
+    training = _resolve_training(cfg, device, parallel.dp, problems)
+    rules.check_model(model, problems)
+    rules.check_parallel(parallel, cfg.parallel, model, problems)
+    rules.check_parallel_world(parallel, cfg.cluster.nodes * procs, cfg.cluster.nodes, problems)
+    rules.check_training(training, model, problems)
+    rules.check_schedule(cfg.schedule, training.steps, problems)
+    rules.check_optim(cfg.optim, problems)
+    rules.check_cluster(cfg.cluster, procs, host, device, problems)
+    rules.check_checkpoint(cfg.checkpoint, problems, check_paths=check_paths)
+    data = _resolve_data(cfg, model, problems, check_paths=check_paths)
+    precision = _resolve_precision(cfg, host, device, problems)
+    problems.raise_if_any()
+    return RunSpec(
+        name=cfg.name, runs_dir=str(Path(cfg.runs_dir).expanduser()), model=model,
+        precision=precision, parallel=parallel, recompute=RecomputeSpec(mode=cfg.recompute.mode),
+        schedule=ScheduleSpec(**vars(cfg.schedule)), optim=OptimSpec(**vars(cfg.optim)),
+        data=data, training=training, checkpoint=_resolve_checkpoint(cfg),
+        cluster=ClusterSpec(kind=cfg.cluster.kind.value, nodes=cfg.cluster.nodes,
+                            procs_per_node=procs),
+        logging=LoggingSpec(**vars(cfg.logging)), host=host,
+    )
+
+
+def _resolve_device(cfg: RunConfig, host: HostSpec, problems: ProblemList) -> str:
+    wanted = cfg.training.device
+    if wanted == DeviceKind.cuda and host.gpu_count == 0:
+        problems.add("training.device", "cuda", "needs a CUDA GPU, and this machine has none",
+                     "use training.device=auto or cpu")
+    if wanted == DeviceKind.auto:
+        return "cuda" if host.gpu_count > 0 else "cpu"
+    return wanted.value
+
+
+def _resolve_model(cfg: RunConfig, problems: ProblemList) -> ModelSpec:
+    m = cfg.model
+    kv = m.n_heads if m.n_kv_heads == -1 else m.n_kv_heads
+    return ModelSpec(name=m.name, n_layers=m.n_layers, dim=m.dim, n_heads=m.n_heads,
+                     n_kv_heads=kv, ffn_dim=m.ffn_dim, vocab_size=m.vocab_size,
+                     max_seq_len=m.max_seq_len, rope_theta=m.rope_theta,
+                     tie_embeddings=m.tie_embeddings, norm_eps=m.norm_eps, init_std=m.init_std)
+
+
+def _resolve_procs_per_node(cfg: RunConfig, host: HostSpec, device: str,
+                            problems: ProblemList) -> int:
+    c, p = cfg.cluster, cfg.parallel
+    if c.procs_per_node != -1:
+        return c.procs_per_node
+    degrees = (p.dp_replicate, p.dp_shard, p.tp, p.pp, p.cp)
+    if -1 not in degrees and c.nodes > 0:
+        product = p.dp_replicate * p.dp_shard * p.tp * p.pp * p.cp
+        if product % c.nodes == 0 and product > 0:
+            return product // c.nodes
+    if device == "cuda":
+        return max(host.gpu_count, 1)
+    return CPU_DEFAULT_PROCS
+
+
+def _resolve_parallel(cfg: RunConfig, world_size: int, problems: ProblemList) -> ParallelSpec:
+    p = cfg.parallel
+    fixed = [d for d in (p.dp_replicate, p.dp_shard, p.tp, p.pp, p.cp) if d != -1]
+    others = 1
+    for d in fixed:
+        others *= d
+    autos = [d for d in (p.dp_replicate, p.dp_shard, p.tp, p.pp, p.cp) if d == -1]
+    auto_value = world_size // others if others > 0 and world_size % others == 0 else 1
+    if len(autos) > 1:
+        problems.add("parallel", "", "at most one degree may be -1 (auto)",
+                     "set all but one of dp_replicate, dp_shard, tp, pp, cp explicitly")
+    if others <= 0 or (autos and world_size % others):
+        problems.add("parallel", f"dp_replicate={p.dp_replicate}",
+                     f"the other degrees (product {others}) must divide the world size "
+                     f"{world_size}", "change the degrees or cluster.procs_per_node")
+
+    def pick(value: int) -> int:
+        return auto_value if value == -1 else value
+
+    return ParallelSpec(name=p.name, dp_replicate=pick(p.dp_replicate),
+                        dp_shard=pick(p.dp_shard), tp=pick(p.tp), pp=pick(p.pp), cp=pick(p.cp),
+                        zero=p.zero)
+
+
+def _resolve_training(cfg: RunConfig, device: str, dp: int,
+                      problems: ProblemList) -> TrainingSpec:
+    t = cfg.training
+    accum, global_bs = rules.resolve_batch(t, dp, problems)
+    return TrainingSpec(steps=t.steps, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+                        grad_accum_steps=accum, global_batch_size=global_bs, seed=t.seed,
+                        eval_every=t.eval_every, eval_batches=t.eval_batches,
+                        log_every=t.log_every, device=device, compile=t.compile,
+                        stop_at_step=t.stop_at_step,
+                        cpu_peak_flops=t.cpu_peak_flops)
+
+
+def _resolve_precision(cfg: RunConfig, host: HostSpec, device: str,
+                       problems: ProblemList) -> PrecisionSpec:
+    p = cfg.precision
+    name = p.name
+    if name == Precision.auto:
+        bf16_ok = device == "cuda" and host.compute_capability >= 8.0
+        name = Precision.bf16 if bf16_ok else (Precision.fp32 if device == "cpu" else Precision.fp16)
+    rules.check_precision(name, device, host, problems)
+    compute = {Precision.fp32: DType.fp32, Precision.fp16: DType.fp16}.get(name, DType.bf16)
+    return PrecisionSpec(name=name.value, compute_dtype=compute, reduce_dtype=p.reduce_dtype,
+                         loss_scale_init=p.loss_scale_init)
+
+
+def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
+                  check_paths: bool) -> DataSpec:
+    d = cfg.data
+    train, val = rules.data_files(d, problems, check_paths=check_paths, expand=_expand)
+    vocab = BYTE_VOCAB if d.kind.value == "stdlib" else model.vocab_size
+    if d.kind.value == "stdlib" and model.vocab_size < BYTE_VOCAB:
+        problems.add("model.vocab_size", model.vocab_size,
+                     f"byte-level data (data=stdlib) has {BYTE_VOCAB} token ids",
+                     f"use model.vocab_size>={BYTE_VOCAB}")
+    return DataSpec(kind=d.kind, train_files=tuple(train), val_files=tuple(val), dtype=d.dtype,
+                    cache_dir=str(Path(d.cache_dir).expanduser().resolve()),
+                    val_every_nth_file=d.val_every_nth_file, vocab_size=vocab)
+
+
+def _resolve_checkpoint(cfg: RunConfig) -> CheckpointSpec:
+    c = cfg.checkpoint
+    resume = str(Path(c.resume_from).expanduser().resolve()) if c.resume_from else ""
+    return CheckpointSpec(every_steps=c.every_steps, keep_last=c.keep_last,
+                          export_safetensors=c.export_safetensors, resume_from=resume)
+
+
+def _expand(pattern: str) -> list[str]:
+    path = os.path.expanduser(pattern)
+    return sorted(str(Path(p).resolve()) for p in glob.glob(path, recursive=True))

@@ -1,0 +1,216 @@
+"""The rules resolve() checks, one small function per section. Each adds Problems; none raises."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from conf.errors import ProblemList
+from conf.schema import (
+    CheckpointConfig, ClusterConfig, DataConfig, OptimConfig, ParallelConfig, Precision,
+    ScheduleConfig, ScheduleKind, TrainingConfig,
+)
+from conf.spec import HostSpec, ModelSpec, ParallelSpec, TrainingSpec
+
+FP8_MIN_CC = 8.9
+BF16_MIN_CC = 8.0
+TOKEN_DTYPES = ("uint8", "uint16", "uint32", "int32", "int64")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+
+
+def _positive(problems: ProblemList, section: str, obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value <= 0:
+            problems.add(f"{section}.{name}", value, "must be positive", "give a value > 0")
+
+
+def check_model(m: ModelSpec, problems: ProblemList) -> None:
+    _positive(problems, "model", m, ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim",
+                                     "vocab_size", "max_seq_len", "rope_theta", "norm_eps",
+                                     "init_std"))
+    if m.dim > 0 and m.n_heads > 0 and m.dim % m.n_heads:
+        valid = ", ".join(map(str, divisors(m.dim)[:12]))
+        problems.add("model.n_heads", m.n_heads, f"must divide model.dim={m.dim}",
+                     f"pick a divisor of {m.dim} (e.g. {valid})")
+    elif m.n_heads > 0 and m.head_dim % 2:
+        problems.add("model.dim", m.dim,
+                     f"head dim dim/n_heads={m.head_dim} must be even for RoPE",
+                     "change model.dim or model.n_heads")
+    if m.n_heads > 0 and m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads:
+        valid = ", ".join(map(str, divisors(m.n_heads)))
+        problems.add("model.n_kv_heads", m.n_kv_heads,
+                     f"must divide model.n_heads={m.n_heads} (grouped-query attention)",
+                     f"use one of {valid}")
+
+
+def check_parallel(p: ParallelSpec, cfg: ParallelConfig, model: ModelSpec,
+                   problems: ProblemList) -> None:
+    for name in ("dp_replicate", "dp_shard", "tp", "pp", "cp"):
+        value = getattr(cfg, name)
+        if value == 0 or value < -1:
+            problems.add(f"parallel.{name}", value, "must be positive, or -1 for auto",
+                         "give a degree >= 1")
+    for name in ("dp_shard", "tp", "pp", "cp"):
+        if getattr(p, name) > 1:
+            problems.add(f"parallel.{name}", getattr(p, name),
+                         "is not implemented yet (only data parallel: dp_replicate)",
+                         f"use parallel.{name}=1 (parallel=ddp or parallel=single)")
+    if cfg.zero != 0:
+        problems.add("parallel.zero", cfg.zero, "ZeRO stages are not implemented yet",
+                     "use parallel.zero=0")
+
+
+def resolve_batch(t: TrainingConfig, dp: int, problems: ProblemList) -> tuple[int, int]:
+    """Return (grad_accum_steps, global_batch_size); rule: global = micro x accum x dp."""
+    micro, accum, global_bs = t.micro_batch_size, t.grad_accum_steps, t.global_batch_size
+    if micro <= 0:
+        problems.add("training.micro_batch_size", micro, "must be positive", "give a value > 0")
+        return max(accum, 1), max(global_bs, 1)
+    if accum == 0 or accum < -1 or global_bs == 0 or global_bs < -1:
+        bad = ("training.grad_accum_steps", accum) if accum == 0 or accum < -1 else (
+            "training.global_batch_size", global_bs)
+        problems.add(bad[0], bad[1], "must be positive, or -1 for auto", "give a value > 0")
+        return max(accum, 1), max(global_bs, 1)
+    per_step = micro * dp
+    if global_bs == -1:
+        accum = 1 if accum == -1 else accum
+        return accum, per_step * accum
+    if accum == -1:
+        if global_bs % per_step:
+            problems.add("training.global_batch_size", global_bs,
+                         f"must be a multiple of micro_batch_size({micro}) x dp({dp})={per_step}",
+                         f"use a multiple of {per_step}, e.g. {per_step * max(1, global_bs // per_step)}")
+            return 1, global_bs
+        return global_bs // per_step, global_bs
+    if micro * accum * dp != global_bs:
+        problems.add("training.global_batch_size", global_bs,
+                     f"must equal micro_batch_size({micro}) x grad_accum_steps({accum}) x "
+                     f"dp({dp})={micro * accum * dp}",
+                     "set grad_accum_steps=-1 to derive it, or fix one of the three")
+    return accum, global_bs
+
+
+def check_training(t: TrainingSpec, model: ModelSpec, problems: ProblemList) -> None:
+    _positive(problems, "training", t, ("steps", "seq_len", "eval_batches", "log_every"))
+    if t.seq_len > model.max_seq_len > 0:
+        problems.add("training.seq_len", t.seq_len,
+                     f"exceeds model.max_seq_len={model.max_seq_len} ({model.name})",
+                     f"use training.seq_len<={model.max_seq_len}")
+    if t.eval_every < 0:
+        problems.add("training.eval_every", t.eval_every, "must be >= 0 (0 = only at the ends)",
+                     "give a value >= 0")
+    if not 0 <= t.stop_at_step <= max(t.steps, 0):
+        problems.add("training.stop_at_step", t.stop_at_step,
+                     f"must be within [0, training.steps={t.steps}] (0 = run to the end)",
+                     "give a step within the run")
+    if t.cpu_peak_flops < 0:
+        problems.add("training.cpu_peak_flops", t.cpu_peak_flops, "must be >= 0 (0 = measure)",
+                     "give a value >= 0")
+
+
+def check_schedule(s: ScheduleConfig, steps: int, problems: ProblemList) -> None:
+    if s.warmup_steps < 0:
+        problems.add("schedule.warmup_steps", s.warmup_steps, "must be >= 0", "give a value >= 0")
+    elif s.warmup_steps > steps > 0:
+        problems.add("schedule.warmup_steps", s.warmup_steps,
+                     f"exceeds training.steps={steps}",
+                     f"use schedule.warmup_steps<={steps} or raise training.steps")
+    if not 0.0 <= s.min_lr_ratio <= 1.0:
+        problems.add("schedule.min_lr_ratio", s.min_lr_ratio, "must be within [0, 1]",
+                     "e.g. 0.1 ends at a tenth of the peak LR")
+    if s.kind == ScheduleKind.wsd:
+        if not 0.0 < s.decay_fraction <= 1.0:
+            problems.add("schedule.decay_fraction", s.decay_fraction, "must be within (0, 1]",
+                         "e.g. 0.2 decays over the last 20% of steps")
+        elif s.warmup_steps + round(s.decay_fraction * steps) > steps > 0:
+            problems.add("schedule.decay_fraction", s.decay_fraction,
+                         f"warmup ({s.warmup_steps}) + decay ({round(s.decay_fraction * steps)}) "
+                         f"steps exceed training.steps={steps}",
+                         "shorten warmup or decay_fraction")
+
+
+def check_optim(o: OptimConfig, problems: ProblemList) -> None:
+    if o.name != "adamw":
+        problems.add("optim.name", o.name, "unknown optimizer", "use optim=adamw")
+    _positive(problems, "optim", o, ("lr", "eps"))
+    for name in ("beta1", "beta2"):
+        value = getattr(o, name)
+        if not 0.0 <= value < 1.0:
+            problems.add(f"optim.{name}", value, "must be within [0, 1)", "e.g. 0.9 or 0.95")
+    for name in ("weight_decay", "grad_clip"):
+        if getattr(o, name) < 0:
+            problems.add(f"optim.{name}", getattr(o, name), "must be >= 0", "give a value >= 0")
+
+
+def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: str,
+                  problems: ProblemList) -> None:
+    if c.nodes != 1:
+        problems.add("cluster.nodes", c.nodes, "local runs use exactly one node",
+                     "use cluster.nodes=1 (multi-node launch is not implemented yet)")
+    if procs <= 0:
+        problems.add("cluster.procs_per_node", procs, "must be positive, or -1 for auto",
+                     "give a value >= 1")
+    elif device == "cuda" and procs > host.gpu_count:
+        problems.add("cluster.procs_per_node", procs,
+                     f"exceeds the {host.gpu_count} GPU(s) of this machine",
+                     f"use cluster.procs_per_node<={host.gpu_count}")
+
+
+def check_parallel_world(p: ParallelSpec, world_size: int, nodes: int,
+                         problems: ProblemList) -> None:
+    if p.world_size != world_size:
+        problems.add("parallel", f"{p.name}",
+                     f"dp_replicate({p.dp_replicate})*dp_shard({p.dp_shard})*tp({p.tp})*"
+                     f"pp({p.pp})*cp({p.cp})={p.world_size} != world size {world_size} "
+                     f"(cluster.nodes={nodes} x cluster.procs_per_node={world_size // max(nodes, 1)})",
+                     "make the degrees multiply to the world size, or set one to -1")
+
+
+def check_precision(name: Precision, device: str, host: HostSpec, problems: ProblemList) -> None:
+    if name == Precision.fp8 and (device != "cuda" or host.compute_capability < FP8_MIN_CC):
+        where = "CPU" if device == "cpu" else f"{host.gpu_name} (cc {host.compute_capability})"
+        problems.add("precision", "fp8",
+                     f"needs a CUDA GPU of compute capability >= {FP8_MIN_CC}; this run is on {where}",
+                     "use precision=bf16 (or fp32 on CPU)")
+    if name == Precision.bf16 and device == "cuda" and host.compute_capability < BF16_MIN_CC:
+        problems.add("precision", "bf16",
+                     f"needs compute capability >= {BF16_MIN_CC}; {host.gpu_name} has "
+                     f"{host.compute_capability}", "use precision=fp16 or fp32")
+
+
+def check_checkpoint(c: CheckpointConfig, problems: ProblemList, *, check_paths: bool) -> None:
+    if c.every_steps < 0:
+        problems.add("checkpoint.every_steps", c.every_steps, "must be >= 0 (0 = only at the end)",
+                     "give a value >= 0")
+    if c.keep_last < 1:
+        problems.add("checkpoint.keep_last", c.keep_last, "must be >= 1", "keep at least 1")
+    if c.resume_from and check_paths:
+        run_dir = Path(c.resume_from).expanduser()
+        if not (run_dir / "spec.json").is_file():
+            problems.add("checkpoint.resume_from", c.resume_from,
+                         "is not a meshrun run dir (no spec.json there)",
+                         "pass a folder made by `meshrun run`, e.g. runs/<name>-<timestamp>")
+
+
+def data_files(d: DataConfig, problems: ProblemList, *, check_paths: bool,
+               expand: Callable[[str], list[str]]) -> tuple[list[str], list[str]]:
+    """Expand data.train_files/val_files (kind=files); other kinds are filled by the launcher."""
+    if d.val_every_nth_file < 2:
+        problems.add("data.val_every_nth_file", d.val_every_nth_file, "must be >= 2",
+                     "e.g. 50 puts every 50th file in validation")
+    if d.kind.value != "files":
+        return [], []
+    if d.dtype not in TOKEN_DTYPES:
+        problems.add("data.dtype", d.dtype, "unknown token dtype", f"use one of {TOKEN_DTYPES}")
+    found: list[list[str]] = []
+    for key, pattern in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
+        files = expand(pattern) if pattern else []
+        if not pattern:
+            problems.add(key, "''", "is required with data=files", f"set {key}=/path/or/glob")
+        elif check_paths and not files:
+            problems.add(key, pattern, "matches no file", "check the path or glob")
+        found.append(files)
+    return found[0], found[1]

@@ -1,0 +1,259 @@
+"""Hydra-facing schema: the mutable dataclasses that YAML and overrides compose against.
+
+Each knob is documented once, by the docstring under its field. Choices are `str` Enums
+(omegaconf 2.3 rejects `Literal`). `-1` means "auto": `resolve()` fills it in. Nothing here is
+validated across fields; that is `resolve()`'s job (conf/resolve.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Precision(str, Enum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+class DType(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class RecomputeMode(str, Enum):
+    none = "none"
+    full = "full"
+    selective = "selective"
+
+
+class ScheduleKind(str, Enum):
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+    wsd = "wsd"
+
+
+class DecayShape(str, Enum):
+    linear = "linear"
+    cosine = "cosine"
+    one_minus_sqrt = "one_minus_sqrt"
+
+
+class DataKind(str, Enum):
+    stdlib = "stdlib"
+    files = "files"
+    synthetic = "synthetic"
+
+
+class ClusterKind(str, Enum):
+    local = "local"
+
+
+class DeviceKind(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class WandbMode(str, Enum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+@dataclass
+class ModelConfig:
+    name: str = "debug"
+    """Name of the model shape (the `model` group option)."""
+    n_layers: int = 4
+    """Number of transformer blocks."""
+    dim: int = 128
+    """Hidden size (d_model)."""
+    n_heads: int = 4
+    """Attention (query) heads."""
+    n_kv_heads: int = -1
+    """Key/value heads for grouped-query attention; -1 = n_heads (plain multi-head)."""
+    ffn_dim: int = 384
+    """Inner size of the SwiGLU feed-forward block."""
+    vocab_size: int = 256
+    """Vocabulary size (embedding rows). Byte-level data needs at least 256."""
+    max_seq_len: int = 2048
+    """Longest sequence the model is meant for (RoPE positions)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    tie_embeddings: bool = False
+    """Share the token embedding with the output head."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    init_std: float = 0.02
+    """Standard deviation of the normal initialisation of weights."""
+
+
+@dataclass
+class PrecisionConfig:
+    name: Precision = Precision.auto
+    """Compute precision: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16, fp8 (CUDA cc>=8.9)."""
+    reduce_dtype: DType = DType.fp32
+    """Dtype of the data-parallel gradient reduction (fp32 is the safe choice)."""
+    loss_scale_init: float = 65536.0
+    """fp16 only: initial dynamic loss scale."""
+
+
+@dataclass
+class ParallelConfig:
+    name: str = "ddp"
+    """Name of the layout (the `parallel` group option)."""
+    dp_replicate: int = -1
+    """Data-parallel replicas (DDP); -1 = world size / (other degrees)."""
+    dp_shard: int = 1
+    """Data-parallel shards (FSDP/ZeRO); only 1 is implemented so far."""
+    tp: int = 1
+    """Tensor-parallel degree; only 1 is implemented so far."""
+    pp: int = 1
+    """Pipeline-parallel degree; only 1 is implemented so far."""
+    cp: int = 1
+    """Context-parallel degree; only 1 is implemented so far."""
+    zero: int = 0
+    """ZeRO stage (0 = replicated DDP); only 0 is implemented so far."""
+
+
+@dataclass
+class RecomputeConfig:
+    mode: RecomputeMode = RecomputeMode.none
+    """Activation recompute: none, full (every block), selective (keep matmul outputs)."""
+
+
+@dataclass
+class ScheduleConfig:
+    kind: ScheduleKind = ScheduleKind.cosine
+    """LR schedule after warmup: constant, linear, cosine, wsd (warmup-stable-decay)."""
+    warmup_steps: int = 20
+    """Linear warmup steps from 0 to the peak LR."""
+    min_lr_ratio: float = 0.1
+    """Final LR as a fraction of the peak LR (linear, cosine, wsd)."""
+    decay_fraction: float = 0.2
+    """wsd only: fraction of all steps spent in the final decay (cooldown)."""
+    decay_shape: DecayShape = DecayShape.linear
+    """wsd only: cooldown shape: linear, cosine or one_minus_sqrt (1-sqrt)."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    """Optimizer; AdamW is the one implemented."""
+    lr: float = 3e-3
+    """Peak learning rate."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied only to weights with 2 or more dims."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+
+
+@dataclass
+class DataConfig:
+    kind: DataKind = DataKind.stdlib
+    """stdlib: this Python's standard library sources, byte-level; files: token files; synthetic."""
+    train_files: str = ""
+    """files only: path or glob of training token files (.npy, or .bin raw with `dtype`)."""
+    val_files: str = ""
+    """files only: path or glob of validation token files."""
+    dtype: str = "uint16"
+    """files only: element type of raw .bin token files (uint8, uint16, uint32)."""
+    cache_dir: str = "~/.cache/meshrun"
+    """Where prepared corpora are cached."""
+    val_every_nth_file: int = 50
+    """stdlib only: every n-th source file (sorted by path) goes to validation."""
+
+
+@dataclass
+class TrainingConfig:
+    steps: int = 300
+    """Optimizer steps to run."""
+    seq_len: int = 128
+    """Tokens per sample."""
+    micro_batch_size: int = 16
+    """Samples per rank per forward/backward."""
+    grad_accum_steps: int = -1
+    """Micro-batches accumulated per step; -1 = derived from global_batch_size (else 1)."""
+    global_batch_size: int = -1
+    """Samples per optimizer step over all ranks; -1 = micro x accumulation x dp."""
+    seed: int = 1234
+    """Seed for initialisation and data order."""
+    eval_every: int = 50
+    """Evaluate every N steps (and before the first and after the last); 0 = only at the ends."""
+    eval_batches: int = 8
+    """Micro-batches per rank in one evaluation."""
+    log_every: int = 1
+    """Write metrics every N steps."""
+    device: DeviceKind = DeviceKind.auto
+    """auto (CUDA when present), cpu or cuda."""
+    compile: bool = False
+    """torch.compile each block."""
+    stop_at_step: int = 0
+    """Stop with a checkpoint after this step, leaving the schedule unfinished (continue with
+    `meshrun resume`); 0 = run to training.steps."""
+    cpu_peak_flops: float = 0.0
+    """Peak FLOP/s per rank used for MFU on CPU; 0 = measure a matmul at start (labelled measured)."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 100
+    """Save a checkpoint every N steps (and at the end); 0 = only at the end."""
+    keep_last: int = 2
+    """Keep this many newest checkpoints; older ones are deleted after a save completes."""
+    export_safetensors: bool = True
+    """At the end, export weights as safetensors in the Hugging Face Llama layout."""
+    resume_from: str = ""
+    """Run dir to continue (set by `meshrun resume`); empty = a new run."""
+
+
+@dataclass
+class ClusterConfig:
+    kind: ClusterKind = ClusterKind.local
+    """Where ranks run: local (torchrun on this machine)."""
+    nodes: int = 1
+    """Machines; local runs use 1."""
+    procs_per_node: int = -1
+    """Ranks per node; -1 = the GPU count when CUDA is used, else 2."""
+
+
+@dataclass
+class LoggingConfig:
+    wandb_mode: WandbMode = WandbMode.offline
+    """W&B: offline (default, needs no key), online, disabled."""
+    wandb_project: str = "meshrun"
+    """W&B project."""
+    wandb_entity: str = ""
+    """W&B entity (team); empty = your default."""
+    progress: bool = True
+    """Show a live progress bar in the launching terminal."""
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    """Run name; the run dir is runs_dir/<name>-<timestamp>."""
+    runs_dir: str = "runs"
+    """Folder that holds run dirs."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)

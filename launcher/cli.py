@@ -1,0 +1,50 @@
+"""The `meshrun` command: run (with --dry-run), plan, resume.
+
+Bad input ends with one message and exit status 2, never a traceback. Nothing on the dry-run
+path imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from conf.errors import ConfigError
+from launcher import session
+
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="meshrun", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="compose, validate, plan and launch a run")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the resolved config, the plan and the launch command; launch nothing")
+    run.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value, ...")
+    plan = sub.add_parser("plan", help="print the numbers of a run (memory, FLOPs, tokens)")
+    plan.add_argument("overrides", nargs="*")
+    resume = sub.add_parser("resume", help="continue a run dir from its latest checkpoint")
+    resume.add_argument("run_dir", type=Path)
+    resume.add_argument("overrides", nargs="*", help="extra overrides, e.g. training.steps=2000")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        if args.command == "plan":
+            return session.plan(args.overrides, console=console)
+        if args.command == "resume":
+            return session.resume(args.run_dir, args.overrides, console=console)
+        return session.run(args.overrides, dry_run=args.dry_run, console=console)
+    except ConfigError as err:
+        Console(stderr=True).print(str(err), markup=False, highlight=False)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Launch a run dir on this machine: `torchrun --standalone` with one process per rank."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conf.spec import RunSpec
+from launcher.progress import watch_run
+
+RUN_DIR_PLACEHOLDER = "<run_dir>"
+
+
+def torchrun_command(spec: RunSpec) -> list[str]:
+    """The exact command that starts every rank; RUN_DIR_PLACEHOLDER stands for the run dir."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nnodes={spec.cluster.nodes}", f"--nproc_per_node={spec.cluster.procs_per_node}",
+            "-m", "training", RUN_DIR_PLACEHOLDER]
+
+
+def rank_environment(spec: RunSpec) -> dict[str, str]:
+    """Environment for the ranks: one share of the CPU cores each, unbuffered logs."""
+    env = dict(os.environ)
+    if spec.training.device == "cpu":
+        threads = max(1, spec.host.cpu_count // spec.cluster.procs_per_node)
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool) -> int:
+    """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status."""
+    command = [str(run_dir) if part == RUN_DIR_PLACEHOLDER else part
+               for part in torchrun_command(spec)]
+    log_path = run_dir / "logs" / "torchrun.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                env=rank_environment(spec), start_new_session=True)
+        return watch_run(proc, run_dir=run_dir, spec=spec, show_progress=show_progress)

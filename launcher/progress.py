@@ -1,0 +1,113 @@
+"""Follow a running job through its metrics.jsonl: a live progress line, then a summary."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from conf.spec import RunSpec
+
+POLL_S = 0.5
+PLAIN_LINES = 10  # progress lines printed when the output is not a terminal
+
+
+class MetricsTail:
+    """Reads the rows appended to metrics.jsonl since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = ""
+
+    def new_rows(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path) as f:
+            f.seek(self.offset)
+            text = self.partial + f.read()
+            self.offset = f.tell()
+        *lines, self.partial = text.split("\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def describe(row: dict) -> str:
+    parts = [f"loss {row['loss']:.4f}"]
+    if "val_loss" in row:
+        parts.append(f"val {row['val_loss']:.4f}")
+    parts += [f"{row['tokens_per_s']:,.0f} tok/s", f"MFU {100 * row['mfu']:.1f}%"]
+    return "  ".join(parts)
+
+
+def watch_run(proc: subprocess.Popen, *, run_dir: Path, spec: RunSpec, show_progress: bool) -> int:
+    """Wait for `proc`, showing progress; Ctrl-C stops the job. Returns its exit status."""
+    console = Console(stderr=True)
+    tail = MetricsTail(run_dir / "metrics.jsonl")
+    live = show_progress and console.is_terminal
+    try:
+        if live:
+            _follow_live(proc, tail, spec, console)
+        else:
+            _follow_plain(proc, tail, spec, console)
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        console.print(f"[yellow]stopped; resume with: meshrun resume {run_dir}")
+        return 130
+    return proc.returncode
+
+
+def _follow_live(proc, tail: MetricsTail, spec: RunSpec, console: Console) -> None:
+    columns = (TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+               TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
+    last_val = {}
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("starting ranks...", total=spec.training.steps)
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            for row in tail.new_rows():
+                if row.get("kind") == "eval":
+                    last_val = {"val_loss": row["val_loss"]}
+                elif row.get("kind") == "train":
+                    progress.update(task, completed=row["step"], description=describe({**row, **last_val}))
+
+
+def _follow_plain(proc, tail: MetricsTail, spec: RunSpec, console: Console) -> None:
+    every = max(1, spec.training.steps // PLAIN_LINES)
+    last_val = {}
+    while True:
+        done = proc.poll() is not None
+        for row in tail.new_rows():
+            if row.get("kind") == "eval":
+                last_val = {"val_loss": row["val_loss"]}
+                console.print(f"eval  step {row['step']}: val loss {row['val_loss']:.4f}")
+            elif row.get("kind") == "train" and (row["step"] % every == 0 or row["step"] == 1):
+                console.print(f"train step {row['step']}/{spec.training.steps}: "
+                              f"{describe({**row, **last_val})}")
+        if done:
+            return
+        time.sleep(POLL_S)
+
+
+def failure_tail(run_dir: Path, lines: int = 30) -> str:
+    """The last lines of the most relevant log: a rank log with a traceback, else torchrun's."""
+    logs = sorted((run_dir / "logs").glob("rank*.log"))
+    for log in logs:
+        text = log.read_text(errors="replace")
+        if "Traceback" in text or "Error" in text:
+            return f"{log}:\n" + "\n".join(text.splitlines()[-lines:])
+    torchrun = run_dir / "logs" / "torchrun.log"
+    if torchrun.exists():
+        text = torchrun.read_text(errors="replace")
+        return f"{torchrun}:\n" + "\n".join(text.splitlines()[-lines:])
+    return "(no logs)"
+
+
+def print_failure(run_dir: Path, status: int) -> None:
+    sys.stderr.write(f"\nrun failed (exit status {status}); {failure_tail(run_dir)}\n")

@@ -1,0 +1,109 @@
+"""Run directories: runs/<name>-<timestamp>/ with everything needed to reproduce a run.
+
+A run dir is written whole into a temporary folder and renamed into place, so a failure while
+writing never leaves a half-made run dir, and an existing run dir is never overwritten.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from conf.spec import RunSpec
+from conf.spec_io import write_spec
+
+WANDB_ID_FILE = "wandb_id.txt"
+SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def new_run_dir_path(spec: RunSpec, *, now: float | None = None) -> Path:
+    """runs_dir/<name>-<YYYYmmdd-HHMMSS>, with a numeric suffix if that already exists."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = Path(spec.runs_dir) / f"{SAFE_NAME.sub('_', spec.name)}-{stamp}"
+    path, n = base, 1
+    while path.exists() or path.with_name(path.name + ".tmp").exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def create_run_dir(spec: RunSpec, *, overrides: list[str], config_yaml: str,
+                   command: list[str]) -> Path:
+    """Write the run dir atomically; return its path. Raises FileExistsError, never overwrites."""
+    final = new_run_dir_path(spec)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(final.name + ".tmp")
+    tmp.mkdir()
+    try:
+        write_spec(spec, tmp / "spec.json")
+        (tmp / "config.yaml").write_text(config_yaml)
+        (tmp / "overrides.json").write_text(json.dumps(overrides, indent=2) + "\n")
+        (tmp / "command.txt").write_text(render_command(command, run_dir=final) + "\n")
+        (tmp / "env.json").write_text(json.dumps(environment_record(), indent=2) + "\n")
+        (tmp / WANDB_ID_FILE).write_text(secrets.token_hex(4) + "\n")
+        (tmp / "logs").mkdir()
+        os.rename(tmp, final)  # fails if `final` appeared meanwhile: never overwrite
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def render_command(command: list[str], *, run_dir: Path) -> str:
+    import shlex
+
+    return shlex.join(str(run_dir) if part == "<run_dir>" else part for part in command)
+
+
+def environment_record() -> dict:
+    """Python/torch versions, host and git state, gathered without importing torch."""
+    return {
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "torch": _version("torch"),
+        "cuda_driver": _nvidia_driver(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "git": git_state(Path(__file__).resolve().parent.parent),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": sys.argv,
+    }
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _nvidia_driver() -> str:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return ""
+    out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=10)
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else ""
+
+
+def git_state(repo: Path) -> dict:
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit else False
+    return {"commit": commit or "unknown", "dirty": dirty}
+
+
+def read_wandb_id(run_dir: Path) -> str:
+    return (run_dir / WANDB_ID_FILE).read_text().strip()

@@ -1,0 +1,126 @@
+"""What each `meshrun` command does, from overrides to a finished (or refused) run."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from conf.compose import compose_config, config_yaml
+from conf.errors import ConfigError, Problem
+from conf.resolve import resolve
+from conf.spec import RunSpec
+from conf.spec_io import read_spec, write_spec
+from launcher.hardware import probe_host
+from launcher.local import launch_local, torchrun_command
+from launcher.progress import print_failure
+from launcher.rundir import create_run_dir, new_run_dir_path, render_command
+from launcher.summary import print_summary
+from launcher.view import print_plan
+from training.accounting import make_plan
+from training.checkpoint_paths import latest_checkpoint, read_checkpoint_meta
+from training.data_prep import prepare_stdlib_corpus, stdlib_corpus_dir
+
+
+def compose_spec(overrides: list[str]) -> tuple[RunSpec, str]:
+    """Overrides -> validated RunSpec and the composed config as YAML."""
+    cfg = compose_config(overrides)
+    return resolve(cfg, host=probe_host()), config_yaml(cfg)
+
+
+def plan(overrides: list[str], *, console: Console) -> int:
+    spec, _ = compose_spec(overrides)
+    print_plan(spec, make_plan(spec), console)
+    return 0
+
+
+def run(overrides: list[str], *, dry_run: bool, console: Console) -> int:
+    spec, yaml_text = compose_spec(overrides)
+    command = torchrun_command(spec)
+    if dry_run:
+        console.rule("resolved config")
+        console.print(yaml_text, markup=False, highlight=False)
+        print_plan(spec, make_plan(spec), console)
+        console.print(f"data: {_data_line(spec)}", markup=False, soft_wrap=True)
+        console.print("launch command:", markup=False)
+        console.print("  " + render_command(command, run_dir=new_run_dir_path(spec)),
+                      markup=False, highlight=False, soft_wrap=True)
+        return 0
+    spec = with_prepared_data(spec)
+    run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text, command=command)
+    console.print(f"run dir: {run_dir}", markup=False)
+    return _launch(spec, run_dir, console=console)
+
+
+def resume(run_dir: Path, overrides: list[str], *, console: Console) -> int:
+    """Continue `run_dir` from its newest complete checkpoint, in the same dir and W&B run."""
+    stored = _stored_overrides(run_dir)
+    # stop_at_step pauses one leg of a run; a resumed leg runs on unless told again.
+    composed = stored + ["training.stop_at_step=0"] + overrides + [
+        f"checkpoint.resume_from={run_dir}"]
+    spec, _ = compose_spec(composed)
+    _check_resumable(run_dir, spec)
+    spec = with_prepared_data(spec)
+    write_spec(spec, run_dir / "spec.json")
+    with open(run_dir / "resumes.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                            "overrides": overrides}) + "\n")
+    console.print(f"resuming {run_dir}", markup=False)
+    return _launch(spec, run_dir, console=console)
+
+
+def _launch(spec: RunSpec, run_dir: Path, *, console: Console) -> int:
+    status = launch_local(spec, run_dir, show_progress=spec.logging.progress)
+    if status == 0:
+        print_summary(run_dir, console)
+    elif status != 130:
+        print_failure(run_dir, status)
+    return status
+
+
+def _stored_overrides(run_dir: Path) -> list[str]:
+    path = run_dir / "overrides.json"
+    if not (run_dir / "spec.json").is_file() or not path.is_file():
+        raise ConfigError([Problem("run_dir", str(run_dir),
+                                   "is not a meshrun run dir (no spec.json/overrides.json)",
+                                   "pass a folder made by `meshrun run`")], "Cannot resume")
+    return json.loads(path.read_text())
+
+
+def _check_resumable(run_dir: Path, spec: RunSpec) -> None:
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    if latest is None:
+        raise ConfigError([Problem("run_dir", str(run_dir), "holds no complete checkpoint",
+                                   "start a new run with `meshrun run`")], "Cannot resume")
+    saved_world = read_checkpoint_meta(latest)["world_size"]
+    if saved_world != spec.world_size:
+        raise ConfigError([Problem(
+            "cluster.procs_per_node", spec.cluster.procs_per_node,
+            f"world size {spec.world_size} differs from the checkpoint's {saved_world} "
+            f"({latest.name}); resuming across world sizes is not supported yet",
+            f"resume with the original layout (world size {saved_world})")], "Cannot resume")
+
+
+def with_prepared_data(spec: RunSpec) -> RunSpec:
+    """Prepare the stdlib corpus once (cached) and point the spec at its token files."""
+    if spec.data.kind.value != "stdlib":
+        return spec
+    corpus = prepare_stdlib_corpus(cache_dir=Path(spec.data.cache_dir),
+                                   val_every_nth_file=spec.data.val_every_nth_file)
+    data = dataclasses.replace(spec.data, train_files=corpus.train_files,
+                               val_files=corpus.val_files)
+    return dataclasses.replace(spec, data=data)
+
+
+def _data_line(spec: RunSpec) -> str:
+    d = spec.data
+    if d.kind.value == "stdlib":
+        where = stdlib_corpus_dir(cache_dir=Path(d.cache_dir),
+                                  val_every_nth_file=d.val_every_nth_file)
+        state = "cached" if (where / "manifest.json").exists() else "prepared before launch"
+        return f"stdlib corpus at {where} ({state})"
+    if d.kind.value == "synthetic":
+        return "synthetic random tokens"
+    return f"{len(d.train_files)} train file(s), {len(d.val_files)} val file(s)"

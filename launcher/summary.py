@@ -1,0 +1,41 @@
+"""The table printed when a run ends, from the summary.json that rank 0 writes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from training.summary import SUMMARY_FILE
+
+ROWS = (
+    ("final train loss", "final_loss", "{:.4f}"),
+    ("first val loss", "first_val_loss", "{:.4f}"),
+    ("final val loss", "final_val_loss", "{:.4f}"),
+    ("val loss drop", "val_loss_drop", "{:.1%}"),
+    ("tokens/s (global, after warm-up)", "tokens_per_s", "{:,.0f}"),
+    ("tokens/s per device", "tokens_per_s_per_device", "{:,.0f}"),
+    ("MFU (after warm-up)", "mfu", "{:.2%}"),
+    ("MFU peak used", "peak_flops_source", "{}"),
+    ("peak memory (max over ranks)", "peak_mem_gib", "{:.3f} GiB"),
+    ("steps", "steps_done", "{}"),
+    ("wall time", "wall_s", "{:.1f} s"),
+    ("checkpoint", "last_checkpoint", "{}"),
+    ("export", "export_dir", "{}"),
+)
+
+
+def print_summary(run_dir: Path, console: Console) -> None:
+    path = run_dir / SUMMARY_FILE
+    if not path.exists():
+        console.print(f"run finished; no {SUMMARY_FILE} in {run_dir}", markup=False)
+        return
+    summary = json.loads(path.read_text())
+    table = Table(title=f"Summary: {run_dir}", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for label, key, fmt in ROWS:
+        if summary.get(key) is not None:
+            table.add_row(label, fmt.format(summary[key]))
+    console.print(table)

@@ -1,0 +1,86 @@
+"""What the dry run and `meshrun plan` print: the resolved config and the numbers of a run."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from conf.spec import RunSpec
+from training.accounting import FLOPS_CONVENTION, Plan
+from training.peaks import gpu_peak
+
+GIB = 1024**3
+
+
+def human(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def gib(n: int) -> str:
+    """Bytes as MiB below 1 GiB, else GiB."""
+    if n < GIB:
+        return f"{n / 1024**2:.1f} MiB"
+    return f"{n / GIB:.2f} GiB"
+
+
+def plan_table(spec: RunSpec, plan: Plan) -> Table:
+    table = Table(title=f"Plan: {spec.name}", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    t = spec.training
+    rows = [
+        ("device", _device_line(spec)),
+        ("world size", f"{plan.world_size} = {spec.cluster.nodes} node(s) x "
+                       f"{spec.cluster.procs_per_node} process(es); dp={plan.dp}"),
+        ("precision", f"{spec.precision.name} (compute {spec.precision.compute_dtype.value}, "
+                      f"params fp32, grad reduce {spec.precision.reduce_dtype.value})"),
+        ("batch", f"global {t.global_batch_size} = micro {t.micro_batch_size} x accum "
+                  f"{t.grad_accum_steps} x dp {plan.dp}; seq_len {t.seq_len}"),
+        ("tokens per step", f"{plan.tokens_per_step:,}"),
+        ("tokens in run", f"{plan.total_tokens:,} ({t.steps} steps)"),
+        ("parameters", f"{plan.params.total:,} total, {plan.params.non_embedding:,} "
+                       f"without embeddings"),
+        ("FLOPs per token", f"{human(plan.flops_per_token)}  [{FLOPS_CONVENTION}]"),
+        ("FLOPs per step", human(plan.flops_per_step)),
+    ]
+    rows += _memory_rows(plan)
+    rows += _time_rows(spec, plan)
+    for what, value in rows:
+        table.add_row(what, value)
+    return table
+
+
+def _device_line(spec: RunSpec) -> str:
+    if spec.training.device == "cuda":
+        return f"cuda: {spec.host.gpu_count} x {spec.host.gpu_name}"
+    return f"cpu ({spec.host.cpu_count} cores)"
+
+
+def _memory_rows(plan: Plan) -> list[tuple[str, str]]:
+    m = plan.memory
+    return [
+        ("memory per rank", f"{gib(m.total)} (estimate)"),
+        ("  parameters", gib(m.params)),
+        ("  gradients", gib(m.grads)),
+        ("  optimizer state", f"{gib(m.optimizer)} (AdamW: 2 fp32 moments)"),
+        ("  master weights", f"{gib(m.master_weights)} (parameters are the fp32 masters)"),
+        ("  activations", f"{gib(m.activations)} (one micro-batch, recompute policy applied)"),
+    ]
+
+
+def _time_rows(spec: RunSpec, plan: Plan, assumed_mfu: float = 0.4) -> list[tuple[str, str]]:
+    if spec.training.device != "cuda":
+        return [("est. step time", "n/a on CPU (MFU uses a measured matmul peak at run time)")]
+    peak = gpu_peak(spec.host.gpu_name, spec.precision.compute_dtype.value)
+    if peak is None:
+        return [("est. step time", f"unknown peak for {spec.host.gpu_name}")]
+    step_s = plan.flops_per_step / (plan.world_size * peak.flops * assumed_mfu)
+    run_h = step_s * spec.training.steps / 3600
+    return [("est. step time", f"{step_s:.3f} s at {assumed_mfu:.0%} MFU of {peak.source}"),
+            ("est. run time", f"{run_h:.2f} h; {run_h * plan.world_size:.1f} GPU-hours")]
+
+
+def print_plan(spec: RunSpec, plan: Plan, console: Console) -> None:
+    console.print(plan_table(spec, plan))

@@ -1,0 +1,5 @@
+import sys
+
+from training.main import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""Where metrics go: metrics.jsonl (always), W&B (rank 0, unless disabled)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from conf.spec import RunSpec
+from conf.spec_io import spec_to_dict
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsFile:
+    """Appends one JSON object per line; on resume drops rows of steps that will be redone."""
+
+    def __init__(self, run_dir: Path, *, resume_step: int | None) -> None:
+        self.path = run_dir / METRICS_FILE
+        if resume_step is not None and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self.file = open(self.path, "a", buffering=1)
+
+    def write(self, row: dict) -> None:
+        self.file.write(json.dumps({**row, "time": round(time.time(), 3)}) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class RunLoggers:
+    """Fan-out used by rank 0: every row to metrics.jsonl and W&B; summary to both."""
+
+    def __init__(self, spec: RunSpec, run_dir: Path, *, resume_step: int | None) -> None:
+        from training.wandb_logger import WandbLogger
+
+        self.metrics = MetricsFile(run_dir, resume_step=resume_step)
+        run_id = (run_dir / "wandb_id.txt").read_text().strip()
+        self.wandb = WandbLogger(run_dir=run_dir, mode=spec.logging.wandb_mode.value,
+                                 project=spec.logging.wandb_project,
+                                 entity=spec.logging.wandb_entity, run_id=run_id,
+                                 name=run_dir.name, config=spec_to_dict(spec))
+
+    def log(self, row: dict) -> None:
+        self.metrics.write(row)
+        values = {f"{row['kind']}/{k}": v for k, v in row.items()
+                  if k not in ("kind", "step") and isinstance(v, (int, float))}
+        self.wandb.log(values, step=row["step"])
+
+    def event(self, row: dict) -> None:
+        self.metrics.write(row)
+
+    def finish(self, summary: dict, *, exit_code: int = 0) -> None:
+        self.wandb.summary({k: v for k, v in summary.items() if v is not None})
+        self.wandb.finish(exit_code=exit_code)
+        self.metrics.close()

@@ -1,0 +1,123 @@
+"""The training loop: step, log, evaluate, checkpoint; then the final eval, export, summary."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from conf.spec_io import spec_to_dict
+from parallel.data_parallel import unwrap
+from training.checkpoint import save_checkpoint
+from training.dist import all_reduce_max, all_reduce_sum
+from training.export import export_hf
+from training.metrics import StepTimer, memory_stats, mfu
+from training.optim import set_lr
+from training.schedule import lr_at
+from training.step import clip_and_step, forward_backward, token_loss_sum
+from training.summary import summarize, write_summary
+from training.trainer import Trainer
+
+log = logging.getLogger("meshrun.loop")
+
+
+def train(tr: Trainer) -> None:
+    """Run from tr.step to training.stop_at_step (or training.steps), then wrap up."""
+    t = tr.spec.training
+    stop = t.stop_at_step or t.steps
+    if tr.step == 0:
+        evaluate(tr)
+    timer = StepTimer(tr.ctx.device)
+    while tr.step < stop:
+        timer.begin()
+        row = train_step(tr)
+        row["step_time_s"] = timer.elapsed_s()
+        _after_step(tr, row, stop)
+    if tr.step == t.steps:
+        finish(tr)
+    elif tr.loggers is not None:
+        tr.loggers.event({"kind": "event", "event": "paused", "step": tr.step})
+
+
+def train_step(tr: Trainer) -> dict:
+    t, o = tr.spec.training, tr.spec.optim
+    lr = lr_at(tr.step, schedule=tr.spec.schedule, peak_lr=o.lr, total_steps=t.steps)
+    set_lr(tr.optimizer, lr)
+    tr.model.train()
+    micro_batches = tr.train_batches.next_step()
+    loss = forward_backward(tr.model, micro_batches, dp=tr.spec.parallel.dp,
+                            device=tr.ctx.device, autocast=tr.autocast, scaler=tr.scaler)
+    grad_norm = clip_and_step(tr.model, tr.optimizer, grad_clip=o.grad_clip, scaler=tr.scaler)
+    tr.step += 1
+    (loss_sum,) = all_reduce_sum([float(loss.local_loss_sum)], tr.ctx.device)
+    return {"kind": "train", "step": tr.step, "loss": loss_sum / loss.global_tokens,
+            "grad_norm": grad_norm, "lr": lr, "tokens": loss.global_tokens}
+
+
+def _after_step(tr: Trainer, row: dict, stop: int) -> None:
+    t, c = tr.spec.training, tr.spec.checkpoint
+    tokens_per_s = row.pop("tokens") / row["step_time_s"]
+    per_device = tokens_per_s / tr.ctx.world_size
+    row.update(tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_device,
+               mfu=mfu(tokens_per_s_per_device=per_device, flops_per_token=tr.flops_per_token,
+                       peak=tr.peak),
+               tokens_seen=tr.step * t.tokens_per_step)
+    row.update(_max_memory(tr))
+    if tr.loggers is not None and (tr.step % t.log_every == 0 or tr.step == stop):
+        tr.loggers.log(row)
+    if t.eval_every and tr.step % t.eval_every == 0 and tr.step < t.steps:
+        evaluate(tr)
+    due = c.every_steps and tr.step % c.every_steps == 0
+    if due or tr.step == stop:
+        save(tr)
+
+
+def _max_memory(tr: Trainer) -> dict:
+    stats = memory_stats(tr.ctx.device)
+    keys = sorted(stats)
+    return dict(zip(keys, all_reduce_max([stats[k] for k in keys], tr.ctx.device)))
+
+
+@torch.no_grad()
+def evaluate(tr: Trainer) -> float:
+    """Mean token loss over the fixed validation batches of every dp rank."""
+    tr.model.eval()
+    loss_sum, tokens = 0.0, 0
+    for inputs, targets in tr.val_batches:
+        inputs, targets = inputs.to(tr.ctx.device), targets.to(tr.ctx.device)
+        loss_sum += float(token_loss_sum(tr.model, inputs, targets, tr.autocast))
+        tokens += targets.numel()
+    loss_sum, tokens = all_reduce_sum([loss_sum, float(tokens)], tr.ctx.device)
+    val_loss = loss_sum / tokens
+    if tr.loggers is not None:
+        tr.loggers.log({"kind": "eval", "step": tr.step, "val_loss": val_loss})
+    log.info("step %d: val loss %.4f", tr.step, val_loss)
+    return val_loss
+
+
+def save(tr: Trainer) -> None:
+    extra = {"step": tr.step, "data": tr.train_batches.state_dict(),
+             "scaler": tr.scaler.state_dict() if tr.scaler is not None else {}}
+    metadata = {"world_size": tr.ctx.world_size, "parallel": spec_to_dict(tr.spec.parallel)}
+    path = save_checkpoint(tr.checkpoint_root, step=tr.step, model=tr.model,
+                           optimizer=tr.optimizer, extra=extra, metadata=metadata,
+                           keep_last=tr.spec.checkpoint.keep_last)
+    tr.last_checkpoint = str(path)
+    log.info("step %d: checkpoint %s", tr.step, path)
+
+
+def finish(tr: Trainer) -> None:
+    """Final evaluation, safetensors export, summary (rank 0)."""
+    started = time.perf_counter()
+    evaluate(tr)
+    export_dir = ""
+    if tr.spec.checkpoint.export_safetensors and tr.ctx.is_main:
+        state = {k: v.detach().cpu() for k, v in unwrap(tr.model).state_dict().items()}
+        export_dir = str(export_hf(state, tr.spec.model, tr.run_dir / "export"))
+    if tr.loggers is not None:
+        summary = summarize(tr.run_dir, peak_source=tr.peak.source,
+                            last_checkpoint=tr.last_checkpoint, export_dir=export_dir)
+        write_summary(tr.run_dir, summary)
+        tr.loggers.finish(summary)
+        tr.loggers = None
+    log.info("finished in %.1f s after the last step", time.perf_counter() - started)

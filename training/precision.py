@@ -1,0 +1,34 @@
+"""Precision policy at run time: autocast context and the fp16 loss scaler."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from conf.spec import PrecisionSpec
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_context(precision: PrecisionSpec, device: torch.device):
+    """Matmuls in the compute dtype; parameters stay fp32 (the master weights)."""
+    dtype = TORCH_DTYPES[precision.compute_dtype.value]
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def build_grad_scaler(precision: PrecisionSpec, device: torch.device):
+    """A dynamic loss scaler for fp16; None for every other precision."""
+    if not precision.uses_loss_scaling:
+        return None
+    return torch.amp.GradScaler(device.type, init_scale=precision.loss_scale_init)
+
+
+def apply_fp8(model: torch.nn.Module, precision: PrecisionSpec) -> None:
+    """fp8 matmuls through torchao (resolve() allows fp8 only on CUDA cc >= 8.9)."""
+    if precision.name != "fp8":
+        return
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != "output")
