@@ -1,0 +1,207 @@
+"""A Llama-style decoder built from a `ModelSpec`.
+
+RMSNorm, RoPE in the Hugging Face "rotate_half" layout (exported q/k weights need no permutation),
+grouped-query attention through `scaled_dot_product_attention`, a SwiGLU feed-forward block, and
+tied or untied embeddings. Blocks live in `model.layers` (an `nn.ModuleList`) so the parallel
+passes (recompute, TP, FSDP, pipeline) can treat each block on its own.
+
+State-dict keys (training/export.py maps them to Hugging Face names):
+  tok_embeddings.weight
+  layers.{i}.attention_norm.weight
+  layers.{i}.attention.{wq,wk,wv,wo}.weight
+  layers.{i}.ffn_norm.weight
+  layers.{i}.feed_forward.{w1,w2,w3}.weight     (w1 gate, w3 up, w2 down)
+  norm.weight
+  output.weight                                 (absent when embeddings are tied)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conf.spec import ModelSpec
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned scale, computed in fp32 like Hugging Face's."""
+
+    def __init__(self, dim: int, *, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_fp32 = x.float()
+        normed = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+    def init_weights(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def rope_tables(*, head_dim: int, max_seq_len: int, theta: float,
+                device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables [max_seq_len, head_dim] in the Hugging Face (half-split) layout."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    positions = torch.arange(max_seq_len, dtype=torch.int64, device=device).float()
+    angles = torch.outer(positions, inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, heads, T, head_dim] by position; cos/sin are [T, head_dim]."""
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention (n_kv_heads may be fewer than n_heads)."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        self.n_heads = model.n_heads
+        self.n_kv_heads = model.n_kv_heads
+        self.head_dim = model.head_dim
+        self.wq = nn.Linear(model.dim, model.n_heads * model.head_dim, bias=False)
+        self.wk = nn.Linear(model.dim, model.n_kv_heads * model.head_dim, bias=False)
+        self.wv = nn.Linear(model.dim, model.n_kv_heads * model.head_dim, bias=False)
+        self.wo = nn.Linear(model.n_heads * model.head_dim, model.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1 for the head count lets tensor parallelism shard heads without touching this code.
+        q = self.wq(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        q = apply_rope(q, cos=cos.to(q.dtype), sin=sin.to(q.dtype))
+        k = apply_rope(k, cos=cos.to(k.dtype), sin=sin.to(k.dtype))
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
+        )
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+    def init_weights(self, *, std: float, out_std: float) -> None:
+        for linear in (self.wq, self.wk, self.wv):
+            nn.init.normal_(linear.weight, mean=0.0, std=std)
+        nn.init.normal_(self.wo.weight, mean=0.0, std=out_std)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate, w3 = up, w2 = down."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        self.w1 = nn.Linear(model.dim, model.ffn_dim, bias=False)
+        self.w3 = nn.Linear(model.dim, model.ffn_dim, bias=False)
+        self.w2 = nn.Linear(model.ffn_dim, model.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, *, std: float, out_std: float) -> None:
+        nn.init.normal_(self.w1.weight, mean=0.0, std=std)
+        nn.init.normal_(self.w3.weight, mean=0.0, std=std)
+        nn.init.normal_(self.w2.weight, mean=0.0, std=out_std)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attention(norm(x)), then + feed_forward(norm(.))."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        self.attention_norm = RMSNorm(model.dim, eps=model.norm_eps)
+        self.attention = Attention(model)
+        self.ffn_norm = RMSNorm(model.dim, eps=model.norm_eps)
+        self.feed_forward = FeedForward(model)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos=cos, sin=sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self, *, std: float, out_std: float) -> None:
+        self.attention_norm.init_weights()
+        self.ffn_norm.init_weights()
+        self.attention.init_weights(std=std, out_std=out_std)
+        self.feed_forward.init_weights(std=std, out_std=out_std)
+
+
+class Transformer(nn.Module):
+    """Decoder-only language model: tokens [B, T] -> logits [B, T, vocab]."""
+
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        self.spec = model
+        self.tok_embeddings = nn.Embedding(model.vocab_size, model.dim)
+        self.layers = nn.ModuleList(TransformerBlock(model) for _ in range(model.n_layers))
+        self.norm = RMSNorm(model.dim, eps=model.norm_eps)
+        # Tied: logits reuse tok_embeddings.weight, so there is one key per parameter.
+        self.output = None if model.tie_embeddings else nn.Linear(
+            model.dim, model.vocab_size, bias=False
+        )
+        cos, sin = rope_tables(head_dim=model.head_dim, max_seq_len=model.max_seq_len,
+                               theta=model.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        seq = tokens.shape[1]
+        assert seq <= self.spec.max_seq_len, f"sequence {seq} > max_seq_len {self.spec.max_seq_len}"
+        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        h = self.tok_embeddings(tokens)
+        for block in self.layers:
+            h = block(h, cos, sin)
+        h = self.norm(h)
+        if self.output is None:
+            return F.linear(h, self.tok_embeddings.weight)
+        return self.output(h)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Fill every parameter and re-compute the RoPE tables (non-persistent buffers)."""
+        spec = self.spec
+        cos, sin = rope_tables(head_dim=spec.head_dim, max_seq_len=spec.max_seq_len,
+                               theta=spec.rope_theta, device=self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        std = spec.init_std
+        out_std = std / math.sqrt(2 * spec.n_layers)
+        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
+        for block in self.layers:
+            block.init_weights(std=std, out_std=out_std)
+        self.norm.init_weights()
+        if self.output is not None:
+            nn.init.normal_(self.output.weight, mean=0.0, std=std)
+
+
+def build_model(model: ModelSpec, *, device: torch.device, seed: int) -> Transformer:
+    """Construct on the meta device, materialise on `device`, initialise under `seed`."""
+    with torch.device("meta"):
+        transformer = Transformer(model)
+    transformer.to_empty(device=device)
+    with torch.random.fork_rng(devices=_rng_devices(device)):
+        torch.manual_seed(seed)
+        transformer.init_weights()
+    return transformer
+
+
+def _rng_devices(device: torch.device) -> list:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return [device.index if device.index is not None else torch.cuda.current_device()]
+    return []
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """(total, token-embedding) parameter counts; shared (tied) tensors are counted once."""
+    total = sum(p.numel() for p in model.parameters())  # parameters() yields each tensor once
+    embeddings = getattr(model, "tok_embeddings", None)  # a pipeline stage may not hold it
+    return total, (embeddings.weight.numel() if embeddings is not None else 0)
