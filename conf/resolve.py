@@ -157,4 +157,5 @@ def _resolve_checkpoint(cfg: RunConfig) -> CheckpointSpec:
 
 def _expand(pattern: str) -> list[str]:
     path = os.path.expanduser(pattern)
-    return sorted(str(Path(p).resolve()) for p in glob.glob(path, recursive=True))
+    return sorted(str(Path(p).resolve()) for p in glob.glob(path, recursive=True)
+                  if Path(p).is_file())

@@ -153,7 +153,7 @@ def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: str,
     if procs <= 0:
         problems.add("cluster.procs_per_node", procs, "must be positive, or -1 for auto",
                      "give a value >= 1")
-    elif device == "cuda" and procs > host.gpu_count:
+    elif device == "cuda" and 0 < host.gpu_count < procs:  # no GPU at all: reported as device
         problems.add("cluster.procs_per_node", procs,
                      f"exceeds the {host.gpu_count} GPU(s) of this machine",
                      f"use cluster.procs_per_node<={host.gpu_count}")

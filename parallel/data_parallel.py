@@ -13,8 +13,7 @@ def apply_ddp(model: torch.nn.Module, *, parallel: ParallelSpec,
     if parallel.dp_replicate <= 1:
         return model
     device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True,
-                                   broadcast_buffers=False)
+    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

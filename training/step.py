@@ -20,11 +20,14 @@ class StepLoss:
     """Target tokens over all ranks and micro-batches of the step."""
 
 
-def count_global_tokens(micro_batches: list, device: torch.device) -> int:
+def count_global_tokens(micro_batches: list, *, dp: int, device: torch.device,
+                        dp_group=None) -> int:
+    """Target tokens of the step summed over the dp ranks (over `dp_group`; None = world)."""
     local = sum(int((targets != IGNORE_INDEX).sum()) for _, targets in micro_batches)
+    if dp == 1:
+        return local
     t = torch.tensor([local], dtype=torch.int64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
+    dist.all_reduce(t, group=dp_group)
     return int(t.item())
 
 
@@ -37,13 +40,13 @@ def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.
 
 
 def forward_backward(model: torch.nn.Module, micro_batches: list, *, dp: int,
-                     device: torch.device, autocast, scaler=None) -> StepLoss:
+                     device: torch.device, autocast, scaler=None, dp_group=None) -> StepLoss:
     """Accumulate gradients of (sum of token losses over the global batch) / global tokens.
 
     DDP averages gradients over the dp ranks, so each rank scales its loss by dp to undo that
     average: the result equals one process computing the mean over the whole global batch.
     """
-    global_tokens = count_global_tokens(micro_batches, device)
+    global_tokens = count_global_tokens(micro_batches, dp=dp, device=device, dp_group=dp_group)
     total = torch.zeros((), dtype=torch.float32, device=device)
     last = len(micro_batches) - 1
     for i, (inputs, targets) in enumerate(micro_batches):
