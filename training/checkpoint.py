@@ -1,0 +1,318 @@
+"""Distributed checkpoints (torch.distributed.checkpoint) that resume exactly and never look
+complete after a crash.
+
+A save is collective. Every rank writes into `step_N.tmp/` (DCP shards for model and optimizer,
+plus `rank_<R>.pt` with its RNG states and the caller's `extra`); after all ranks agree that
+they succeeded, rank 0 writes `meta.json` and renames the folder to `step_N` (atomic on one
+filesystem). Only folders named `step_N` holding `meta.json` and DCP's `.metadata` count as
+complete (see `training.checkpoint_paths`). Works without a process group (one process).
+The checkpoint root must be one filesystem that every rank sees (shared across nodes).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from training.checkpoint_paths import (META_FILENAME, checkpoints_beyond_newest,
+                                       is_complete_checkpoint, latest_checkpoint,
+                                       read_checkpoint_meta, replaced_step_dir, stale_dirs,
+                                       step_dir, tmp_step_dir)
+
+__all__ = ["CheckpointError", "CheckpointMismatch", "latest_checkpoint", "load_checkpoint",
+           "read_checkpoint_meta", "save_checkpoint", "capture_rng_state", "restore_rng_state"]
+
+FORMAT_VERSION = 1
+_PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, torch.Tensor, torch.dtype,
+                 torch.device, torch.Size)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved or loaded; raised on every rank with the same message."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """The checkpoint was written by a run whose layout does not match this one."""
+
+
+# --- process group helpers (all no-ops without a process group) --------------------------------
+
+def _is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank_and_world_size() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if _is_distributed() else (0, 1)
+
+
+@contextmanager
+def _single_process_dcp_is_intended():
+    """DCP warns on every single-process save/load, even with no_dist=True; here it is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+        yield
+
+
+def _gather_errors(error: str | None) -> list[str]:
+    """Every rank learns every rank's error (also serves as a barrier)."""
+    if not _is_distributed():
+        return [f"rank 0: {error}"] if error else []
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+
+
+def _on_every_rank(action, *, what: str, error_type: type[Exception] = CheckpointError) -> None:
+    """Run `action()` on every rank; if any rank fails, raise on every rank (no rank hangs)."""
+    error = None
+    try:
+        action()
+    except Exception as exc:  # noqa: BLE001 - re-raised below on every rank
+        error = f"{type(exc).__name__}: {exc}"
+    errors = _gather_errors(error)
+    if errors:
+        raise error_type(f"{what} failed: " + "; ".join(errors))
+
+
+def _run_on_rank0(action, *, what: str) -> None:
+    """Run `action()` on rank 0 only; re-raise its failure on every rank (no rank hangs)."""
+    rank, _ = _rank_and_world_size()
+    error = None
+    if rank == 0:
+        try:
+            action()
+        except Exception as exc:  # noqa: BLE001 - re-raised below on every rank
+            error = f"{type(exc).__name__}: {exc}"
+    if _is_distributed():
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise CheckpointError(f"{what} failed on rank 0: {error}")
+
+
+# --- rank-local state: RNG + caller extras ------------------------------------------------------
+
+def capture_rng_state() -> dict:
+    """This process's RNG states (python, numpy, torch CPU, current CUDA device) as plain data."""
+    algorithm, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"algorithm": algorithm, "keys": keys.tolist(), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "torch_cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["torch_cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    """Inverse of `capture_rng_state`."""
+    random.setstate(state["python"])
+    np_state = state["numpy"]
+    np.random.set_state((np_state["algorithm"], np.array(np_state["keys"], dtype=np.uint32),
+                         np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"]))
+    torch.set_rng_state(state["torch_cpu"])
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["torch_cuda"])
+
+
+def _check_plain(value, *, where: str) -> None:
+    """Fail at save time (not at resume) if `value` cannot be loaded with weights_only=True."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_plain(key, where=f"{where} key {key!r}")
+            _check_plain(item, where=f"{where}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_plain(item, where=f"{where}[{index}]")
+    elif not isinstance(value, _PLAIN_LEAVES):
+        raise TypeError(
+            f"{where} is a {type(value).__module__}.{type(value).__qualname__}; checkpoint "
+            "extras must be plain Python values (int, float, str, list, dict, ...) or tensors"
+        )
+
+
+def _validate_save_inputs(*, extra: dict, metadata: dict, keep_last: int | None) -> None:
+    _check_plain(extra, where="extra")
+    json.dumps(metadata)
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 (or None to keep all), got {keep_last}")
+
+
+def _fsynced_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _rank_file(folder: Path, *, rank: int) -> Path:
+    return folder / f"rank_{rank}.pt"
+
+
+def _write_rank_file(folder: Path, *, rank: int, rng_state: dict, extra: dict) -> None:
+    buffer = io.BytesIO()
+    torch.save({"rng": rng_state, "extra": extra}, buffer)
+    _fsynced_write(_rank_file(folder, rank=rank), buffer.getvalue())
+
+
+def _read_rank_file(folder: Path, *, rank: int) -> dict:
+    path = _rank_file(folder, rank=rank)
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: the checkpoint in {folder} is damaged")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# --- folder publishing (rank 0) -----------------------------------------------------------------
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rename_into_place(source: Path, target: Path) -> None:
+    """The single atomic step that makes a checkpoint visible (tests inject crashes here)."""
+    os.replace(source, target)
+    _fsync_dir(target.parent)
+
+
+def _prepare_tmp_dir(root: Path, *, step: int) -> None:
+    tmp = tmp_step_dir(root, step=step)
+    if tmp.exists():
+        shutil.rmtree(tmp)  # a crashed earlier attempt at this very step
+    tmp.mkdir(parents=True)
+
+
+def _write_meta(folder: Path, *, meta: dict) -> None:
+    _fsynced_write(folder / META_FILENAME, json.dumps(meta, indent=2, sort_keys=True).encode())
+
+
+def _publish(root: Path, *, step: int, meta: dict) -> None:
+    """meta.json, then rename `step_N.tmp` -> `step_N` (moving an existing `step_N` aside)."""
+    tmp, final = tmp_step_dir(root, step=step), step_dir(root, step=step)
+    _write_meta(tmp, meta=meta)
+    if final.exists():
+        replaced = replaced_step_dir(root, step=step)
+        shutil.rmtree(replaced, ignore_errors=True)
+        _rename_into_place(final, replaced)
+    _rename_into_place(tmp, final)
+
+
+def _remove_stale_and_old(root: Path, *, keep_last: int | None) -> None:
+    for folder in stale_dirs(root):
+        shutil.rmtree(folder, ignore_errors=True)
+    if keep_last is not None:
+        for folder in checkpoints_beyond_newest(root, keep_last=keep_last):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- public API ---------------------------------------------------------------------------------
+
+def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """DCP state dict without wrapper prefixes (DDP `module.`, FSDP, compile).
+
+    get_state_dict initialises an empty optimizer state with a zero-lr step; callers that must
+    not keep that side effect clear `optimizer.state` afterwards.
+    """
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def save_checkpoint(root: Path, *, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, extra: dict | None = None,
+                    metadata: dict | None = None, keep_last: int | None = None) -> Path:
+    """Collective: write `root/step_<N>` atomically and return its path.
+
+    `extra` is this rank's own state (data position, scheduler, loss scaler ...), restored by
+    `load_checkpoint`; plain Python values and tensors only. `metadata` (JSON) goes to meta.json
+    (e.g. the parallel layout). `keep_last=k` deletes complete checkpoints older than the newest
+    k after this save succeeds; stale `.tmp` folders are always removed then.
+    """
+    root, extra, metadata = Path(root), dict(extra or {}), dict(metadata or {})
+    rank, world_size = _rank_and_world_size()
+    _on_every_rank(lambda: _validate_save_inputs(extra=extra, metadata=metadata,
+                                                 keep_last=keep_last),
+                   what="checking save_checkpoint arguments", error_type=ValueError)
+    rng_state = capture_rng_state()
+    optimizer_was_empty = not optimizer.state
+
+    _run_on_rank0(lambda: _prepare_tmp_dir(root, step=step), what="preparing checkpoint folder")
+    tmp = tmp_step_dir(root, step=step)
+    state = _model_and_optimizer_state(model, optimizer)
+    if optimizer_was_empty:
+        optimizer.state.clear()  # undo get_state_dict's zero-lr init step: keep training exact
+    with _single_process_dcp_is_intended():
+        dcp.save(state, checkpoint_id=tmp, no_dist=not _is_distributed())
+
+    _on_every_rank(lambda: _write_rank_file(tmp, rank=rank, rng_state=rng_state, extra=extra),
+                   what=f"writing rank files into {tmp}")  # also the barrier before publishing
+
+    meta = {"format_version": FORMAT_VERSION, "step": step, "world_size": world_size,
+            "optimizer_state_empty": optimizer_was_empty, "saved_unix_s": time.time(),
+            "metadata": metadata}
+
+    def finish() -> None:
+        _publish(root, step=step, meta=meta)
+        _remove_stale_and_old(root, keep_last=keep_last)
+
+    _run_on_rank0(finish, what=f"publishing checkpoint step {step} in {root}")
+    return step_dir(root, step=step)
+
+
+def _check_world_size(path: Path, *, saved: int, current: int, allow_reshard: bool) -> None:
+    if saved != current and not allow_reshard:
+        raise CheckpointMismatch(
+            f"checkpoint {path} was saved with world_size={saved}, but this run has "
+            f"world_size={current}; resuming across world sizes is not supported yet "
+            "(pass allow_reshard=True to load model/optimizer via DCP and take rank 0's "
+            "RNG states and extras on every rank)"
+        )
+
+
+def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    allow_reshard: bool = False) -> dict:
+    """Collective: restore model, optimizer and this rank's RNG states; return its `extra`.
+
+    Raises CheckpointMismatch if the checkpoint's world size differs from this run's, unless
+    `allow_reshard` (then DCP reshards model/optimizer and every rank takes rank 0's file).
+    """
+    path = Path(path)
+    if not is_complete_checkpoint(path):
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint (needs a step_<N> name, {META_FILENAME} and "
+            "DCP's .metadata); use latest_checkpoint(root) to find one"
+        )
+    meta = read_checkpoint_meta(path)
+    rank, world_size = _rank_and_world_size()
+    _check_world_size(path, saved=meta["world_size"], current=world_size,
+                      allow_reshard=allow_reshard)
+
+    state = _model_and_optimizer_state(model, optimizer)
+    with _single_process_dcp_is_intended():
+        dcp.load(state, checkpoint_id=path, no_dist=not _is_distributed())
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+    if meta.get("optimizer_state_empty", False):
+        optimizer.state.clear()
+
+    same_layout = meta["world_size"] == world_size
+    rank_state = _read_rank_file(path, rank=rank if same_layout else 0)
+    restore_rng_state(rank_state["rng"])
+    return rank_state["extra"]
