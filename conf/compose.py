@@ -43,8 +43,10 @@ def config_yaml(run_config: RunConfig) -> str:
 
 
 def _problem_from_hydra(err: Exception) -> Problem:
-    text = " ".join(str(err).split())
-    cause = err.__cause__
-    if cause is not None and str(cause) and str(cause) not in text:
-        text = f"{text}: {' '.join(str(cause).split())}"
-    return Problem("overrides", "", text, "check the keys and values against conf/schema.py")
+    """One Problem from a Hydra/OmegaConf error, keyed by the config key it names if any."""
+    errors = [e for e in (err, err.__cause__) if e is not None]
+    key = next((e.full_key for e in errors if getattr(e, "full_key", None)), "")
+    texts = [" ".join(str(e).split("full_key:")[0].split()) for e in errors if str(e).strip()]
+    text = texts[-1] if texts else type(err).__name__
+    return Problem(key or "overrides", "", text,
+                   "check the keys and values against conf/schema.py")

@@ -14,7 +14,8 @@ class Problem:
     fix: str = ""
 
     def render(self) -> str:
-        shown = self.key if self.value == "" else f"{self.key}={self.value}"
+        value = str(self.value).lower() if isinstance(self.value, bool) else self.value
+        shown = self.key if value == "" else f"{self.key}={value}"
         text = f"{shown}: {self.rule}"
         return f"{text} (fix: {self.fix})" if self.fix else text
 

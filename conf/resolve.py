@@ -11,6 +11,7 @@ from pathlib import Path
 
 from conf import rules
 from conf.errors import ProblemList
+from conf.parallel_rules import resolve_parallel
 from conf.schema import DeviceKind, DType, Precision, RunConfig
 from conf.spec import (
     CheckpointSpec, ClusterSpec, DataSpec, HostSpec, LoggingSpec, ModelSpec, OptimSpec,
@@ -27,11 +28,10 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunS
     device = _resolve_device(cfg, host, problems)
     model = _resolve_model(cfg, problems)
     procs = _resolve_procs_per_node(cfg, host, device, problems)
-    parallel = _resolve_parallel(cfg, cfg.cluster.nodes * procs, problems)
+    parallel = resolve_parallel(cfg.parallel, world_size=cfg.cluster.nodes * procs,
+                                nodes=cfg.cluster.nodes, problems=problems)
     training = _resolve_training(cfg, device, parallel.dp, problems)
     rules.check_model(model, problems)
-    rules.check_parallel(parallel, cfg.parallel, model, problems)
-    rules.check_parallel_world(parallel, cfg.cluster.nodes * procs, cfg.cluster.nodes, problems)
     rules.check_training(training, model, problems)
     rules.check_schedule(cfg.schedule, training.steps, problems)
     rules.check_optim(cfg.optim, problems)
@@ -83,30 +83,6 @@ def _resolve_procs_per_node(cfg: RunConfig, host: HostSpec, device: str,
     if device == "cuda":
         return max(host.gpu_count, 1)
     return CPU_DEFAULT_PROCS
-
-
-def _resolve_parallel(cfg: RunConfig, world_size: int, problems: ProblemList) -> ParallelSpec:
-    p = cfg.parallel
-    fixed = [d for d in (p.dp_replicate, p.dp_shard, p.tp, p.pp, p.cp) if d != -1]
-    others = 1
-    for d in fixed:
-        others *= d
-    autos = [d for d in (p.dp_replicate, p.dp_shard, p.tp, p.pp, p.cp) if d == -1]
-    auto_value = world_size // others if others > 0 and world_size % others == 0 else 1
-    if len(autos) > 1:
-        problems.add("parallel", "", "at most one degree may be -1 (auto)",
-                     "set all but one of dp_replicate, dp_shard, tp, pp, cp explicitly")
-    if others <= 0 or (autos and world_size % others):
-        problems.add("parallel", f"dp_replicate={p.dp_replicate}",
-                     f"the other degrees (product {others}) must divide the world size "
-                     f"{world_size}", "change the degrees or cluster.procs_per_node")
-
-    def pick(value: int) -> int:
-        return auto_value if value == -1 else value
-
-    return ParallelSpec(name=p.name, dp_replicate=pick(p.dp_replicate),
-                        dp_shard=pick(p.dp_shard), tp=pick(p.tp), pp=pick(p.pp), cp=pick(p.cp),
-                        zero=p.zero)
 
 
 def _resolve_training(cfg: RunConfig, device: str, dp: int,

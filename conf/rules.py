@@ -6,10 +6,10 @@ from typing import Callable
 
 from conf.errors import ProblemList
 from conf.schema import (
-    CheckpointConfig, ClusterConfig, DataConfig, OptimConfig, ParallelConfig, Precision,
+    CheckpointConfig, ClusterConfig, DataConfig, OptimConfig, Precision,
     ScheduleConfig, ScheduleKind, TrainingConfig,
 )
-from conf.spec import HostSpec, ModelSpec, ParallelSpec, TrainingSpec
+from conf.spec import HostSpec, ModelSpec, TrainingSpec
 
 FP8_MIN_CC = 8.9
 BF16_MIN_CC = 8.0
@@ -44,23 +44,6 @@ def check_model(m: ModelSpec, problems: ProblemList) -> None:
         problems.add("model.n_kv_heads", m.n_kv_heads,
                      f"must divide model.n_heads={m.n_heads} (grouped-query attention)",
                      f"use one of {valid}")
-
-
-def check_parallel(p: ParallelSpec, cfg: ParallelConfig, model: ModelSpec,
-                   problems: ProblemList) -> None:
-    for name in ("dp_replicate", "dp_shard", "tp", "pp", "cp"):
-        value = getattr(cfg, name)
-        if value == 0 or value < -1:
-            problems.add(f"parallel.{name}", value, "must be positive, or -1 for auto",
-                         "give a degree >= 1")
-    for name in ("dp_shard", "tp", "pp", "cp"):
-        if getattr(p, name) > 1:
-            problems.add(f"parallel.{name}", getattr(p, name),
-                         "is not implemented yet (only data parallel: dp_replicate)",
-                         f"use parallel.{name}=1 (parallel=ddp or parallel=single)")
-    if cfg.zero != 0:
-        problems.add("parallel.zero", cfg.zero, "ZeRO stages are not implemented yet",
-                     "use parallel.zero=0")
 
 
 def resolve_batch(t: TrainingConfig, dp: int, problems: ProblemList) -> tuple[int, int]:
@@ -159,19 +142,12 @@ def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: str,
                      f"use cluster.procs_per_node<={host.gpu_count}")
 
 
-def check_parallel_world(p: ParallelSpec, world_size: int, nodes: int,
-                         problems: ProblemList) -> None:
-    if p.world_size != world_size:
-        problems.add("parallel", f"{p.name}",
-                     f"dp_replicate({p.dp_replicate})*dp_shard({p.dp_shard})*tp({p.tp})*"
-                     f"pp({p.pp})*cp({p.cp})={p.world_size} != world size {world_size} "
-                     f"(cluster.nodes={nodes} x cluster.procs_per_node={world_size // max(nodes, 1)})",
-                     "make the degrees multiply to the world size, or set one to -1")
-
-
 def check_precision(name: Precision, device: str, host: HostSpec, problems: ProblemList) -> None:
     if name == Precision.fp8 and (device != "cuda" or host.compute_capability < FP8_MIN_CC):
-        where = "CPU" if device == "cpu" else f"{host.gpu_name} (cc {host.compute_capability})"
+        if device == "cpu" or host.gpu_count == 0:
+            where = "CPU" if device == "cpu" else "a machine with no CUDA GPU"
+        else:
+            where = f"{host.gpu_name} (cc {host.compute_capability})"
         problems.add("precision", "fp8",
                      f"needs a CUDA GPU of compute capability >= {FP8_MIN_CC}; this run is on {where}",
                      "use precision=bf16 (or fp32 on CPU)")
@@ -204,7 +180,7 @@ def data_files(d: DataConfig, problems: ProblemList, *, check_paths: bool,
     if d.kind.value != "files":
         return [], []
     if d.dtype not in TOKEN_DTYPES:
-        problems.add("data.dtype", d.dtype, "unknown token dtype", f"use one of {TOKEN_DTYPES}")
+        problems.add("data.dtype", d.dtype, "unknown token dtype", f"use one of {', '.join(TOKEN_DTYPES)}")
     found: list[list[str]] = []
     for key, pattern in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
         files = expand(pattern) if pattern else []

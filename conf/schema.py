@@ -1,7 +1,9 @@
 """Hydra-facing schema: the mutable dataclasses that YAML and overrides compose against.
 
 Each knob is documented once, by the docstring under its field. Choices are `str` Enums
-(omegaconf 2.3 rejects `Literal`). `-1` means "auto": `resolve()` fills it in. Nothing here is
+(omegaconf 2.3 rejects `Literal`). `-1` means "auto": `resolve()` fills it in.
+Schema defaults equal the default group options (conf/config.yaml), so Hydra's `~group`
+(delete) falls back to the same values as the default option. Nothing here is
 validated across fields; that is `resolve()`'s job (conf/resolve.py).
 """
 from __future__ import annotations
@@ -75,13 +77,13 @@ class ModelConfig:
     """Hidden size (d_model)."""
     n_heads: int = 4
     """Attention (query) heads."""
-    n_kv_heads: int = -1
+    n_kv_heads: int = 2
     """Key/value heads for grouped-query attention; -1 = n_heads (plain multi-head)."""
     ffn_dim: int = 384
     """Inner size of the SwiGLU feed-forward block."""
     vocab_size: int = 256
     """Vocabulary size (embedding rows). Byte-level data needs at least 256."""
-    max_seq_len: int = 2048
+    max_seq_len: int = 1024
     """Longest sequence the model is meant for (RoPE positions)."""
     rope_theta: float = 10000.0
     """RoPE base frequency."""
@@ -131,7 +133,7 @@ class RecomputeConfig:
 class ScheduleConfig:
     kind: ScheduleKind = ScheduleKind.cosine
     """LR schedule after warmup: constant, linear, cosine, wsd (warmup-stable-decay)."""
-    warmup_steps: int = 20
+    warmup_steps: int = 10
     """Linear warmup steps from 0 to the peak LR."""
     min_lr_ratio: float = 0.1
     """Final LR as a fraction of the peak LR (linear, cosine, wsd)."""
@@ -177,7 +179,7 @@ class DataConfig:
 
 @dataclass
 class TrainingConfig:
-    steps: int = 300
+    steps: int = 120
     """Optimizer steps to run."""
     seq_len: int = 128
     """Tokens per sample."""
@@ -189,9 +191,9 @@ class TrainingConfig:
     """Samples per optimizer step over all ranks; -1 = micro x accumulation x dp."""
     seed: int = 1234
     """Seed for initialisation and data order."""
-    eval_every: int = 50
+    eval_every: int = 30
     """Evaluate every N steps (and before the first and after the last); 0 = only at the ends."""
-    eval_batches: int = 8
+    eval_batches: int = 4
     """Micro-batches per rank in one evaluation."""
     log_every: int = 1
     """Write metrics every N steps."""
@@ -208,7 +210,7 @@ class TrainingConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 100
+    every_steps: int = 60
     """Save a checkpoint every N steps (and at the end); 0 = only at the end."""
     keep_last: int = 2
     """Keep this many newest checkpoints; older ones are deleted after a save completes."""

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             return session.resume(args.run_dir, args.overrides, console=console)
         return session.run(args.overrides, dry_run=args.dry_run, console=console)
     except ConfigError as err:
-        Console(stderr=True).print(str(err), markup=False, highlight=False)
+        Console(stderr=True).print(str(err), markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import torch
@@ -22,21 +23,31 @@ log = logging.getLogger("meshrun.loop")
 
 
 def train(tr: Trainer) -> None:
-    """Run from tr.step to training.stop_at_step (or training.steps), then wrap up."""
+    """Run from tr.step to training.stop_at_step (or training.steps), then wrap up.
+
+    W&B is always closed here (also on a pause or an error): ranks leave with os._exit, so
+    nothing may be left for interpreter-exit hooks to flush.
+    """
     t = tr.spec.training
     stop = t.stop_at_step or t.steps
-    if tr.step == 0:
-        evaluate(tr)
-    timer = StepTimer(tr.ctx.device)
-    while tr.step < stop:
-        timer.begin()
-        row = train_step(tr)
-        row["step_time_s"] = timer.elapsed_s()
-        _after_step(tr, row, stop)
-    if tr.step == t.steps:
-        finish(tr)
-    elif tr.loggers is not None:
-        tr.loggers.event({"kind": "event", "event": "paused", "step": tr.step})
+    try:
+        if tr.step == 0:
+            evaluate(tr)
+        timer = StepTimer(tr.ctx.device)
+        while tr.step < stop:
+            timer.begin()
+            row = train_step(tr)
+            row["step_time_s"] = timer.elapsed_s()
+            _after_step(tr, row, stop)
+        if tr.step == t.steps:
+            finish(tr)
+        elif tr.loggers is not None:
+            tr.loggers.event({"kind": "event", "event": "paused", "step": tr.step})
+    finally:
+        if tr.loggers is not None:  # paused, or failed: close W&B with what is known
+            failed = sys.exc_info()[0] is not None
+            tr.loggers.finish({"steps_done": tr.step}, exit_code=1 if failed else 0)
+            tr.loggers = None
 
 
 def train_step(tr: Trainer) -> dict:
