@@ -1,0 +1,77 @@
+"""Set up the repo's virtual environment, then run meshrun or the tests. Standard library only.
+
+    python3 -m launcher.bootstrap run [overrides...]   # set up, then `meshrun run ...`
+    python3 -m launcher.bootstrap test [pytest args]   # set up, then the test suite
+
+The venv lives in <repo>/.venv and is reused. torch is pinned to 2.13.0 when it is missing
+(an unpinned torch pulls a multi-GB CUDA build on CPU machines); an installed torch is kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENV = REPO / ".venv"
+TORCH_PIN = "torch==2.13.0"
+STAMP = VENV / ".meshrun-installed"
+
+
+def venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def ensure_venv() -> None:
+    if not venv_python().exists():
+        print(f"[bootstrap] creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+
+
+def has_module(module: str) -> bool:
+    probe = [str(venv_python()), "-c", f"import importlib.util,sys; "
+             f"sys.exit(importlib.util.find_spec('{module}') is None)"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def pip_install(*args: str) -> None:
+    cmd = [str(venv_python()), "-m", "pip", "install", "--disable-pip-version-check", *args]
+    print("[bootstrap] " + " ".join(cmd[3:]), flush=True)
+    subprocess.run(cmd, check=True, cwd=REPO)
+
+
+def install_fingerprint() -> str:
+    return hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
+
+
+def ensure_installed() -> None:
+    """torch (pinned if missing), then meshrun editable with its test extras, once per pyproject."""
+    ensure_venv()
+    if not has_module("torch"):
+        pip_install("--quiet", TORCH_PIN)
+    fingerprint = install_fingerprint()
+    if STAMP.exists() and STAMP.read_text() == fingerprint and has_module("launcher"):
+        return
+    pip_install("--quiet", "-e", ".[test]")
+    STAMP.write_text(fingerprint)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("run", "test"):
+        sys.stderr.write(__doc__)
+        return 2
+    ensure_installed()
+    bin_dir = VENV / "bin"
+    os.chdir(REPO)
+    if argv[0] == "test":
+        cmd = [str(bin_dir / "python"), "-m", "pytest", *argv[1:]]
+    else:
+        cmd = [str(bin_dir / "meshrun"), *argv]
+    os.execv(cmd[0], cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,125 @@
+"""End-to-end `meshrun` runs through torchrun (2 gloo ranks): run dirs, exact resume, W&B
+history read back from the offline run files, export, clear failures, the default experiment.
+
+Each torchrun launch costs seconds here, so launches are shared through module fixtures.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.support.wandb_reader import read_runs
+
+pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["model=tiny", "training.steps=20", "training.seq_len=64", "training.micro_batch_size=8",
+         "training.eval_every=10", "checkpoint.every_steps=5", "checkpoint.keep_last=2",
+         "logging=offline"]
+
+
+def meshrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def only_run_dir(runs_dir: Path) -> Path:
+    (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A: 20 steps straight. B: the same spec stopped at step 10, then `meshrun resume`."""
+    root = tmp_path_factory.mktemp("e2e")
+    with ThreadPoolExecutor(2) as pool:
+        a = pool.submit(meshrun, "run", *SMALL, f"runs_dir={root / 'a'}")
+        b = pool.submit(meshrun, "run", *SMALL, "training.stop_at_step=10", f"runs_dir={root / 'b'}")
+        done = [a.result(), b.result()]
+    for result in done:
+        assert result.returncode == 0, result.stdout + result.stderr
+    run_b = only_run_dir(root / "b")
+    assert max(train_losses(run_b)) == 10
+    resumed = meshrun("resume", str(run_b))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    return {"a": only_run_dir(root / "a"), "b": run_b, "resume_output": resumed.stdout}
+
+
+def test_resumed_run_repeats_the_uninterrupted_losses_exactly(runs):
+    straight, resumed = train_losses(runs["a"]), train_losses(runs["b"])
+    assert sorted(straight) == list(range(1, 21))
+    assert resumed == straight  # exact float equality: fp32 on CPU resumes bit for bit
+
+
+def test_run_dir_holds_what_reproduces_the_run(runs):
+    run_dir = runs["a"]
+    for name in ("spec.json", "config.yaml", "overrides.json", "command.txt", "env.json",
+                 "metrics.jsonl", "summary.json", "logs/rank0.log", "logs/rank1.log"):
+        assert (run_dir / name).is_file(), name
+    assert json.loads((run_dir / "overrides.json").read_text())[0] == "model=tiny"
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["torch"].startswith("2.") and {"commit", "dirty"} <= set(env["git"])
+    assert "torch.distributed.run" in (run_dir / "command.txt").read_text()
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step_00000015", "step_00000020"]  # keep_last=2
+
+
+def test_export_is_in_hugging_face_layout(runs):
+    from safetensors import safe_open
+
+    export = runs["a"] / "export"
+    config = json.loads((export / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 2
+    with safe_open(str(export / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "model.embed_tokens.weight" in keys and "lm_head.weight" in keys
+    assert "model.layers.1.mlp.down_proj.weight" in keys
+
+
+def test_wandb_offline_run_holds_history_config_and_one_id_across_resume(runs):
+    run_dir = runs["b"]
+    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    record = read_runs(run_dir)
+    assert record.run_id == run_id and len(record.sources) == 2  # two legs, one run
+    logged = {int(h["train/step"]) if "train/step" in h else int(h["step"]): h
+              for h in record.user_history() if "train/loss" in h}
+    assert sorted(logged) == list(range(1, 21))
+    losses = train_losses(run_dir)
+    assert all(logged[s]["train/loss"] == pytest.approx(losses[s], rel=1e-12) for s in losses)
+    assert record.user_config()["model"]["name"] == "tiny"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert record.user_summary()["final_val_loss"] == pytest.approx(summary["final_val_loss"])
+
+
+def test_resume_under_another_world_size_stops_with_a_clear_error(runs):
+    result = meshrun("resume", str(runs["a"]), "parallel=single")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "world size 1 differs from the checkpoint's 2" in result.stderr
+
+
+def test_a_failing_rank_fails_the_run_with_its_error(tmp_path):
+    import numpy as np
+
+    bad = tmp_path / "tokens.npy"
+    np.save(bad, np.full(4096, 999, dtype=np.int64))  # ids beyond the tiny model's vocab of 256
+    result = meshrun("run", *SMALL, "data=files", f"data.train_files={bad}",
+                     f"data.val_files={bad}", f"runs_dir={tmp_path / 'runs'}")
+    assert result.returncode != 0
+    assert "run failed" in result.stderr and "999" in result.stderr
+
+
+def test_default_experiment_learns(tmp_path):
+    """`meshrun run` with no arguments (only the runs dir moved): val loss falls by >= 30%."""
+    result = meshrun("run", f"runs_dir={tmp_path}", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["val_loss_drop"] >= 0.30, summary
