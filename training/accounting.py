@@ -10,6 +10,7 @@ from conf.spec import ModelSpec, RunSpec
 
 FLOPS_CONVENTION = "6N + 12*L*H*Q*T (PaLM / torchtitan; N = parameters without token embeddings)"
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+TARGET_BYTES = 8  # int64 target id per token
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,38 +56,44 @@ class MemoryEstimate:
         return self.params + self.grads + self.optimizer + self.master_weights + self.activations
 
 
-def activation_bytes_per_layer(model: ModelSpec, *, tokens: int, seq_len: int,
-                               dtype_bytes: int, recompute: str) -> int:
-    """Bytes one block keeps for backward for `tokens` tokens of one micro-batch.
+def activation_elements_per_token_per_layer(model: ModelSpec, *, recompute: str) -> int:
+    """Elements one block keeps for backward per token (measured on CPU in
+    tests/unit/test_recompute.py against the storages alive after forward).
 
-    none: every intermediate (norm inputs/outputs, q/k/v before and after RoPE, attention
-    output and its log-sum-exp, the four SwiGLU tensors, residuals); selective: matmul outputs
-    and their inputs only; full: only the block input.
+    none: per norm its input, x*rsqrt, weight*normed and rsqrt; q and k after RoPE; v; the
+    attention output and its log-sum-exp (one per head); SwiGLU's w1, w3, silu and product.
+    selective: the block input, the q/k/v/wo/w1/w3/w2 matmul outputs, attention output + lse.
+    full: only the block input.
     """
     d, f = model.dim, model.ffn_dim
     kv = model.n_kv_heads * model.head_dim
+    attention_out = d + model.n_heads
     if recompute == "full":
-        return tokens * d * dtype_bytes
-    matmul_side = 4 * d + 2 * kv + 2 * d + 3 * f  # x_norm, q, k, v, attn out, o in; w1, w3, w2 in
+        return d
     if recompute == "selective":
-        return tokens * matmul_side * dtype_bytes
-    elementwise = 4 * d + 2 * kv + 2 * f  # residual inputs, norms, rotated q/k, silu output
-    lse = tokens * model.n_heads * 4
-    return tokens * (matmul_side + elementwise) * dtype_bytes + lse
+        return d + (d + 2 * kv) + attention_out + d + 2 * f + d
+    return 2 * (3 * d + 1) + (d + kv) + kv + attention_out + 4 * f
+
+
+def activation_elements_per_token_outside_blocks(model: ModelSpec) -> int:
+    """The last block's output, the final norm's two products and rsqrt, and the fp32
+    log-softmax over the vocabulary that cross entropy keeps."""
+    return 3 * model.dim + 1 + model.vocab_size
+
+
+def activation_bytes(model: ModelSpec, *, tokens: int, recompute: str, dtype_bytes: int) -> int:
+    """Bytes kept for backward by one micro-batch of `tokens` tokens (targets included)."""
+    per_token = (model.n_layers * activation_elements_per_token_per_layer(model, recompute=recompute)
+                 + activation_elements_per_token_outside_blocks(model))
+    return tokens * (per_token * dtype_bytes + TARGET_BYTES)
 
 
 def estimate_memory(spec: RunSpec) -> MemoryEstimate:
-    counts = param_counts(spec.model)
-    n = counts.total
+    n = param_counts(spec.model).total
     t = spec.training
-    compute_bytes = DTYPE_BYTES[spec.precision.compute_dtype.value]
-    tokens = t.micro_batch_size * t.seq_len
-    per_layer = activation_bytes_per_layer(spec.model, tokens=tokens, seq_len=t.seq_len,
-                                           dtype_bytes=compute_bytes,
-                                           recompute=spec.recompute.mode.value)
-    logits = tokens * spec.model.vocab_size * (compute_bytes + 4)  # logits + fp32 log-softmax
-    embeddings = tokens * spec.model.dim * 4 * 2  # embedding output and final norm output
-    activations = spec.model.n_layers * per_layer + logits + embeddings
+    activations = activation_bytes(spec.model, tokens=t.micro_batch_size * t.seq_len,
+                                   recompute=spec.recompute.mode.value,
+                                   dtype_bytes=DTYPE_BYTES[spec.precision.compute_dtype.value])
     return MemoryEstimate(params=4 * n, grads=4 * n, optimizer=2 * 4 * n, master_weights=0,
                           activations=activations)
 
