@@ -17,6 +17,7 @@ from conf.schema import RunConfig
 CONF_DIR = Path(__file__).resolve().parent
 GROUPS = ("model", "precision", "parallel", "recompute", "schedule", "optim", "data",
           "cluster", "logging")
+OPTIONAL_GROUPS = ("experiment",)  # not in the defaults list: added with +experiment=NAME
 
 
 def group_options(group: str) -> list[str]:
@@ -93,7 +94,11 @@ def check_overrides(overrides: list[str]) -> None:
 def _check_one(ov, problems: ProblemList) -> None:
     key = ov.key_or_group
     value = ov.value()
-    if key in GROUPS and not ov.is_delete():
+    if key in OPTIONAL_GROUPS and not ov.is_add() and not ov.is_delete():
+        problems.add(key, value, f"{key} is not in the defaults list",
+                     f"add it with +{key}={value}")
+        return
+    if key in GROUPS + OPTIONAL_GROUPS and not ov.is_delete():
         options = group_options(key)
         if str(value) not in options:
             problems.add(key, value, f"unknown {key} option",

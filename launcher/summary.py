@@ -26,6 +26,16 @@ ROWS = (
 )
 
 
+PATH_KEYS = ("last_checkpoint", "export_dir")
+
+
+def _relative(path: Path, run_dir: Path) -> str:
+    try:
+        return str(path.relative_to(run_dir.resolve()))
+    except ValueError:
+        return str(path)
+
+
 def print_summary(run_dir: Path, console: Console) -> None:
     path = run_dir / SUMMARY_FILE
     if not path.exists():
@@ -36,6 +46,10 @@ def print_summary(run_dir: Path, console: Console) -> None:
     table.add_column("what", style="bold")
     table.add_column("value")
     for label, key, fmt in ROWS:
-        if summary.get(key) is not None:
-            table.add_row(label, fmt.format(summary[key]))
+        value = summary.get(key)
+        if value is None or value == "":
+            continue
+        if key in PATH_KEYS:
+            value = _relative(Path(value), run_dir)
+        table.add_row(label, fmt.format(value))
     console.print(table)
