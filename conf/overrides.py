@@ -29,6 +29,8 @@ def _schema_field(path: list[str]) -> tuple[type | None, str]:
     """Walk the schema along `path`; return (field type, "") or (None, the first bad part)."""
     node: type = RunConfig
     for i, part in enumerate(path):
+        if typing.get_origin(node) is dict:
+            return typing.get_args(node)[1], ""  # free-form keys, e.g. cluster.env.NCCL_DEBUG
         if not dataclasses.is_dataclass(node):
             return None, ".".join(path[: i + 1])
         hints = typing.get_type_hints(node)
@@ -54,6 +56,11 @@ def _type_problem(kind: type, value: object) -> str:
     if isinstance(kind, type) and issubclass(kind, Enum):
         names = [m.name for m in kind]
         return "" if str(value) in names else f"must be one of {', '.join(names)}"
+    origin = typing.get_origin(kind)
+    if origin is list:
+        return "" if isinstance(value, list) else "must be a list, e.g. [a,b]"
+    if origin is dict:
+        return "" if isinstance(value, dict) else "must be a mapping, e.g. {K: v}"
     if kind is bool:
         return "" if isinstance(value, bool) else "must be true or false"
     if kind is int:

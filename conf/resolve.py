@@ -12,7 +12,7 @@ from pathlib import Path
 from conf import rules
 from conf.errors import ProblemList
 from conf.parallel_rules import resolve_parallel
-from conf.schema import DeviceKind, DType, Precision, RunConfig
+from conf.schema import ClusterConfig, ClusterKind, DeviceKind, DType, Precision, RunConfig
 from conf.spec import (
     CheckpointSpec, ClusterSpec, DataSpec, HostSpec, LoggingSpec, ModelSpec, OptimSpec,
     ParallelSpec, PrecisionSpec, RecomputeSpec, RunSpec, ScheduleSpec, TrainingSpec,
@@ -25,6 +25,7 @@ CPU_DEFAULT_PROCS = 2
 def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunSpec:
     """Fill every auto value and check every rule; raise one ConfigError listing all problems."""
     problems = ProblemList()
+    host = target_host(cfg.cluster, local=host)
     device = _resolve_device(cfg, host, problems)
     model = _resolve_model(cfg, problems)
     procs = _resolve_procs_per_node(cfg, host, device, problems)
@@ -36,19 +37,37 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunS
     rules.check_schedule(cfg.schedule, training.steps, problems)
     rules.check_optim(cfg.optim, problems)
     rules.check_cluster(cfg.cluster, procs, host, device, problems)
+    rules.check_launch(cfg.cluster, problems)
     rules.check_checkpoint(cfg.checkpoint, problems, check_paths=check_paths)
     data = _resolve_data(cfg, model, problems, check_paths=check_paths)
     precision = _resolve_precision(cfg, host, device, problems)
     problems.raise_if_any()
     return RunSpec(
-        name=cfg.name, runs_dir=str(Path(cfg.runs_dir).expanduser()), model=model,
+        name=cfg.name, runs_dir=str(Path(cfg.runs_dir).expanduser().resolve()), model=model,
         precision=precision, parallel=parallel, recompute=RecomputeSpec(mode=cfg.recompute.mode),
         schedule=ScheduleSpec(**vars(cfg.schedule)), optim=OptimSpec(**vars(cfg.optim)),
         data=data, training=training, checkpoint=_resolve_checkpoint(cfg),
-        cluster=ClusterSpec(kind=cfg.cluster.kind.value, nodes=cfg.cluster.nodes,
-                            procs_per_node=procs),
+        cluster=_resolve_cluster(cfg, procs, host),
         logging=LoggingSpec(**vars(cfg.logging)), host=host,
     )
+
+
+def target_host(cluster: ClusterConfig, *, local: HostSpec) -> HostSpec:
+    """The machine the ranks run on: this one (local), or what the cluster config describes."""
+    if cluster.kind == ClusterKind.local or cluster.gpus_per_node == -1:
+        return local
+    return HostSpec(gpu_name=cluster.gpu_name, gpu_count=cluster.gpus_per_node,
+                    compute_capability=cluster.gpu_compute_capability,
+                    cpu_count=max(cluster.cpus_per_task, 1))
+
+
+def _resolve_cluster(cfg: RunConfig, procs: int, host: HostSpec) -> ClusterSpec:
+    c = cfg.cluster
+    fields = {k: v for k, v in vars(c).items() if k not in ("kind", "procs_per_node",
+                                                              "gpus_per_node")}
+    fields.update(extra_sbatch=tuple(c.extra_sbatch), setup=tuple(c.setup), env=dict(c.env))
+    return ClusterSpec(kind=c.kind.value, procs_per_node=procs, gpus_per_node=host.gpu_count,
+                       **fields)
 
 
 def _resolve_device(cfg: RunConfig, host: HostSpec, problems: ProblemList) -> str:

@@ -130,9 +130,11 @@ def check_optim(o: OptimConfig, problems: ProblemList) -> None:
 
 def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: str,
                   problems: ProblemList) -> None:
-    if c.nodes != 1:
-        problems.add("cluster.nodes", c.nodes, "local runs use exactly one node",
-                     "use cluster.nodes=1 (multi-node launch is not implemented yet)")
+    if c.kind.value == "local" and c.nodes != 1:
+        problems.add("cluster.nodes", c.nodes, "cluster=local runs on exactly one node",
+                     "use cluster=slurm or cluster=nodes for several nodes")
+    elif c.nodes < 1:
+        problems.add("cluster.nodes", c.nodes, "must be positive", "give a value >= 1")
     if procs <= 0:
         problems.add("cluster.procs_per_node", procs, "must be positive, or -1 for auto",
                      "give a value >= 1")
@@ -140,6 +142,46 @@ def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: str,
         problems.add("cluster.procs_per_node", procs,
                      f"exceeds the {host.gpu_count} GPU(s) of this machine",
                      f"use cluster.procs_per_node<={host.gpu_count}")
+
+
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
+
+
+def check_launch(c: ClusterConfig, problems: ProblemList) -> None:
+    """Scheduler and rendezvous settings of slurm and nodes launches."""
+    if c.kind.value == "nodes" and not c.rdzv_host:
+        problems.add("cluster.rdzv_host", "''", "cluster=nodes needs the rendezvous host",
+                     "set cluster.rdzv_host=<address of node 0 that every node can reach>")
+    if not 0 <= c.rdzv_port < 65536:
+        problems.add("cluster.rdzv_port", c.rdzv_port, "must be a TCP port (0 = derived)",
+                     "give 1024..65535, or 0")
+    if c.kind.value != "slurm":
+        return
+    if c.time_limit_min <= 0:
+        problems.add("cluster.time_limit_min", c.time_limit_min, "must be positive",
+                     "give the job's time limit in minutes")
+    _check_signal(c, problems)
+    if c.max_requeues < 0:
+        problems.add("cluster.max_requeues", c.max_requeues, "must be >= 0", "e.g. 3")
+    for option in c.extra_sbatch:
+        if not option.startswith("--") or len(option) < 3:
+            problems.add("cluster.extra_sbatch", option, "each entry must be a long sbatch option",
+                         "write it as --name=value, e.g. --reservation=big")
+    if c.cpus_per_task < 0 or c.mem_gb < 0:
+        problems.add("cluster.cpus_per_task/mem_gb", f"{c.cpus_per_task}/{c.mem_gb}",
+                     "must be >= 0 (0 = Slurm's default)", "give a value >= 0")
+
+
+def _check_signal(c: ClusterConfig, problems: ProblemList) -> None:
+    name, _, delay = c.warning_signal.partition("@")
+    if name not in SIGNALS or not delay.isdigit():
+        problems.add("cluster.warning_signal", c.warning_signal,
+                     f"must be SIGNAL@SECONDS with SIGNAL one of {', '.join(SIGNALS)}",
+                     "e.g. USR1@120")
+    elif int(delay) >= c.time_limit_min * 60 > 0:
+        problems.add("cluster.warning_signal", c.warning_signal,
+                     f"fires {delay} s before the end of a {c.time_limit_min}-minute job, "
+                     "i.e. at once", "use a delay shorter than the time limit")
 
 
 def check_precision(name: Precision, device: str, host: HostSpec, problems: ProblemList) -> None:

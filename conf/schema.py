@@ -53,6 +53,8 @@ class DataKind(str, Enum):
 
 class ClusterKind(str, Enum):
     local = "local"
+    slurm = "slurm"
+    nodes = "nodes"
 
 
 class DeviceKind(str, Enum):
@@ -223,11 +225,59 @@ class CheckpointConfig:
 @dataclass
 class ClusterConfig:
     kind: ClusterKind = ClusterKind.local
-    """Where ranks run: local (torchrun on this machine)."""
+    """Where ranks run: local (torchrun here), slurm (submitit), nodes (torchrun per host)."""
     nodes: int = 1
     """Machines; local runs use 1."""
     procs_per_node: int = -1
-    """Ranks per node; -1 = the GPU count when CUDA is used, else 2."""
+    """Ranks per node; -1 = gpus_per_node on a GPU cluster (or the local GPU count), else 2."""
+    gpus_per_node: int = -1
+    """slurm/nodes: GPUs per node (0 = a CPU cluster); -1 = what this machine has."""
+    gpu_name: str = ""
+    """slurm/nodes: the GPU model of the compute nodes (e.g. H100), for MFU peaks and checks."""
+    gpu_compute_capability: float = 0.0
+    """slurm/nodes: compute capability of those GPUs (e.g. 9.0); 0 = unknown."""
+    partition: str = ""
+    """slurm: partition (empty = the cluster's default)."""
+    account: str = ""
+    """slurm: account to charge (empty = your default)."""
+    qos: str = ""
+    """slurm: quality of service (empty = default)."""
+    cpus_per_task: int = 0
+    """slurm: CPUs per rank (0 = Slurm's default)."""
+    mem_gb: int = 0
+    """slurm: memory per node in GB (0 = Slurm's default)."""
+    time_limit_min: int = 60
+    """slurm: time limit of one job leg in minutes."""
+    constraint: str = ""
+    """slurm: node feature constraint (e.g. h100)."""
+    exclusive: bool = False
+    """slurm: allocate whole nodes."""
+    extra_sbatch: list[str] = field(default_factory=list)
+    """slurm: extra sbatch options, e.g. ['--reservation=big', '--mail-type=END']."""
+    setup: list[str] = field(default_factory=list)
+    """slurm: shell lines run before the ranks start (module loads, source venv)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables for every rank (e.g. NCCL_IB_HCA, NCCL_DEBUG)."""
+    container_image: str = ""
+    """slurm: run ranks in this container image (pyxis: srun --container-image)."""
+    container_mounts: str = ""
+    """slurm: pyxis --container-mounts value (e.g. /data:/data)."""
+    rdzv_host: str = ""
+    """Rendezvous host; slurm: empty = first node of the allocation; nodes: required."""
+    rdzv_port: int = 0
+    """Rendezvous port; 0 = derived from the job id (slurm) or 29500 (nodes)."""
+    warning_signal: str = "USR1@120"
+    """slurm: signal Slurm sends this many seconds before the time limit (SIG@SECONDS)."""
+    max_requeues: int = 3
+    """slurm: on the warning signal or preemption, checkpoint and requeue up to this often."""
+    preflight: bool = True
+    """Check that every rank joined and collectives work, and measure bandwidth, before training."""
+    preflight_timeout_s: int = 300
+    """How long rank 0 waits for every rank to join before naming the missing ones."""
+    preflight_max_mib: int = 64
+    """Largest all-reduce message of the bandwidth table (4 KiB up to this)."""
+    python: str = ""
+    """slurm/nodes: Python executable on the compute nodes; empty = this one."""
 
 
 @dataclass

@@ -148,6 +148,38 @@ class ClusterSpec:
     kind: str
     nodes: int
     procs_per_node: int
+    gpus_per_node: int
+    gpu_name: str
+    gpu_compute_capability: float
+    partition: str
+    account: str
+    qos: str
+    cpus_per_task: int
+    mem_gb: int
+    time_limit_min: int
+    constraint: str
+    exclusive: bool
+    extra_sbatch: tuple[str, ...]
+    setup: tuple[str, ...]
+    env: dict
+    container_image: str
+    container_mounts: str
+    rdzv_host: str
+    rdzv_port: int
+    warning_signal: str
+    max_requeues: int
+    preflight: bool
+    preflight_timeout_s: int
+    preflight_max_mib: int
+    python: str
+
+    @property
+    def signal_name(self) -> str:
+        return self.warning_signal.split("@")[0]
+
+    @property
+    def signal_delay_s(self) -> int:
+        return int(self.warning_signal.split("@")[1])
 
 
 @dataclass(**FROZEN)

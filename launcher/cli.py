@@ -23,12 +23,18 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="compose, validate, plan and launch a run")
     run.add_argument("--dry-run", action="store_true",
                      help="print the resolved config, the plan and the launch command; launch nothing")
+    run.add_argument("--wait", action="store_true",
+                     help="cluster=slurm: stay attached and show progress until the job ends")
     run.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value, ...")
     plan = sub.add_parser("plan", help="print the numbers of a run (memory, FLOPs, tokens)")
     plan.add_argument("overrides", nargs="*")
     resume = sub.add_parser("resume", help="continue a run dir from its latest checkpoint")
     resume.add_argument("run_dir", type=Path)
+    resume.add_argument("--wait", action="store_true", help="cluster=slurm: wait for the job")
     resume.add_argument("overrides", nargs="*", help="extra overrides, e.g. training.steps=2000")
+    status = sub.add_parser("status", help="state, step, latest metrics of a run dir")
+    status.add_argument("run_dir", type=Path)
+    status.add_argument("--json", action="store_true", help="print machine-readable JSON")
     return parser
 
 
@@ -39,11 +45,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             return session.plan(args.overrides, console=console)
         if args.command == "resume":
-            return session.resume(args.run_dir, args.overrides, console=console)
-        return session.run(args.overrides, dry_run=args.dry_run, console=console)
+            return session.resume(args.run_dir, args.overrides, console=console, wait=args.wait)
+        if args.command == "status":
+            return show_status(args.run_dir, as_json=args.json, console=console)
+        return session.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait)
     except ConfigError as err:
         Console(stderr=True).print(str(err), markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
+
+
+def show_status(run_dir: Path, *, as_json: bool, console: Console) -> int:
+    from launcher.status import print_status, run_status, status_json
+
+    status = run_status(run_dir)
+    if as_json:
+        print(status_json(status))
+    else:
+        print_status(status, console)
+    return 0
 
 
 if __name__ == "__main__":

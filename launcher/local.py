@@ -38,3 +38,19 @@ def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool) -> int:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                 env=rank_environment(spec), start_new_session=True)
         return watch_run(proc, run_dir=run_dir, spec=spec, show_progress=show_progress)
+
+
+DEFAULT_NODES_PORT = 29500
+
+
+def node_commands(spec: RunSpec, run_dir: str) -> list[list[str]]:
+    """One torchrun command per node (cluster=nodes): c10d rendezvous on cluster.rdzv_host."""
+    c = spec.cluster
+    python = c.python or sys.executable
+    endpoint = f"{c.rdzv_host}:{c.rdzv_port or DEFAULT_NODES_PORT}"
+    run_id = Path(run_dir).name
+    return [[python, "-m", "torch.distributed.run", f"--nnodes={c.nodes}",
+             f"--nproc_per_node={c.procs_per_node}", f"--node_rank={node}",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}",
+             "-m", "training", run_dir]
+            for node in range(c.nodes)]

@@ -45,8 +45,11 @@ def describe(row: dict) -> str:
     return "  ".join(parts)
 
 
-def watch_run(proc: subprocess.Popen, *, run_dir: Path, spec: RunSpec, show_progress: bool) -> int:
-    """Wait for `proc`, showing progress; Ctrl-C stops the job. Returns its exit status."""
+def watch_run(proc, *, run_dir: Path, spec: RunSpec, show_progress: bool) -> int:
+    """Wait for `proc` (a Popen, or anything with poll() and returncode), showing progress.
+
+    Ctrl-C stops a local job (its ranks checkpoint first); a Slurm job keeps running.
+    """
     console = Console(stderr=True)
     tail = MetricsTail(run_dir / "metrics.jsonl")
     live = show_progress and console.is_terminal
@@ -56,6 +59,9 @@ def watch_run(proc: subprocess.Popen, *, run_dir: Path, spec: RunSpec, show_prog
         else:
             _follow_plain(proc, tail, spec, console)
     except KeyboardInterrupt:
+        if not isinstance(proc, subprocess.Popen):
+            console.print(f"[yellow]detached; the job runs on: meshrun status {run_dir}")
+            return 130
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
         console.print(f"[yellow]stopped; resume with: meshrun resume {run_dir}")

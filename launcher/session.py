@@ -14,8 +14,10 @@ from conf.resolve import resolve
 from conf.spec import RunSpec
 from conf.spec_io import read_spec, write_spec
 from launcher.hardware import probe_host
-from launcher.local import launch_local, torchrun_command
-from launcher.progress import print_failure
+from launcher.local import RUN_DIR_PLACEHOLDER, launch_local, node_commands, torchrun_command
+from launcher.progress import print_failure, watch_run
+from launcher.slurm import render_sbatch, submit
+from launcher.slurm_state import SlurmJobHandle
 from launcher.rundir import create_run_dir, new_run_dir_path, render_command
 from launcher.summary import print_summary
 from launcher.view import print_plan
@@ -36,25 +38,72 @@ def plan(overrides: list[str], *, console: Console) -> int:
     return 0
 
 
-def run(overrides: list[str], *, dry_run: bool, console: Console) -> int:
+def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False) -> int:
     spec, yaml_text = compose_spec(overrides)
-    command = torchrun_command(spec)
+    command = launch_command(spec)
     if dry_run:
         console.rule("resolved config")
         console.print(yaml_text, markup=False, highlight=False)
         print_plan(spec, make_plan(spec), console)
         console.print(f"data: {_data_line(spec)}", markup=False, soft_wrap=True)
-        console.print("launch command:", markup=False)
-        console.print("  " + render_command(command, run_dir=new_run_dir_path(spec)),
-                      markup=False, highlight=False, soft_wrap=True)
+        print_launch(spec, new_run_dir_path(spec), command, console)
         return 0
     spec = with_prepared_data(spec)
     run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text, command=command)
     console.print(f"run dir: {run_dir}", markup=False)
-    return _launch(spec, run_dir, console=console)
+    return _launch(spec, run_dir, console=console, wait=wait)
 
 
-def resume(run_dir: Path, overrides: list[str], *, console: Console) -> int:
+def launch_command(spec: RunSpec) -> list[str]:
+    if spec.cluster.kind == "slurm":
+        return ["sbatch", "<run_dir>/slurm/<job>/<job>_submission.sh"]
+    if spec.cluster.kind == "nodes":
+        return node_commands(spec, RUN_DIR_PLACEHOLDER)[0]
+    return torchrun_command(spec)
+
+
+def print_launch(spec: RunSpec, run_dir: Path, command: list[str], console: Console) -> None:
+    kind = spec.cluster.kind
+    if kind == "slurm":
+        console.rule("sbatch script (submitted through submitit; nothing is submitted now)")
+        console.print(render_sbatch(spec, run_dir), markup=False, highlight=False, soft_wrap=True)
+        console.print(f"each of the {spec.world_size} tasks unpickles "
+                      f"training.slurm_entry.SlurmRankTask({str(run_dir)!r}) and trains one rank "
+                      "(RANK=SLURM_PROCID); MASTER_ADDR = "
+                      f"{spec.cluster.rdzv_host or 'the first node of the allocation'}",
+                      markup=False, soft_wrap=True)
+        return
+    commands = node_commands(spec, str(run_dir)) if kind == "nodes" else [command]
+    console.print("launch command" + (" per node:" if kind == "nodes" else ":"), markup=False)
+    for cmd in commands:
+        console.print("  " + render_command(cmd, run_dir=run_dir), markup=False,
+                      highlight=False, soft_wrap=True)
+
+
+def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool) -> int:
+    if spec.cluster.kind == "nodes":
+        print_launch(spec, run_dir, [], console)
+        console.print("start each command on its node (node_rank 0 on cluster.rdzv_host)",
+                      markup=False)
+        return 0
+    if spec.cluster.kind == "slurm":
+        job_id = submit(spec, run_dir)
+        console.print(f"submitted Slurm job {job_id}; follow it with: meshrun status {run_dir}",
+                      markup=False)
+        if not wait:
+            return 0
+        job = SlurmJobHandle(job_id)
+        status = watch_run(job, run_dir=run_dir, spec=spec, show_progress=spec.logging.progress)
+    else:
+        status = launch_local(spec, run_dir, show_progress=spec.logging.progress)
+    if status == 0:
+        print_summary(run_dir, console)
+    elif status != 130:
+        print_failure(run_dir, status)
+    return status
+
+
+def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool = False) -> int:
     """Continue `run_dir` from its newest complete checkpoint, in the same dir and W&B run."""
     stored = _stored_overrides(run_dir)
     # stop_at_step pauses one leg of a run; a resumed leg runs on unless told again.
@@ -68,16 +117,7 @@ def resume(run_dir: Path, overrides: list[str], *, console: Console) -> int:
         f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                             "overrides": overrides}) + "\n")
     console.print(f"resuming {run_dir}", markup=False)
-    return _launch(spec, run_dir, console=console)
-
-
-def _launch(spec: RunSpec, run_dir: Path, *, console: Console) -> int:
-    status = launch_local(spec, run_dir, show_progress=spec.logging.progress)
-    if status == 0:
-        print_summary(run_dir, console)
-    elif status != 130:
-        print_failure(run_dir, status)
-    return status
+    return _launch(spec, run_dir, console=console, wait=wait)
 
 
 def _stored_overrides(run_dir: Path) -> list[str]:

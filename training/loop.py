@@ -10,10 +10,11 @@ import torch
 from conf.spec_io import spec_to_dict
 from parallel.data_parallel import unwrap
 from training.checkpoint import save_checkpoint
-from training.dist import all_reduce_max, all_reduce_sum
+from training.dist import all_reduce_max, all_reduce_sum, barrier
 from training.export import export_hf
 from training.metrics import StepTimer, memory_stats, mfu
 from training.optim import set_lr
+from training.preemption import requeue_job, restart_count, slurm_job_id
 from training.schedule import lr_at
 from training.step import clip_and_step, forward_backward, token_loss_sum
 from training.summary import summarize, write_summary
@@ -22,14 +23,16 @@ from training.trainer import Trainer
 log = logging.getLogger("meshrun.loop")
 
 
-def train(tr: Trainer) -> None:
+def train(tr: Trainer) -> str:
     """Run from tr.step to training.stop_at_step (or training.steps), then wrap up.
 
-    W&B is always closed here (also on a pause or an error): ranks leave with os._exit, so
-    nothing may be left for interpreter-exit hooks to flush.
+    Returns the outcome: "finished", "paused" (stop_at_step), "stopped" or "requeued" (a
+    stop signal). W&B is always closed here, also on an error: ranks leave with os._exit,
+    so nothing may be left for interpreter-exit hooks to flush.
     """
     t = tr.spec.training
     stop = t.stop_at_step or t.steps
+    outcome = "paused"
     try:
         if tr.step == 0:
             evaluate(tr)
@@ -39,15 +42,36 @@ def train(tr: Trainer) -> None:
             row = train_step(tr)
             row["step_time_s"] = timer.elapsed_s()
             _after_step(tr, row, stop)
+            if tr.stop_agreed:
+                return stop_early(tr)
         if tr.step == t.steps:
             finish(tr)
+            outcome = "finished"
         elif tr.loggers is not None:
             tr.loggers.event({"kind": "event", "event": "paused", "step": tr.step})
+        return outcome
     finally:
-        if tr.loggers is not None:  # paused, or failed: close W&B with what is known
+        if tr.loggers is not None:  # paused, stopped or failed: close W&B with what is known
             failed = sys.exc_info()[0] is not None
             tr.loggers.finish({"steps_done": tr.step}, exit_code=1 if failed else 0)
             tr.loggers = None
+
+
+def stop_early(tr: Trainer) -> str:
+    """A rank got a stop signal: checkpoint this step, then requeue (Slurm) or stop."""
+    if tr.last_saved_step != tr.step:
+        save(tr)
+    job_id = slurm_job_id()
+    requeue = bool(job_id) and restart_count() < tr.spec.cluster.max_requeues
+    outcome = "requeued" if requeue else "stopped"
+    if tr.loggers is not None:
+        tr.loggers.event({"kind": "event", "event": outcome, "step": tr.step,
+                          "signal": tr.stop.signal_name or "peer", "restarts": restart_count()})
+    log.warning("step %d: %s after a stop signal", tr.step, outcome)
+    if requeue and tr.ctx.is_main:
+        requeue_job(job_id)
+    barrier()
+    return outcome
 
 
 def train_step(tr: Trainer) -> dict:
@@ -60,7 +84,9 @@ def train_step(tr: Trainer) -> dict:
                             device=tr.ctx.device, autocast=tr.autocast, scaler=tr.scaler)
     grad_norm = clip_and_step(tr.model, tr.optimizer, grad_clip=o.grad_clip, scaler=tr.scaler)
     tr.step += 1
-    (loss_sum,) = all_reduce_sum([float(loss.local_loss_sum)], tr.ctx.device)
+    loss_sum, stop_votes = all_reduce_sum([float(loss.local_loss_sum), float(tr.stop.requested)],
+                                          tr.ctx.device)
+    tr.stop_agreed = stop_votes > 0
     return {"kind": "train", "step": tr.step, "loss": loss_sum / loss.global_tokens,
             "grad_norm": grad_norm, "lr": lr, "tokens": loss.global_tokens}
 
@@ -114,6 +140,7 @@ def save(tr: Trainer) -> None:
                            optimizer=tr.optimizer, extra=extra, metadata=metadata,
                            keep_last=tr.spec.checkpoint.keep_last)
     tr.last_checkpoint = str(path)
+    tr.last_saved_step = tr.step
     log.info("step %d: checkpoint %s", tr.step, path)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -22,7 +23,8 @@ def setup_logging(run_dir: Path, rank: int) -> None:
                         format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s")
 
 
-def run(run_dir: Path) -> None:
+def run(run_dir: Path) -> str:
+    """Train this rank; return the outcome (finished, paused, stopped, requeued)."""
     import torch
 
     from training.dist import init_distributed, teardown
@@ -30,14 +32,16 @@ def run(run_dir: Path) -> None:
     from training.trainer import build_trainer
 
     spec = read_spec(run_dir / "spec.json")
-    ctx = init_distributed(spec.training.device)
+    ctx = init_distributed(spec.training.device, join_timeout_s=spec.cluster.preflight_timeout_s)
     setup_logging(run_dir, ctx.rank)
     log = logging.getLogger("meshrun.main")
-    log.info("rank %d/%d on %s, torch %s", ctx.rank, ctx.world_size, ctx.device,
-             torch.__version__)
+    log.info("rank %d/%d on %s (%s), torch %s", ctx.rank, ctx.world_size, ctx.device,
+             socket.gethostname(), torch.__version__)
     try:
+        if spec.cluster.preflight and ctx.world_size > 1:
+            preflight(spec, run_dir, ctx)
         trainer = build_trainer(spec, run_dir, ctx)
-        train(trainer)
+        outcome = train(trainer)
     except BaseException:
         log.exception("rank %d failed", ctx.rank)
         raise
@@ -46,6 +50,21 @@ def run(run_dir: Path) -> None:
     del trainer
     gc.collect()
     teardown()
+    return outcome
+
+
+def preflight(spec, run_dir: Path, ctx) -> None:
+    from training.preflight import format_table, run_preflight
+
+    report = run_preflight(store=None, rank=ctx.rank, world_size=ctx.world_size,
+                           device=ctx.device, run_dir=run_dir if ctx.is_main else None,
+                           timeout_s=spec.cluster.preflight_timeout_s,
+                           max_bytes=spec.cluster.preflight_max_mib * 1024**2,
+                           hostname=socket.gethostname())
+    if ctx.is_main:
+        logging.getLogger("meshrun.preflight").info(
+            "preflight passed: %d ranks on %d host(s)\n%s", ctx.world_size,
+            len(set(report.get("hosts", {}).values())) or 1, format_table(report["bandwidth"]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from training.model import build_model
 from training.optim import build_optimizer
 from training.peaks import PeakFlops
 from training.precision import apply_fp8, autocast_context, build_grad_scaler
+from training.preemption import StopRequest
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -39,10 +40,12 @@ class Trainer:
     peak: PeakFlops
     flops_per_token: int
     loggers: RunLoggers | None
+    stop: StopRequest = field(default_factory=StopRequest)
     step: int = 0
+    stop_agreed: bool = False
+    last_saved_step: int = -1
     last_checkpoint: str = ""
     resumed_from: int | None = None
-    extras: dict = field(default_factory=dict)
 
     @property
     def autocast(self):
@@ -85,8 +88,9 @@ def build_trainer(spec: RunSpec, run_dir: Path, ctx: RankContext) -> Trainer:
         flops_per_token=flops_per_token(spec.model, spec.training.seq_len),
         loggers=None,
     )
-    if spec.checkpoint.resume_from:
-        restore(trainer)
+    if latest_checkpoint(trainer.checkpoint_root) is not None:
+        restore(trainer)  # this run's own checkpoint: a resume, a requeue, or a restart
+    trainer.stop.install(spec.cluster.warning_signal)
     if ctx.is_main:
         trainer.loggers = RunLoggers(spec, run_dir, resume_step=trainer.resumed_from)
     return trainer
@@ -103,4 +107,5 @@ def restore(trainer: Trainer) -> None:
         trainer.scaler.load_state_dict(extra["scaler"])
     trainer.step = int(extra["step"])
     trainer.resumed_from = trainer.step
+    trainer.last_saved_step = trainer.step
     trainer.last_checkpoint = str(path)

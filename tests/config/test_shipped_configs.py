@@ -156,6 +156,8 @@ def test_every_group_option_composes(group: str, option: str, tmp_path):
             (tmp_path / f"{split}-000.bin").write_bytes(b"\0" * 64)
         overrides += [f"data.train_files={tmp_path}/train-*.bin",
                       f"data.val_files={tmp_path}/val-*.bin"]
+    if (group, option) == ("cluster", "nodes"):
+        overrides += ["cluster.rdzv_host=10.0.0.1"]  # required: node 0's address
     spec = resolve(compose_config(overrides), host=host)
     assert _chosen(spec, group) == option
     if (group, option) == ("data", "files"):

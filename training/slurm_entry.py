@@ -1,0 +1,65 @@
+"""What one Slurm task runs: one rank of the run, in the task's own process.
+
+The launcher pickles `SlurmRankTask(run_dir)` through submitit; every task of the job unpickles
+it and calls it. One task per rank (not torchrun inside a task) means Slurm's warning signal
+and SIGTERM reach the training process itself, which checkpoints and requeues the job. Torch
+is imported only inside the call, so the launcher can build the task without it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from conf.spec import ClusterSpec
+from conf.spec_io import read_spec
+
+PORT_BASE, PORT_SPAN = 20000, 20000
+
+
+def rendezvous_port(cluster: ClusterSpec, job_id: str) -> int:
+    """cluster.rdzv_port, else a port derived from the job id (the same after a requeue)."""
+    if cluster.rdzv_port:
+        return cluster.rdzv_port
+    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+def export_rank_environment(cluster: ClusterSpec) -> None:
+    """RANK/WORLD_SIZE/LOCAL_RANK from Slurm, the rendezvous address, and cluster.env."""
+    import submitit
+
+    from training.dist import OWN_STORE_ENV
+
+    env = submitit.JobEnvironment()
+    host = cluster.rdzv_host or env.hostnames[0]
+    os.environ.update({
+        "RANK": str(env.global_rank), "WORLD_SIZE": str(env.num_tasks),
+        "LOCAL_RANK": str(env.local_rank), "LOCAL_WORLD_SIZE": str(env.num_tasks // env.num_nodes),
+        "MASTER_ADDR": host, "MASTER_PORT": str(rendezvous_port(cluster, str(env.job_id))),
+        OWN_STORE_ENV: "1",
+    })
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK")
+    if cpus and "OMP_NUM_THREADS" not in cluster.env:
+        os.environ["OMP_NUM_THREADS"] = cpus
+    os.environ.update(cluster.env)
+
+
+class SlurmRankTask:
+    """The picklable callable submitted to Slurm: train one rank of `run_dir`."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+
+    def __call__(self) -> str:
+        spec = read_spec(Path(self.run_dir) / "spec.json")
+        export_rank_environment(spec.cluster)
+        from training.main import run
+
+        outcome = run(Path(self.run_dir))
+        if outcome == "requeued":
+            # The job is back in the queue and will rerun this task: write no result file.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        return outcome
