@@ -155,6 +155,7 @@ def check_launch(c: ClusterConfig, problems: ProblemList) -> None:
     if not 0 <= c.rdzv_port < 65536:
         problems.add("cluster.rdzv_port", c.rdzv_port, "must be a TCP port (0 = derived)",
                      "give 1024..65535, or 0")
+    _check_single_line(c, problems)
     if c.kind.value != "slurm":
         return
     if c.time_limit_min <= 0:
@@ -170,6 +171,21 @@ def check_launch(c: ClusterConfig, problems: ProblemList) -> None:
     if c.cpus_per_task < 0 or c.mem_gb < 0:
         problems.add("cluster.cpus_per_task/mem_gb", f"{c.cpus_per_task}/{c.mem_gb}",
                      "must be >= 0 (0 = Slurm's default)", "give a value >= 0")
+
+
+SINGLE_LINE_KEYS = ("partition", "account", "qos", "constraint", "container_image",
+                    "container_mounts", "gpu_name", "rdzv_host", "python")
+
+
+def _check_single_line(c: ClusterConfig, problems: ProblemList) -> None:
+    """Values that end up on #SBATCH or srun lines cannot hold line breaks."""
+    values = [(f"cluster.{k}", getattr(c, k)) for k in SINGLE_LINE_KEYS]
+    values += [("cluster.extra_sbatch", v) for v in c.extra_sbatch]
+    values += [("cluster.setup", v) for v in c.setup]
+    for key, value in values:
+        if "\n" in value or "\r" in value:
+            problems.add(key, repr(value), "must be a single line",
+                         "remove the line break (give several setup lines as a list)")
 
 
 def _check_signal(c: ClusterConfig, problems: ProblemList) -> None:

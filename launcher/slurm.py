@@ -62,7 +62,9 @@ def build_executor(spec: RunSpec, run_dir: Path):
     python = spec.cluster.python or None
     executor = submitit.SlurmExecutor(folder=run_dir / SLURM_DIR / "%j",
                                       python=shlex.quote(python) if python else None)
-    executor.update_parameters(**sbatch_parameters(spec, job_name=f"meshrun-{spec.name}"))
+    # The job name comes from the run dir's name, which is already reduced to safe characters:
+    # spec.name may hold anything (quotes, newlines) and sbatch reads #SBATCH lines literally.
+    executor.update_parameters(**sbatch_parameters(spec, job_name=f"meshrun-{run_dir.name}"))
     return executor
 
 

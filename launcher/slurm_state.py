@@ -16,7 +16,6 @@ class JobState:
     state: str
     """Slurm's word: PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, PREEMPTED, ... or UNKNOWN."""
     exit_code: str
-    restarts: int
     elapsed: str
     nodes: str
 
@@ -26,20 +25,24 @@ class JobState:
 
 
 def job_state(job_id: str) -> JobState:
-    cmd = ["sacct", "-j", job_id, "-X", "-n", "-P",
-           "--format=State,ExitCode,Restarts,Elapsed,NodeList"]
+    """The job's state from sacct; PENDING until accounting has a record of it.
+
+    Slurm 22.05's sacct has no restart count: requeues are counted from the run's events.
+    """
+    cmd = ["sacct", "-j", job_id, "-X", "-n", "-P", "--format=State,ExitCode,Elapsed,NodeList"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return JobState(job_id=job_id, state="UNKNOWN", exit_code="", restarts=0, elapsed="",
-                        nodes="")
+    except subprocess.TimeoutExpired:
+        return JobState(job_id=job_id, state="UNKNOWN", exit_code="", elapsed="", nodes="")
+    if out.returncode != 0:
+        raise RuntimeError(f"sacct failed for job {job_id}: {out.stderr.strip()} "
+                           "(is SLURM_CONF set and accounting (slurmdbd) running?)")
     lines = [line for line in out.stdout.splitlines() if line.strip()]
-    if out.returncode != 0 or not lines:
-        return JobState(job_id=job_id, state="UNKNOWN", exit_code="", restarts=0, elapsed="",
-                        nodes="")
-    state, exit_code, restarts, elapsed, nodes = (lines[-1].split("|") + [""] * 5)[:5]
+    if not lines:
+        return JobState(job_id=job_id, state="PENDING", exit_code="", elapsed="", nodes="")
+    state, exit_code, elapsed, nodes = (lines[-1].split("|") + [""] * 4)[:4]
     return JobState(job_id=job_id, state=state.split()[0], exit_code=exit_code,
-                    restarts=int(restarts or 0), elapsed=elapsed, nodes=nodes)
+                    elapsed=elapsed, nodes=nodes)
 
 
 class SlurmJobHandle:

@@ -33,7 +33,7 @@ def run_status(run_dir: Path) -> dict:
     jobs = recorded_jobs(run_dir)
     if jobs:
         job = job_state(jobs[-1]["job_id"])
-        status.update(job_id=job.job_id, state=job.state, slurm_restarts=job.restarts,
+        status.update(job_id=job.job_id, state=job.state,
                       elapsed=job.elapsed, nodes=job.nodes, submissions=len(jobs))
     if status["state"] in FAILED_STATES or status["state"] == "failed":
         status["log_tail"] = failure_tail(run_dir)

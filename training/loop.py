@@ -67,6 +67,9 @@ def stop_early(tr: Trainer) -> str:
     if tr.loggers is not None:
         tr.loggers.event({"kind": "event", "event": outcome, "step": tr.step,
                           "signal": tr.stop.signal_name or "peer", "restarts": restart_count()})
+        # Close W&B before requeueing: Slurm ends this job's processes right after.
+        tr.loggers.finish({"steps_done": tr.step})
+        tr.loggers = None
     log.warning("step %d: %s after a stop signal", tr.step, outcome)
     if requeue and tr.ctx.is_main:
         requeue_job(job_id)

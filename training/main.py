@@ -35,8 +35,8 @@ def run(run_dir: Path) -> str:
     ctx = init_distributed(spec.training.device, join_timeout_s=spec.cluster.preflight_timeout_s)
     setup_logging(run_dir, ctx.rank)
     log = logging.getLogger("meshrun.main")
-    log.info("rank %d/%d on %s (%s), torch %s", ctx.rank, ctx.world_size, ctx.device,
-             socket.gethostname(), torch.__version__)
+    log.info("rank %d/%d on %s (%s, pid %d), torch %s", ctx.rank, ctx.world_size, ctx.device,
+             socket.gethostname(), os.getpid(), torch.__version__)
     try:
         if spec.cluster.preflight and ctx.world_size > 1:
             preflight(spec, run_dir, ctx)

@@ -1,0 +1,146 @@
+"""meshrun on a real Slurm cluster started on this machine (two slurmd nodes, accounting on).
+
+One task per rank through submitit; MASTER_ADDR is overridden to 127.0.0.1 because the test
+nodes' names (n1, n2) do not resolve.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.wandb_reader import read_runs
+
+pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model=tiny", "training.seq_len=64", "training.micro_batch_size=4", "logging=offline",
+        "training.eval_every=10", "schedule.warmup_steps=2", "cluster.preflight_max_mib=4"]
+SLURM = ["cluster=slurm", "cluster.gpus_per_node=0", "cluster.procs_per_node=2",
+         "cluster.rdzv_host=127.0.0.1", "cluster.time_limit_min=10",
+         "cluster.warning_signal=USR1@30", f"cluster.python={sys.executable}"]
+
+
+def meshrun(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+
+
+def only_run_dir(runs_dir: Path) -> Path:
+    (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def rows(run_dir: Path, kind: str) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in lines if r.get("kind") == kind]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in rows(run_dir, "train")}
+
+
+def status(run_dir: Path) -> dict:
+    result = meshrun("status", str(run_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def wait_until(predicate, *, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def two_runs(slurm_cluster, tmp_path_factory):
+    """A 2-node x 2-rank Slurm job (with awkward characters in its name) and the same spec as
+    a local 4-process torchrun."""
+    root = tmp_path_factory.mktemp("slurm-runs")
+    name = "name='a b \"c\" $HOME; echo x\nnext line'"
+    spec = [*TINY, "training.steps=12", name]
+    slurm = meshrun("run", "--wait", *spec, *SLURM, "cluster.nodes=2", f"runs_dir={root / 's'}")
+    assert slurm.returncode == 0, slurm.stdout + slurm.stderr
+    local = meshrun("run", *spec, "cluster.procs_per_node=4", f"runs_dir={root / 'l'}")
+    assert local.returncode == 0, local.stdout + local.stderr
+    return only_run_dir(root / "s"), only_run_dir(root / "l")
+
+
+def test_two_node_job_matches_a_local_four_process_run(two_runs):
+    slurm_dir, local_dir = two_runs
+    assert sorted(losses(slurm_dir)) == list(range(1, 13))
+    assert losses(slurm_dir) == pytest.approx(losses(local_dir), rel=1e-6, abs=0)
+    report = json.loads((slurm_dir / "preflight.json").read_text())
+    assert report["world_size"] == 4 and report["all_reduce_check"]["passed"]
+    assert status(slurm_dir)["state"] == "COMPLETED"
+
+
+def test_awkward_overrides_reach_the_ranks_exactly(two_runs):
+    slurm_dir, _ = two_runs
+    expected = 'a b "c" $HOME; echo x\nnext line'
+    assert json.loads((slurm_dir / "spec.json").read_text())["name"] == expected
+    assert read_runs(slurm_dir).user_config()["name"] == expected
+
+
+def test_one_node_job_runs_to_completion(slurm_cluster, tmp_path):
+    result = meshrun("run", "--wait", *TINY, "training.steps=6", *SLURM, "cluster.nodes=1",
+                     f"runs_dir={tmp_path}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = only_run_dir(tmp_path)
+    assert sorted(losses(run_dir)) == list(range(1, 7))
+    (job,) = json.loads((run_dir / "slurm" / "jobs.json").read_text())
+    assert Path(job["stdout"]).exists()
+
+
+def test_warning_signal_checkpoints_requeues_and_resumes_one_wandb_run(slurm_cluster, tmp_path):
+    steps = 40
+    result = meshrun("run", *TINY, f"training.steps={steps}", "checkpoint.every_steps=100",
+                     *SLURM, "cluster.nodes=2", f"runs_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path)
+    (job,) = json.loads((run_dir / "slurm" / "jobs.json").read_text())
+    wait_until(lambda: len(losses(run_dir)) >= 5, timeout_s=180, what="step 5")
+    subprocess.run(["scancel", "--signal=USR1", job["job_id"]], check=True)
+    wait_until(lambda: (run_dir / "summary.json").exists(), timeout_s=300, what="completion")
+    events = rows(run_dir, "event")
+    assert [e["event"] for e in events] == ["requeued"], events
+    stopped_at = events[0]["step"]
+    assert 5 <= stopped_at < steps
+    assert (run_dir / "checkpoints" / f"step_{stopped_at:08d}").exists() or stopped_at < steps
+    assert sorted(losses(run_dir)) == list(range(1, steps + 1))  # no step lost or doubled
+    record = read_runs(run_dir)
+    assert record.run_id == (run_dir / "wandb_id.txt").read_text().strip()
+    assert len(record.sources) == 2
+    wait_until(lambda: status(run_dir)["state"] == "COMPLETED", timeout_s=60, what="COMPLETED")
+    assert status(run_dir)["requeues"] == 1
+
+
+def test_crashed_job_is_reported_failed_and_resumes_from_its_checkpoint(slurm_cluster, tmp_path):
+    result = meshrun("run", *TINY, "training.steps=30", "checkpoint.every_steps=5", *SLURM,
+                     "cluster.nodes=2", f"runs_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path)
+    wait_until(lambda: (run_dir / "checkpoints" / "step_00000005").exists(), timeout_s=180,
+               what="the first checkpoint")
+    log = (run_dir / "logs" / "rank3.log").read_text()
+    pid = int(re.search(r"pid (\d+)", log).group(1))
+    os.kill(pid, signal.SIGKILL)  # a node dies: no warning, no checkpoint
+    wait_until(lambda: status(run_dir)["state"] not in ("RUNNING", "PENDING", "COMPLETING"),
+               timeout_s=240, what="the job to fail")
+    failed = status(run_dir)
+    assert failed["state"] == "FAILED", failed
+    assert "log_tail" in failed and failed["log_tail"].strip()
+    resumed = meshrun("resume", "--wait", str(run_dir))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert sorted(losses(run_dir)) == list(range(1, 31))
+    assert status(run_dir)["state"] == "COMPLETED"
