@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,15 @@ def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool) -> int:
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                 env=rank_environment(spec), start_new_session=True)
+        # SIGTERM/SIGHUP to the launcher act like Ctrl-C: the ranks checkpoint and stop,
+        # instead of training on detached in their own session.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
         return watch_run(proc, run_dir=run_dir, spec=spec, show_progress=show_progress)
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt
 
 
 DEFAULT_NODES_PORT = 29500

@@ -62,6 +62,7 @@ def watch_run(proc, *, run_dir: Path, spec: RunSpec, show_progress: bool) -> int
         if not isinstance(proc, subprocess.Popen):
             console.print(f"[yellow]detached; the job runs on: meshrun status {run_dir}")
             return 130
+        console.print("[yellow]stopping: the ranks finish their step and save a checkpoint...")
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
         console.print(f"[yellow]stopped; resume with: meshrun resume {run_dir}")

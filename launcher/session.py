@@ -72,6 +72,9 @@ def print_launch(spec: RunSpec, run_dir: Path, command: list[str], console: Cons
                       "(RANK=SLURM_PROCID); MASTER_ADDR = "
                       f"{spec.cluster.rdzv_host or 'the first node of the allocation'}",
                       markup=False, soft_wrap=True)
+        env = " ".join(f"{k}={v}" for k, v in sorted(spec.cluster.env.items()))
+        console.print(f"environment set in every rank: {env or '(none)'}", markup=False,
+                      soft_wrap=True)
         return
     commands = node_commands(spec, str(run_dir)) if kind == "nodes" else [command]
     console.print("launch command" + (" per node:" if kind == "nodes" else ":"), markup=False)
