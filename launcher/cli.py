@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--wait", action="store_true", help="cluster=slurm: wait for the job")
     resume.add_argument("overrides", nargs="*", help="extra overrides, e.g. training.steps=2000")
+    preflight = sub.add_parser("preflight", help="only check joins, all-reduce and bandwidth")
+    preflight.add_argument("overrides", nargs="*")
     status = sub.add_parser("status", help="state, step, latest metrics of a run dir")
     status.add_argument("run_dir", type=Path)
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             return session.plan(args.overrides, console=console)
         if args.command == "resume":
             return session.resume(args.run_dir, args.overrides, console=console, wait=args.wait)
+        if args.command == "preflight":
+            return session.preflight(args.overrides, console=console)
         if args.command == "status":
             return show_status(args.run_dir, as_json=args.json, console=console)
         return session.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait)

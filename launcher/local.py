@@ -13,11 +13,11 @@ from launcher.progress import watch_run
 RUN_DIR_PLACEHOLDER = "<run_dir>"
 
 
-def torchrun_command(spec: RunSpec) -> list[str]:
+def torchrun_command(spec: RunSpec, *, preflight_only: bool = False) -> list[str]:
     """The exact command that starts every rank; RUN_DIR_PLACEHOLDER stands for the run dir."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nnodes={spec.cluster.nodes}", f"--nproc_per_node={spec.cluster.procs_per_node}",
-            "-m", "training", RUN_DIR_PLACEHOLDER]
+            "-m", "training", RUN_DIR_PLACEHOLDER] + (["--preflight-only"] if preflight_only else [])
 
 
 def rank_environment(spec: RunSpec) -> dict[str, str]:
@@ -30,10 +30,11 @@ def rank_environment(spec: RunSpec) -> dict[str, str]:
     return env
 
 
-def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool) -> int:
+def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
+                 preflight_only: bool = False) -> int:
     """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status."""
     command = [str(run_dir) if part == RUN_DIR_PLACEHOLDER else part
-               for part in torchrun_command(spec)]
+               for part in torchrun_command(spec, preflight_only=preflight_only)]
     log_path = run_dir / "logs" / "torchrun.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,

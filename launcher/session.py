@@ -83,27 +83,45 @@ def print_launch(spec: RunSpec, run_dir: Path, command: list[str], console: Cons
                       highlight=False, soft_wrap=True)
 
 
-def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool) -> int:
+def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
+            preflight_only: bool = False) -> int:
     if spec.cluster.kind == "nodes":
         print_launch(spec, run_dir, [], console)
         console.print("start each command on its node (node_rank 0 on cluster.rdzv_host)",
                       markup=False)
         return 0
     if spec.cluster.kind == "slurm":
-        job_id = submit(spec, run_dir)
+        job_id = submit(spec, run_dir, preflight_only=preflight_only)
         console.print(f"submitted Slurm job {job_id}; follow it with: meshrun status {run_dir}",
                       markup=False)
-        if not wait:
+        if not (wait or preflight_only):
             return 0
         job = SlurmJobHandle(job_id)
         status = watch_run(job, run_dir=run_dir, spec=spec, show_progress=spec.logging.progress)
     else:
-        status = launch_local(spec, run_dir, show_progress=spec.logging.progress)
+        status = launch_local(spec, run_dir, show_progress=spec.logging.progress,
+                              preflight_only=preflight_only)
     if status == 0:
-        print_summary(run_dir, console)
+        print_preflight(run_dir, console) if preflight_only else print_summary(run_dir, console)
     elif status != 130:
         print_failure(run_dir, status)
     return status
+
+
+def preflight(overrides: list[str], *, console: Console) -> int:
+    """Only the preflight checks of a run's layout: joins, all-reduce, bandwidth table."""
+    spec, yaml_text = compose_spec(overrides)
+    run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text,
+                             command=launch_command(spec))
+    console.print(f"preflight run dir: {run_dir}", markup=False)
+    return _launch(spec, run_dir, console=console, wait=True, preflight_only=True)
+
+
+def print_preflight(run_dir: Path, console: Console) -> None:
+    from training.preflight_report import format_report
+
+    console.print(format_report(json.loads((run_dir / "preflight.json").read_text())),
+                  markup=False, highlight=False)
 
 
 def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool = False) -> int:

@@ -74,9 +74,10 @@ def render_sbatch(spec: RunSpec, run_dir: Path) -> str:
     return executor._make_submission_file_text(executor._submitit_command_str, uid="dry-run")
 
 
-def submit(spec: RunSpec, run_dir: Path) -> str:
+def submit(spec: RunSpec, run_dir: Path, *, preflight_only: bool = False) -> str:
     """Submit the run; record the job id and its log paths in <run_dir>/slurm/jobs.json."""
-    job = build_executor(spec, run_dir).submit(SlurmRankTask(str(run_dir)))
+    task = SlurmRankTask(str(run_dir), preflight_only=preflight_only)
+    job = build_executor(spec, run_dir).submit(task)
     record_job(run_dir, {"job_id": job.job_id, "submitted": time.strftime("%Y-%m-%dT%H:%M:%S"),
                          "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr)})
     return job.job_id

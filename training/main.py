@@ -23,8 +23,11 @@ def setup_logging(run_dir: Path, rank: int) -> None:
                         format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s")
 
 
-def run(run_dir: Path) -> str:
-    """Train this rank; return the outcome (finished, paused, stopped, requeued)."""
+PREFLIGHT_ONLY = "--preflight-only"
+
+
+def run(run_dir: Path, *, preflight_only: bool = False) -> str:
+    """Train this rank; return the outcome (finished, paused, stopped, requeued, preflight)."""
     import torch
 
     from training.dist import init_distributed, teardown
@@ -38,8 +41,11 @@ def run(run_dir: Path) -> str:
     log.info("rank %d/%d on %s (%s, pid %d), torch %s", ctx.rank, ctx.world_size, ctx.device,
              socket.gethostname(), os.getpid(), torch.__version__)
     try:
-        if spec.cluster.preflight and ctx.world_size > 1:
+        if preflight_only or (spec.cluster.preflight and ctx.world_size > 1):
             preflight(spec, run_dir, ctx)
+        if preflight_only:
+            teardown()
+            return "preflight"
         trainer = build_trainer(spec, run_dir, ctx)
         outcome = train(trainer)
     except BaseException:
@@ -71,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     args = sys.argv[1:] if argv is None else argv
+    preflight_only = PREFLIGHT_ONLY in args
+    args = [a for a in args if a != PREFLIGHT_ONLY]
     if len(args) != 1 or not (Path(args[0]) / "spec.json").is_file():
-        sys.stderr.write("usage: python -m training <run_dir>  (a folder holding spec.json)\n")
+        sys.stderr.write("usage: python -m training <run_dir> [--preflight-only]\n")
         return 2
-    record(run)(Path(args[0]).resolve())
+    record(run)(Path(args[0]).resolve(), preflight_only=preflight_only)
     # Everything is written and every rank passed the final barrier: leave without running
     # interpreter-exit destructors of torch's C++ objects, which can deadlock at teardown.
     logging.shutdown()

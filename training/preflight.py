@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-KIB, MIB = 1 << 10, 1 << 20
+from training.preflight_report import KIB, MIB, format_size, format_table  # noqa: F401 (re-exported)
+
 DEFAULT_SIZES_BYTES = (4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB,
                        64 * MIB)
 JOIN_HINT = ("Check that every node started its processes (scheduler/job logs for the missing "
@@ -186,23 +187,6 @@ def bandwidth_table(*, device: torch.device, sizes_bytes: tuple[int, ...] = DEFA
                      "busbw_gbps": algbw * 2 * (world - 1) / world,
                      "iters": n})
     return rows
-
-
-def format_size(size_bytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", KIB)):
-        if size_bytes >= scale and size_bytes % scale == 0:
-            return f"{size_bytes // scale} {unit}"
-    return f"{size_bytes} B"
-
-
-def format_table(rows: list[dict]) -> str:
-    """Aligned text columns: size, time (ms), algbw and busbw (GB/s)."""
-    header = ("size", "time_ms", "algbw_GB/s", "busbw_GB/s")
-    body = [(format_size(r["size_bytes"]), f"{r['time_ms']:.3f}", f"{r['algbw_gbps']:.3f}",
-             f"{r['busbw_gbps']:.3f}") for r in rows]
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths))
-                     for line in [header, *body])
 
 
 def _gather_hosts(*, hostname: str, world_size: int) -> dict[int, str]:

@@ -48,15 +48,16 @@ def export_rank_environment(cluster: ClusterSpec) -> None:
 class SlurmRankTask:
     """The picklable callable submitted to Slurm: train one rank of `run_dir`."""
 
-    def __init__(self, run_dir: str) -> None:
+    def __init__(self, run_dir: str, *, preflight_only: bool = False) -> None:
         self.run_dir = run_dir
+        self.preflight_only = preflight_only
 
     def __call__(self) -> str:
         spec = read_spec(Path(self.run_dir) / "spec.json")
         export_rank_environment(spec.cluster)
         from training.main import run
 
-        outcome = run(Path(self.run_dir))
+        outcome = run(Path(self.run_dir), preflight_only=self.preflight_only)
         if outcome == "requeued":
             # The job is back in the queue and will rerun this task: write no result file.
             sys.stdout.flush()

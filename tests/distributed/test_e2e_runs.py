@@ -152,3 +152,15 @@ def test_two_torchrun_nodes_from_the_printed_commands_form_one_world(tmp_path):
     assert sorted(train_losses(run_dir)) == list(range(1, 7))
     assert "rank 1/2" in (run_dir / "logs" / "rank1.log").read_text()
     assert json.loads((run_dir / "preflight.json").read_text())["world_size"] == 2
+
+
+def test_preflight_command_checks_joins_all_reduce_and_bandwidth(tmp_path):
+    result = meshrun("preflight", "model=tiny", "cluster.procs_per_node=2",
+                     f"runs_dir={tmp_path}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((only_run_dir(tmp_path) / "preflight.json").read_text())
+    assert report["world_size"] == 2 and report["all_reduce_check"]["passed"]
+    sizes = [row["size_bytes"] for row in report["bandwidth"]]
+    assert sizes[0] == 4 * 1024 and sizes[-1] == 64 * 1024**2
+    assert "64 MiB" in result.stdout and "all-reduce check passed" in result.stdout
+    assert not (only_run_dir(tmp_path) / "metrics.jsonl").exists()  # nothing trained

@@ -12,9 +12,12 @@ Python:  cluster = SlurmCluster.up(tmp_dir); subprocess.run([...], env={**os.env
 Shell:   eval "$(python -m tests.slurm.cluster up /tmp/slurm)"; srun -N2 -n4 hostname
          python -m tests.slurm.cluster down /tmp/slurm
 
-Each node advertises CPUs=4 (oversubscribing the real cores, allowed by
-`SlurmdParameters=config_overrides`), so a 2-node x 2-task job takes half of each node and two
-such jobs run side by side. `KillWait=5` (Slurm's default is 30) keeps cancel/requeue tests short.
+Each node has CPUs=2 (so `srun -N2 -n4` puts ranks 0-1 on n1 and 2-3 on n2; the real cores are
+shared by both nodes, allowed by `SlurmdParameters=config_overrides`), and the partition has
+`OverSubscribe=FORCE:4`, so up to four jobs share a core and concurrent test jobs do not queue.
+`KillWait=5` (Slurm's default 30: SIGTERM to SIGKILL), `cred_expire=10` (default 120: how long a
+requeued job waits before it may start again) and 2 s scheduler intervals (defaults 60/30 s)
+keep cancel and requeue tests short.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ CLUSTER_NAME = "meshrun"
 ACCOUNT = "meshrun"
 DB_USER, DB_PASS, DB_NAME = "slurm", "slurm-test-pw", "slurm_acct_db"
 KILL_WAIT_S = 5
+REQUEUE_DELAY_S = 10  # cred_expire: also how long a requeued job waits to start (Slurm default 120)
 _DAEMONS = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")
 _CLIENTS = ("sinfo", "sacctmgr", "sacct", "sbatch", "srun", "scontrol", "scancel", "squeue")
 _TOOLS = ("mariadb-install-db", "mariadb")
 _SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
+_MARKER = ".slurm-test-cluster"
 
 
 def find_binary(name: str) -> str | None:
@@ -116,7 +121,17 @@ class _Layout:
     def log_file(self, daemon: str) -> Path:
         return self.log / f"{daemon}.log"
 
-    def mkdirs(self) -> None:
+    def reset(self) -> None:
+        """Create the layout; a folder used before (it has our marker) starts from scratch, logs
+        kept. Refuses a non-empty folder without the marker rather than delete anything in it."""
+        marker = self.root / _MARKER
+        if marker.exists():
+            for d in (self.etc, self.run, self.state, self.spool, self.munge, self.db):
+                shutil.rmtree(d, ignore_errors=True)
+        elif self.root.exists() and any(self.root.iterdir()):
+            raise ClusterError(f"{self.root} is not empty and holds no test cluster; pick a new folder")
+        self.root.mkdir(parents=True, exist_ok=True)
+        marker.write_text("a throwaway Slurm test cluster (tests/slurm/cluster.py)\n")
         for d in (self.etc, self.log, self.run, self.state, self.munge, self.db,
                   *(self.spool / n for n in NODES)):
             d.mkdir(parents=True, exist_ok=True)
@@ -136,7 +151,7 @@ ClusterName={CLUSTER_NAME}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ports["slurmctld"]}
 AuthType=auth/munge
-AuthInfo=socket={lay.munge_socket}
+AuthInfo=socket={lay.munge_socket},cred_expire={REQUEUE_DELAY_S}
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -153,6 +168,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
 SlurmdParameters=config_overrides
 MpiDefault=none
 SwitchType=switch/none
@@ -223,9 +239,9 @@ class SlurmCluster:
         if missing:
             raise ClusterError(f"missing Slurm binaries {missing}; install with:\n  {INSTALL_HINT}")
         lay = _Layout(Path(root))
-        if any(_pid_alive(p) for p in _read_pids(lay).values()):
+        if _live_daemon_pids(lay):
             raise ClusterError(f"a cluster is already running under {lay.root}; run down first")
-        lay.mkdirs()
+        lay.reset()
         names = ["slurmctld", "slurmdbd", "mariadb", *NODES]
         ports = dict(zip(names, _free_ports(len(names))))
         lay.slurm_conf.write_text(_slurm_conf(lay, ports))
@@ -256,25 +272,30 @@ class SlurmCluster:
         Stops job processes first (scancel), then slurmd, slurmctld, slurmdbd, MariaDB, munged.
         """
         lay = _Layout(self.root)
-        if lay.slurm_conf.exists() and _pid_alive(_read_pids(lay).get("slurmctld", -1)):
+        live = _live_daemon_pids(lay)
+        if "slurmctld" in live:
             subprocess.run([find_binary("scancel") or "scancel", "--full", "--user=root"],
                            env={**os.environ, **self.env}, capture_output=True, timeout=15)
         order = [f"slurmd-{n}" for n in NODES] + ["slurmctld", "slurmdbd", "mariadbd", "munged"]
         for name in order:
-            pid = _read_pids(lay).get(name)
             proc = self.procs.get(name)
-            pids = {p for p in (pid, proc.pid if proc else None) if p}
+            pids = {p for p in (live.get(name), proc.pid if proc else None) if p}
             _stop(pids, proc, timeout_s)
         _kill_leftover_steps(lay)
         for p in self.procs.values():
             p.poll()
         self.procs.clear()
+        for f in lay.run.glob("*.pid") if lay.run.exists() else ():
+            f.unlink(missing_ok=True)
 
     def logs_tail(self, lines: int = 30) -> str:
         """The last `lines` of every daemon log, for debugging a failed start or test."""
         out = []
-        for f in sorted(_Layout(self.root).log.glob("*.log")):
+        log = _Layout(self.root).log
+        for f in sorted([*log.glob("*.log"), *log.glob("*.stdout")]):
             text = f.read_text(errors="replace").splitlines()[-lines:]
+            if not text:
+                continue
             out.append(f"==== {f.name} ====\n" + "\n".join(text))
         return "\n".join(out)
 
@@ -379,13 +400,18 @@ class SlurmCluster:
         return r.returncode == 0 and CLUSTER_NAME in r.stdout.split()
 
 
-def _read_pids(lay: _Layout) -> dict[str, int]:
+def _live_daemon_pids(lay: _Layout) -> dict[str, int]:
+    """Daemon name (pid file stem, e.g. "slurmd-n1") -> pid, for pid files whose process is alive
+    and still runs that daemon (a stale pid file whose pid was reused is ignored)."""
     pids = {}
     for f in lay.run.glob("*.pid") if lay.run.exists() else ():
         try:
-            pids[f.stem] = int(f.read_text().split()[0])
+            pid = int(f.read_text().split()[0])
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
         except (ValueError, IndexError, OSError):
-            pass
+            continue
+        if _pid_alive(pid) and os.path.basename(argv0.decode(errors="replace")) == f.stem.split("-")[0]:
+            pids[f.stem] = pid
     return pids
 
 

@@ -14,10 +14,6 @@ from tests.slurm.cluster import INSTALL_HINT, SlurmCluster, missing_binaries
 _MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 108 bytes; the munge socket lives under the dir
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slurm: runs against a real local Slurm cluster (tests/slurm)")
-
-
 def _unavailable_reason() -> str | None:
     missing = missing_binaries()
     if missing:
