@@ -50,6 +50,11 @@ def init_distributed(device_kind: str, *, join_timeout_s: float) -> RankContext:
     return RankContext(rank=rank, local_rank=local_rank, world_size=world, device=device)
 
 
+def node_name() -> str:
+    """The Slurm node name when under Slurm (several slurmd may share one host), else hostname."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def _joined_store(*, rank: int, world: int, timeout_s: float) -> dist.Store:
     from training.preflight import PreflightError, wait_for_ranks
 
@@ -59,10 +64,10 @@ def _joined_store(*, rank: int, world: int, timeout_s: float) -> dist.Store:
                               timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     except (RuntimeError, OSError) as err:
         raise PreflightError(
-            f"rank {rank} on {socket.gethostname()} could not reach the rendezvous store at "
+            f"rank {rank} on {node_name()} could not reach the rendezvous store at "
             f"{host}:{port} within {timeout_s:.0f} s ({err}). Check that rank 0's node is up "
             "and that cluster.rdzv_host/rdzv_port are reachable from every node.") from None
-    wait_for_ranks(store, rank=rank, world_size=world, hostname=socket.gethostname(),
+    wait_for_ranks(store, rank=rank, world_size=world, hostname=node_name(),
                    timeout_s=timeout_s)
     return store
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     """Train this rank; return the outcome (finished, paused, stopped, requeued, preflight)."""
     import torch
 
-    from training.dist import init_distributed, teardown
+    from training.dist import init_distributed, node_name, teardown
     from training.loop import train
     from training.trainer import build_trainer
 
@@ -39,7 +38,7 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     setup_logging(run_dir, ctx.rank)
     log = logging.getLogger("meshrun.main")
     log.info("rank %d/%d on %s (%s, pid %d), torch %s", ctx.rank, ctx.world_size, ctx.device,
-             socket.gethostname(), os.getpid(), torch.__version__)
+             node_name(), os.getpid(), torch.__version__)
     try:
         if preflight_only or (spec.cluster.preflight and ctx.world_size > 1):
             preflight(spec, run_dir, ctx)
@@ -60,13 +59,14 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
 
 
 def preflight(spec, run_dir: Path, ctx) -> None:
+    from training.dist import node_name
     from training.preflight import format_table, run_preflight
 
     report = run_preflight(store=None, rank=ctx.rank, world_size=ctx.world_size,
                            device=ctx.device, run_dir=run_dir if ctx.is_main else None,
                            timeout_s=spec.cluster.preflight_timeout_s,
                            max_bytes=spec.cluster.preflight_max_mib * 1024**2,
-                           hostname=socket.gethostname())
+                           hostname=node_name())
     if ctx.is_main:
         logging.getLogger("meshrun.preflight").info(
             "preflight passed: %d ranks on %d host(s)\n%s", ctx.world_size,
