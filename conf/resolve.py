@@ -48,7 +48,8 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunS
         schedule=ScheduleSpec(**vars(cfg.schedule)), optim=OptimSpec(**vars(cfg.optim)),
         data=data, training=training, checkpoint=_resolve_checkpoint(cfg),
         cluster=_resolve_cluster(cfg, procs, host),
-        logging=LoggingSpec(**vars(cfg.logging)), host=host,
+        logging=LoggingSpec(**{**vars(cfg.logging), "wandb_tags": tuple(cfg.logging.wandb_tags)}),
+        host=host,
     )
 
 

@@ -288,6 +288,10 @@ class LoggingConfig:
     """W&B project."""
     wandb_entity: str = ""
     """W&B entity (team); empty = your default."""
+    wandb_group: str = ""
+    """W&B group (a sweep sets it to the sweep's name, so its runs compare side by side)."""
+    wandb_tags: list[str] = field(default_factory=list)
+    """W&B tags (a sweep adds the varied keys' values)."""
     progress: bool = True
     """Show a live progress bar in the launching terminal."""
 

@@ -187,6 +187,8 @@ class LoggingSpec:
     wandb_mode: WandbMode
     wandb_project: str
     wandb_entity: str
+    wandb_group: str
+    wandb_tags: tuple[str, ...]
     progress: bool
 
 

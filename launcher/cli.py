@@ -37,13 +37,29 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="state, step, latest metrics of a run dir")
     status.add_argument("run_dir", type=Path)
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    for register in command_plugins():
+        register(sub)
     return parser
+
+
+def command_plugins() -> list:
+    """Subcommands other packages add (entry-point group `meshrun.commands`, e.g. sweeps).
+
+    Each entry point is a function `register(subparsers)` that adds its parsers and sets
+    `handler=<callable(args, console) -> int>` as their default. This keeps launcher from
+    importing sweeps (sweeps builds on launcher, not the other way round).
+    """
+    from importlib.metadata import entry_points
+
+    return [ep.load() for ep in entry_points(group="meshrun.commands")]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
     try:
+        if getattr(args, "handler", None) is not None:
+            return args.handler(args, console)
         if args.command == "plan":
             return session.plan(args.overrides, console=console)
         if args.command == "resume":

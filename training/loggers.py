@@ -40,7 +40,9 @@ class RunLoggers:
         self.wandb = WandbLogger(run_dir=run_dir, mode=spec.logging.wandb_mode.value,
                                  project=spec.logging.wandb_project,
                                  entity=spec.logging.wandb_entity, run_id=run_id,
-                                 name=run_dir.name, config=spec_to_dict(spec))
+                                 name=run_dir.name, config=spec_to_dict(spec),
+                                 group=spec.logging.wandb_group,
+                                 tags=spec.logging.wandb_tags)
 
     def log(self, row: dict) -> None:
         self.metrics.write(row)

@@ -31,6 +31,7 @@ def summarize(run_dir: Path, *, peak_source: str, last_checkpoint: str, export_d
         "final_loss": train[-1]["loss"] if train else None,
         "first_val_loss": first_val,
         "final_val_loss": final_val,
+        "best_val_loss": min(r["val_loss"] for r in evals) if evals else None,
         "val_loss_drop": 1 - final_val / first_val if first_val else None,
         "tokens_per_s": _mean(steady, "tokens_per_s"),
         "tokens_per_s_per_device": _mean(steady, "tokens_per_s_per_device"),
