@@ -156,6 +156,7 @@ def finish(tr: Trainer) -> None:
         state = {k: v.detach().cpu() for k, v in unwrap(tr.model).state_dict().items()}
         export_dir = str(export_hf(state, tr.spec.model, tr.run_dir / "export"))
     if tr.loggers is not None:
+        tr.loggers.event({"kind": "event", "event": "finished", "step": tr.step})
         summary = summarize(tr.run_dir, peak_source=tr.peak.source,
                             last_checkpoint=tr.last_checkpoint, export_dir=export_dir)
         write_summary(tr.run_dir, summary)

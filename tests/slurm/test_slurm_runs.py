@@ -113,7 +113,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes_one_wandb_run(slurm_clu
     subprocess.run(["scancel", "--signal=USR1", job["job_id"]], check=True)
     wait_until(lambda: (run_dir / "summary.json").exists(), timeout_s=300, what="completion")
     events = rows(run_dir, "event")
-    assert [e["event"] for e in events] == ["requeued"], events
+    assert [e["event"] for e in events] == ["requeued", "finished"], events
     stopped_at = events[0]["step"]
     assert 5 <= stopped_at < steps
     assert (run_dir / "checkpoints" / f"step_{stopped_at:08d}").exists() or stopped_at < steps
