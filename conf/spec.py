@@ -173,14 +173,6 @@ class ClusterSpec:
     preflight_max_mib: int
     python: str
 
-    @property
-    def signal_name(self) -> str:
-        return self.warning_signal.split("@")[0]
-
-    @property
-    def signal_delay_s(self) -> int:
-        return int(self.warning_signal.split("@")[1])
-
 
 @dataclass(**FROZEN)
 class LoggingSpec:

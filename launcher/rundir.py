@@ -103,7 +103,3 @@ def git_state(repo: Path) -> dict:
     commit = git("rev-parse", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit else False
     return {"commit": commit or "unknown", "dirty": dirty}
-
-
-def read_wandb_id(run_dir: Path) -> str:
-    return (run_dir / WANDB_ID_FILE).read_text().strip()
