@@ -3,8 +3,9 @@
     python3 -m launcher.bootstrap run [overrides...]   # set up, then `meshrun run ...`
     python3 -m launcher.bootstrap test [pytest args]   # set up, then the test suite
 
-`test` also installs the Debian packages of the local Slurm test cluster when they are missing
-and this runs as root with apt-get (the Slurm tests start that cluster themselves).
+`test` also installs the Debian packages the tests use (a local Slurm cluster, which the Slurm
+tests start themselves, and chromium for the report test) when they are missing and this runs
+as root with apt-get.
 
 The venv lives in <repo>/.venv and is reused. torch is pinned to 2.13.0 when it is missing
 (an unpinned torch pulls a multi-GB CUDA build on CPU machines); an installed torch is kept.
@@ -22,8 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / ".venv"
 TORCH_PIN = "torch==2.13.0"
 STAMP = VENV / ".meshrun-installed"
-SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server")
-SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "munged", "slurmdbd", "mariadbd")
+# Debian packages the tests use: a throwaway Slurm cluster, and a browser for the HTML report.
+TEST_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server",
+                 "chromium")
+TEST_BINARIES = ("slurmctld", "slurmd", "sbatch", "munged", "slurmdbd", "mariadbd", "chromium")
 
 
 def venv_python() -> Path:
@@ -64,19 +67,19 @@ def ensure_installed() -> None:
     STAMP.write_text(fingerprint)
 
 
-def ensure_slurm_packages() -> None:
-    """apt-get install the Slurm test cluster's packages when missing (root only)."""
+def ensure_test_packages() -> None:
+    """apt-get install the Slurm test cluster's and the browser's packages when missing (root)."""
     import shutil
 
     path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
-    if all(shutil.which(b, path=path) for b in SLURM_BINARIES):
+    if all(shutil.which(b, path=path) for b in TEST_BINARIES):
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        print("[bootstrap] Slurm packages missing and not root: the Slurm tests will be skipped",
-              flush=True)
+        print("[bootstrap] Slurm/chromium packages missing and not root: their tests will be "
+              "skipped (under CI=true they fail)", flush=True)
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *SLURM_PACKAGES]
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *TEST_PACKAGES]
     print("[bootstrap] " + " ".join(install), flush=True)
     if subprocess.run(install, env=env).returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], env=env, check=True)
@@ -91,7 +94,7 @@ def main(argv: list[str]) -> int:
     bin_dir = VENV / "bin"
     os.chdir(REPO)
     if argv[0] == "test":
-        ensure_slurm_packages()
+        ensure_test_packages()
         cmd = [str(bin_dir / "python"), "-m", "pytest", *argv[1:]]
     else:
         cmd = [str(bin_dir / "meshrun"), *argv]

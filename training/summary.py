@@ -13,10 +13,15 @@ WARMUP_FRACTION = 0.1  # steps left out of the throughput means (compile, alloca
 
 
 def read_rows(run_dir: Path) -> list[dict]:
+    """Every complete row of metrics.jsonl; a last line still being written is skipped."""
     path = run_dir / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = text.split("\n")
+    if not text.endswith("\n"):
+        lines = lines[:-1]  # the writer has not finished this line yet
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def summarize(run_dir: Path, *, peak_source: str, last_checkpoint: str, export_dir: str) -> dict:

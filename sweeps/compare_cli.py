@@ -1,0 +1,171 @@
+"""`meshrun compare <sweep dir | run dirs...>`: a table of what differs and how each run did.
+
+    meshrun compare sweeps/lr-sweep                     # table + sweeps/lr-sweep/report.html
+    meshrun compare runs/a runs/b runs/c --html cmp.html
+    meshrun compare runs/                              # every run dir directly under runs/
+    meshrun compare SWEEP --sort best_val_loss --filter 'mfu>0.3' --filter model.name=tiny
+    meshrun compare SWEEP --sort=-tokens_per_s --csv - # descending: write --sort=-COL with '='
+
+Columns: run, state, the config keys whose values differ between the runs (dotted, as in
+spec.json), then final_val_loss, best_val_loss, final_loss, tokens_per_s, mfu (after warm-up),
+peak_mem_gib, steps_done, wall_s. --sort and --filter accept any of these or any config key.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+from sweeps.compare import (OUTCOMES, RunRecord, best_run, collect_runs, differing_keys,
+                            display, is_sweep_dir, select_runs,
+                            table_columns, table_rows)
+
+REPORT_FILE = "report.html"
+STATE_STYLES = {"completed": "green", "missing": "red", "failed": "red", "FAILED": "red"}
+
+
+def register_compare(subparsers) -> None:
+    """Add `compare` to the meshrun parser; its handler is `run_compare(args, console)`."""
+    doc = __doc__ or ""
+    parser = subparsers.add_parser(
+        "compare", help="compare runs: differing config keys, losses, throughput, HTML report",
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path,
+                        help="a sweep dir (with points.json), run dirs, or a folder of run dirs")
+    parser.add_argument("--sort", default="", metavar="COL",
+                        help="sort by a column; --sort=-COL for descending (missing values last)")
+    parser.add_argument("--filter", action="append", default=[], metavar="EXPR", dest="filters",
+                        help="keep runs where KEY=VALUE, KEY!=VALUE (string form, or equal as "
+                             "numbers: optim.lr=1e-3 matches 0.001), KEY<N, KEY<=N, KEY>N, KEY>=N; "
+                             "repeat to require all")
+    parser.add_argument("--csv", metavar="FILE", help="write the rows as CSV ('-' for stdout)")
+    parser.add_argument("--json", metavar="FILE", help="write the rows as JSON ('-' for stdout)")
+    parser.add_argument("--html", metavar="FILE", type=Path,
+                        help=f"write the HTML report here (default: <sweep dir>/{REPORT_FILE} "
+                             "when given one sweep dir)")
+    parser.add_argument("--no-html", action="store_true", help="write no HTML report")
+    parser.set_defaults(handler=run_compare)
+
+
+def run_compare(args: argparse.Namespace, console: Console) -> int:
+    records = select_runs(collect_runs(paths=args.paths), filters=args.filters, sort=args.sort)
+    keys = differing_keys(records)
+    rows = table_rows(records, keys=keys)
+    to_stdout = "-" in (args.csv, args.json)
+    shown = Console(stderr=True) if to_stdout else console
+    print_table(build_table(records, keys=keys, title=_title(args.paths)), console=shown)
+    if args.csv:
+        _write(args.csv, rows_to_csv(rows, columns=[*table_columns(keys), "run_dir"]), shown)
+    if args.json:
+        _write(args.json, rows_to_json(rows), shown)
+    html = _html_path(args)
+    if html is not None:
+        from sweeps.report import write_report
+
+        write_report(records=records, keys=keys, path=html, title=_title(args.paths))
+        shown.print(f"report: {html}")
+    return 0
+
+
+def _title(paths: list[Path]) -> str:
+    if len(paths) == 1 and is_sweep_dir(paths[0]):
+        return f"Sweep {paths[0].resolve().name}"
+    return f"Comparison of {len(paths)} path{'s' if len(paths) != 1 else ''}"
+
+
+def _html_path(args: argparse.Namespace) -> Path | None:
+    if args.no_html:
+        return None
+    if args.html:
+        return args.html
+    if len(args.paths) == 1 and is_sweep_dir(args.paths[0]):
+        return args.paths[0] / REPORT_FILE
+    return None
+
+
+def _write(target: str, text: str, console: Console) -> None:
+    if target == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    Path(target).write_text(text)
+    console.print(f"wrote {target}")
+
+
+def rows_to_json(rows: list[dict]) -> str:
+    """Strict JSON: a NaN or infinite number (a diverged loss) becomes null."""
+    plain = [{k: None if isinstance(v, float) and not math.isfinite(v) else v
+              for k, v in row.items()} for row in rows]
+    return json.dumps(plain, indent=2, default=str) + "\n"
+
+
+def rows_to_csv(rows: list[dict], *, columns: list[str]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([display(row.get(c)) for c in columns])
+    return out.getvalue()
+
+
+def print_table(table: Table, *, console: Console) -> None:
+    """In a terminal, fit its width (with a hint when cut); in a pipe or file, print it whole."""
+    whole = Measurement.get(console, console.options.update(max_width=10_000), table).maximum
+    if whole <= console.width:
+        console.print(table)
+    elif console.is_terminal:
+        console.print(table)
+        console.print(f"[dim]table cut to {console.width} of {whole} columns: widen the "
+                      "terminal, or use --csv - / --json - / the HTML report[/]")
+    else:
+        wide = Console(file=console.file, width=whole, no_color=console.no_color,
+                       force_terminal=False)
+        wide.print(table)
+
+
+def build_table(records: list[RunRecord], *, keys: list[str], title: str) -> Table:
+    """Headers are the column names --sort/--filter take; a narrow terminal cuts headers first."""
+    table = Table(title=f"{title}: {len(records)} run{'s' if len(records) != 1 else ''}",
+                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    columns = table_columns(keys)
+    cells = [[Text(format_cell(c, r.value(c))) for c in columns] for r in records]
+    for index, column in enumerate(columns):
+        widest = max((len(row[index]) for row in cells), default=1)
+        table.add_column(column, min_width=widest, no_wrap=True,
+                         justify="right" if column in OUTCOMES else "left",
+                         style="cyan" if column in keys else "bold" if column == "run" else "")
+    best = best_run(records)
+    for record, row in zip(records, cells):
+        row[1].stylize(STATE_STYLES.get(record.state, "yellow"))
+        if record is best:
+            row[columns.index("best_val_loss")].stylize("bold green")
+        table.add_row(*row)
+    return table
+
+
+def format_cell(key: str, value: object) -> str:
+    """How the table and the HTML report show a value (CSV/JSON keep full precision)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return display(value)
+    if key == "mfu":
+        return f"{value:.1%}"
+    if key == "tokens_per_s":
+        return f"{value:,.0f}"
+    if key in ("final_val_loss", "best_val_loss", "final_loss"):
+        return f"{value:.4f}"
+    if key in ("peak_mem_gib", "wall_s"):
+        return f"{value:.2f}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
