@@ -5,8 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.spec import RunSpec
-from training.accounting import FLOPS_CONVENTION, Plan
-from training.peaks import gpu_peak
+from training.accounting import ASSUMED_MFU, FLOPS_CONVENTION, Plan, estimate_time
 
 GIB = 1024**3
 
@@ -70,16 +69,15 @@ def _memory_rows(plan: Plan) -> list[tuple[str, str]]:
     ]
 
 
-def _time_rows(spec: RunSpec, plan: Plan, assumed_mfu: float = 0.4) -> list[tuple[str, str]]:
+def _time_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
     if spec.training.device != "cuda":
         return [("est. step time", "n/a on CPU (MFU uses a measured matmul peak at run time)")]
-    peak = gpu_peak(spec.host.gpu_name, spec.precision.compute_dtype.value)
-    if peak is None:
+    estimate = estimate_time(spec, plan)
+    if estimate is None:
         return [("est. step time", f"unknown peak for {spec.host.gpu_name}")]
-    step_s = plan.flops_per_step / (plan.world_size * peak.flops * assumed_mfu)
-    run_h = step_s * spec.training.steps / 3600
-    return [("est. step time", f"{step_s:.3f} s at {assumed_mfu:.0%} MFU of {peak.source}"),
-            ("est. run time", f"{run_h:.2f} h; {run_h * plan.world_size:.1f} GPU-hours")]
+    return [("est. step time", f"{estimate.step_s:.3f} s at {ASSUMED_MFU:.0%} MFU of "
+                               f"{estimate.peak.source}"),
+            ("est. run time", f"{estimate.run_hours:.2f} h; {estimate.gpu_hours:.1f} GPU-hours")]
 
 
 def print_plan(spec: RunSpec, plan: Plan, console: Console) -> None:

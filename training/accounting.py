@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conf.spec import ModelSpec, RunSpec
+from training.peaks import PeakFlops, gpu_peak
 
 FLOPS_CONVENTION = "6N + 12*L*H*Q*T (PaLM / torchtitan; N = parameters without token embeddings)"
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 TARGET_BYTES = 8  # int64 target id per token
+ASSUMED_MFU = 0.4  # what time estimates assume a GPU run achieves (labelled where shown)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,3 +119,24 @@ def make_plan(spec: RunSpec) -> Plan:
                 params=param_counts(spec.model), flops_per_token=fpt,
                 flops_per_step=float(fpt) * tps, memory=estimate_memory(spec),
                 total_tokens=tps * spec.training.steps)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeEstimate:
+    step_s: float
+    run_hours: float
+    gpu_hours: float
+    peak: PeakFlops
+
+
+def estimate_time(spec: RunSpec, plan: Plan) -> TimeEstimate | None:
+    """Step time at ASSUMED_MFU of the GPUs' dense peak; None on CPU or for an unknown GPU."""
+    if spec.training.device != "cuda":
+        return None
+    peak = gpu_peak(spec.host.gpu_name, spec.precision.compute_dtype.value)
+    if peak is None:
+        return None
+    step_s = plan.flops_per_step / (plan.world_size * peak.flops * ASSUMED_MFU)
+    run_hours = step_s * spec.training.steps / 3600
+    return TimeEstimate(step_s=step_s, run_hours=run_hours,
+                        gpu_hours=run_hours * plan.world_size, peak=peak)

@@ -1,0 +1,151 @@
+"""What a sweep will cost, before it is submitted: a table of points and the totals.
+
+Per point: world size, estimated memory per rank (and, on GPUs, whether it fits the device),
+tokens, and estimated GPU-hours at an assumed MFU. Torch-free: it uses training.accounting.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+
+from rich.console import Console
+from rich.table import Table
+
+from conf.spec import RunSpec
+from launcher.view import gib, human
+from sweeps.validate import Checked
+from training.accounting import estimate_time, make_plan
+
+FIT_FRACTION = 0.92  # leave room for the CUDA context, allocator slack and NCCL buffers
+GIB = 1024**3
+# Device memory in GiB by a substring of the CUDA device name, when the name does not say it
+# (e.g. "NVIDIA A100-SXM4-80GB" does). Longer names first.
+GPU_MEMORY_GIB: tuple[tuple[str, float], ...] = (
+    ("GB200", 186), ("B200", 180), ("H200", 141), ("H100 NVL", 94), ("H100", 80), ("H800", 80),
+    ("A100", 40), ("A800", 80), ("L40S", 48), ("L4", 24), ("A10G", 24), ("A10", 24),
+    ("RTX 4090", 24), ("RTX 3090", 24), ("V100", 16), ("MI300X", 192), ("MI250X", 128),
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cost:
+    world_size: int
+    nodes: int
+    mem_per_rank: int
+    device_mem: float | None
+    """Bytes of one device, None on CPU or for an unknown GPU."""
+    tokens: int
+    gpu_hours: float | None
+    """None on CPU or for a GPU with no known peak."""
+
+    @property
+    def fits(self) -> bool | None:
+        if self.device_mem is None:
+            return None
+        return self.mem_per_rank <= FIT_FRACTION * self.device_mem
+
+
+def point_cost(spec: RunSpec) -> Cost:
+    plan = make_plan(spec)
+    cuda = spec.training.device == "cuda"
+    estimate = estimate_time(spec, plan)
+    hours = estimate.gpu_hours if estimate is not None else None
+    return Cost(world_size=plan.world_size, nodes=spec.cluster.nodes,
+                mem_per_rank=plan.memory.total,
+                device_mem=device_memory(spec.host.gpu_name, local=spec.cluster.kind == "local")
+                if cuda else None,
+                tokens=plan.total_tokens, gpu_hours=hours)
+
+
+def device_memory(gpu_name: str, *, local: bool) -> float | None:
+    """Bytes of one GPU: from its name ("...-80GB"), a table, or nvidia-smi on this machine."""
+    match = re.search(r"(\d+)\s*GB", gpu_name)
+    if match:
+        return float(match.group(1)) * GIB
+    for name, size in GPU_MEMORY_GIB:
+        if name in gpu_name:
+            return size * GIB
+    return _local_gpu_memory() if local else None
+
+
+@lru_cache(maxsize=1)
+def _local_gpu_memory() -> float | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        return float(out.stdout.split()[0]) * 1024**2 if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def preview_table(checked: list[Checked], *, title: str, max_rows: int = 50) -> Table:
+    costs = [point_cost(c.spec) for c in checked]
+    keys = list(dict.fromkeys(k for c in checked for k in c.point.values))
+    shorts = [k.split(".")[-1] for k in keys]
+    headers = [s if shorts.count(s) == 1 else k for k, s in zip(keys, shorts)]
+    show_fit = any(c.spec.training.device == "cuda" for c in checked)
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right")
+    for header in headers:
+        table.add_column(header, style="cyan")
+    for column in ("world", "mem/rank") + (("fits",) if show_fit else ()) + ("tokens", "GPU-h"):
+        table.add_column(column, justify="right")
+    shown = checked if len(checked) <= max_rows else checked[:max_rows]
+    for c, cost in zip(shown, costs):
+        world = f"{cost.world_size}" + (f" ({cost.nodes} nodes)" if cost.nodes > 1 else "")
+        fit = [] if not show_fit else [_fit_text(cost)]
+        table.add_row(str(c.point.index), *[c.point.values.get(k, "") for k in keys], world,
+                      gib(cost.mem_per_rank), *fit, human(cost.tokens), _hours(cost.gpu_hours))
+    if len(checked) > len(shown):
+        table.add_row("...", f"{len(checked) - len(shown)} more", *[""] * (len(table.columns) - 2))
+    table.add_section()
+    hours = [c.gpu_hours for c in costs]
+    total_hours = _hours(sum(h for h in hours if h is not None)) if any(
+        h is not None for h in hours) else "-"
+    cells = [f"{len(checked)} pts", *[""] * len(keys),
+             f"max {max(c.world_size for c in costs)}",
+             f"max {gib(max(c.mem_per_rank for c in costs))}"]
+    if show_fit:
+        cells.append(f"{sum(1 for c in costs if c.fits is False)} do not fit")
+    cells += [human(sum(c.tokens for c in costs)), total_hours]
+    table.add_row(*cells, style="bold")
+    return table
+
+
+def _fit_text(cost: Cost) -> str:
+    if cost.fits is None:
+        return "?"
+    return "yes" if cost.fits else f"NO ({gib(int(cost.device_mem))})"
+
+
+def _hours(h: float | None) -> str:
+    if h is None:
+        return "-"
+    return f"{h:,.1f}" if h >= 1 else f"{h:.3f}"
+
+
+def not_fitting(checked: list[Checked]) -> list[Checked]:
+    return [c for c in checked if point_cost(c.spec).fits is False]
+
+
+def confirm(question: str, *, yes: bool, console: Console) -> bool:
+    """Ask y/N on stdin; --yes skips the question; no stdin (or EOF) counts as no."""
+    if yes:
+        return True
+    console.print(f"{question} [y/N] ", end="", markup=False)
+    try:
+        answer = sys.stdin.readline() if sys.stdin is not None else ""
+    except (OSError, ValueError):
+        answer = ""
+    if not answer:
+        console.print("\nno answer on stdin: nothing submitted (pass --yes to skip the question)",
+                      markup=False)
+        return False
+    return answer.strip().lower() in ("y", "yes")

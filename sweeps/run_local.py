@@ -1,0 +1,201 @@
+"""Run a sweep's points on this machine: one after another, or several at once (--parallel N)
+when they fit (CPU cores, or whole GPUs per point). One point failing never stops the others.
+
+Each point is launched by launcher.local.launch_local, exactly as `meshrun run` would; with
+--parallel each launch happens in a worker process (launch_local installs signal handlers,
+which only a main thread may do), its progress lines going to logs/launcher.log.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from conf.spec import HostSpec, RunSpec
+from sweeps.state import SweepState
+
+INTERRUPTED = 130
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    """A point with its run dir made, ready to launch."""
+
+    index: int
+    name: str
+    spec: RunSpec
+    run_dir: Path
+
+
+def run_local(state: SweepState, make_run_dir, todo: list, *, parallel: int, host: HostSpec,
+              console: Console) -> dict[int, int]:
+    """Run each of `todo` (validated points); `make_run_dir(item) -> Prepared` creates its run
+    dir just before it starts. Returns {point index: exit status}. The caller marks the sweep
+    dir's runner as alive meanwhile (points.json), so status can tell running from dead."""
+    if parallel <= 1 or len(todo) <= 1:
+        return _sequential(state, make_run_dir, todo, console)
+    return _parallel(state, make_run_dir, todo, parallel=parallel, host=host, console=console)
+
+
+def _sequential(state: SweepState, make_run_dir, todo: list, console: Console) -> dict[int, int]:
+    from launcher.local import launch_local
+
+    results = {}
+    for n, item in enumerate(todo, 1):
+        prepared = make_run_dir(item)
+        _announce(console, n, len(todo), prepared)
+        status = launch_local(prepared.spec, prepared.run_dir,
+                              show_progress=prepared.spec.logging.progress)
+        results[prepared.index] = status
+        state.finish_attempt(prepared.index, exit_status=status)
+        _report(console, prepared, status)
+        if status == INTERRUPTED:
+            console.print("sweep interrupted: the remaining points were not started", markup=False)
+            break
+    return results
+
+
+def _parallel(state: SweepState, make_run_dir, todo: list, *, parallel: int, host: HostSpec,
+              console: Console) -> dict[int, int]:
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pool = Slots(host, parallel=parallel, sizes=[item.spec.world_size for item in todo])
+    if pool.serial_reason:
+        console.print(f"running one point at a time: {pool.serial_reason}", markup=False)
+    queue, running, results = deque(todo), {}, {}
+    done_count, interrupted = 0, False
+    with ProcessPoolExecutor(max_workers=parallel,
+                             mp_context=multiprocessing.get_context("spawn")) as executor:
+        try:
+            while queue or running:
+                while queue and not interrupted and pool.take(queue[0].spec, busy=len(running)):
+                    item = queue.popleft()
+                    prepared = make_run_dir(item)
+                    env = pool.env_for(item.spec)
+                    done_count += 1
+                    _announce(console, done_count, len(todo), prepared)
+                    future = executor.submit(run_point, str(prepared.run_dir), env)
+                    running[future] = (prepared, env)
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    prepared, env = running.pop(future)
+                    pool.give_back(prepared.spec, env)
+                    try:
+                        status = future.result()
+                    except Exception as err:  # noqa: BLE001 - one point never stops the others
+                        console.print(f"point {prepared.index}: launcher error {err!r}",
+                                      markup=False)
+                        status = 1
+                    results[prepared.index] = status
+                    state.finish_attempt(prepared.index, exit_status=status)
+                    _report(console, prepared, status)
+                    interrupted = interrupted or status == INTERRUPTED
+        except KeyboardInterrupt:
+            console.print("interrupted: the running points stop after their step (checkpoint)",
+                          markup=False)
+            for future, (prepared, _) in running.items():
+                status = _result_or(future, INTERRUPTED)
+                results[prepared.index] = status
+                state.finish_attempt(prepared.index, exit_status=status)
+    return results
+
+
+def _result_or(future, default: int) -> int:
+    try:
+        return future.result()
+    except BaseException:  # noqa: BLE001
+        return default
+
+
+class Slots:
+    """Which points may run at once: whole GPUs per point, or CPU cores on a CPU machine."""
+
+    def __init__(self, host: HostSpec, *, parallel: int, sizes: list[int]) -> None:
+        self.parallel = parallel
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(host.gpu_count)]
+        self.free_gpus = ids[:host.gpu_count] if host.gpu_count else []
+        self.cpus = host.cpu_count
+        self.free_cpus = host.cpu_count
+        together = min(parallel, len(sizes))
+        smallest = sorted(sizes)[:together]
+        capacity = len(self.free_gpus) or self.cpus
+        self.threads = max(1, self.cpus // max(1, sum(smallest)))
+        self.serial_reason = ""
+        if len(smallest) > 1 and sum(smallest[:2]) > capacity:
+            unit = "GPUs" if self.free_gpus else "CPU cores"
+            self.serial_reason = (f"two points need {sum(smallest[:2])} of this machine's "
+                                  f"{capacity} {unit}")
+
+    def take(self, spec: RunSpec, *, busy: int) -> bool:
+        if busy >= self.parallel:
+            return False
+        need = spec.world_size
+        if spec.training.device == "cuda":
+            return len(self.free_gpus) >= need or busy == 0
+        if self.free_cpus >= need or busy == 0:
+            self.free_cpus -= need
+            return True
+        return False
+
+    def env_for(self, spec: RunSpec) -> dict[str, str]:
+        if spec.training.device == "cuda":
+            mine = self.free_gpus[:spec.world_size]
+            del self.free_gpus[:spec.world_size]
+            return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
+        if "OMP_NUM_THREADS" in os.environ:
+            return {}
+        return {"OMP_NUM_THREADS": str(self.threads)}  # one share of the cores per rank
+
+    def give_back(self, spec: RunSpec, env: dict[str, str]) -> None:
+        if spec.training.device == "cuda":
+            self.free_gpus += [g for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g]
+        else:
+            self.free_cpus += spec.world_size
+
+
+def run_point(run_dir: str, env: dict[str, str]) -> int:
+    """In a worker process: launch one run dir with launch_local; progress goes to its log."""
+    from conf.spec_io import read_spec
+    from launcher.local import launch_local
+
+    os.environ.update(env)
+    path = Path(run_dir)
+    spec = read_spec(path / "spec.json")
+    with open(path / "logs" / "launcher.log", "a") as log:
+        sys.stderr = log
+        try:
+            return launch_local(spec, path, show_progress=False)
+        except KeyboardInterrupt:
+            return INTERRUPTED
+        finally:
+            sys.stderr = sys.__stderr__
+
+
+def _announce(console: Console, n: int, total: int, prepared: Prepared) -> None:
+    console.print(f"[{n}/{total}] point {prepared.index} {prepared.name}: {prepared.run_dir}",
+                  markup=False, soft_wrap=True)
+
+
+def _report(console: Console, prepared: Prepared, status: int) -> None:
+    if status == 0:
+        console.print(f"point {prepared.index} finished", markup=False)
+    elif status != INTERRUPTED:
+        console.print(f"point {prepared.index} failed (exit status {status}): {_cause(prepared)}"
+                      f"\n  see: meshrun status {prepared.run_dir}", markup=False, soft_wrap=True)
+
+
+def _cause(prepared: Prepared) -> str:
+    """The last line of the failing log that names an error (the exception, usually)."""
+    from launcher.progress import failure_tail
+
+    lines = [line.strip() for line in failure_tail(prepared.run_dir).splitlines() if line.strip()]
+    named = [line for line in lines if "Error" in line or "error" in line]
+    return (named or lines or ["(no log)"])[-1][:300]

@@ -1,0 +1,95 @@
+"""Validate every point before anything is submitted: compose + resolve each, collect problems.
+
+Each point's problems are the ones `meshrun run` would print for it (same ConfigError text);
+a sweep with any invalid point is refused whole unless --skip-invalid drops those points.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conf.errors import ConfigError, Problem
+from conf.resolve import resolve
+from conf.schema import RunConfig
+from conf.spec import HostSpec, RunSpec
+from sweeps.compose_cache import ComposeCache
+from sweeps.expand import Point
+
+LIST_EACH_POINT_UP_TO = 20
+LAUNCHABLE = ("local", "slurm")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checked:
+    point: Point
+    spec: RunSpec | None = None
+    config: RunConfig | None = None
+    problems: tuple[Problem, ...] = ()
+    title: str = ""
+    """The ConfigError's title (Invalid run config / Invalid overrides), as a single run says."""
+
+    @property
+    def valid(self) -> bool:
+        return self.spec is not None and not self.problems
+
+
+def validate(points: list[Point], *, host: HostSpec) -> list[Checked]:
+    """Compose and resolve every point (sharing Hydra work between them)."""
+    cache = ComposeCache()
+    out = []
+    for point in points:
+        try:
+            config = cache.compose(point.overrides, settings=point.settings)
+            spec = resolve(config, host=host)
+        except ConfigError as err:
+            out.append(Checked(point=point, problems=tuple(err.problems), title=err.title))
+            continue
+        problems = _sweep_rules(spec)
+        out.append(Checked(point=point, spec=None if problems else spec, config=config,
+                           problems=tuple(problems), title="Cannot sweep"))
+    return out
+
+
+def _sweep_rules(spec: RunSpec) -> list[Problem]:
+    if spec.cluster.kind not in LAUNCHABLE:
+        return [Problem("cluster", spec.cluster.kind,
+                        "sweeps run their points locally or on Slurm",
+                        "use cluster=local or cluster=slurm")]
+    return []
+
+
+def point_label(point: Point) -> str:
+    shorts = [k.split(".")[-1] for k in point.values]
+    parts = [f"{s if shorts.count(s) == 1 else k}={v}"
+             for (k, v), s in zip(point.values.items(), shorts)]
+    return " ".join(parts) or point.name
+
+
+class InvalidSweep(ConfigError):
+    """Some points cannot run; the message names each point and its problems."""
+
+    def __init__(self, invalid: list[Checked], total: int) -> None:
+        super().__init__([p for c in invalid for p in c.problems], "Invalid sweep")
+        self.invalid = invalid
+        self.args = (describe_invalid(invalid, total) +
+                     "\nnothing was submitted (--skip-invalid runs the valid points only)",)
+
+
+def describe_invalid(invalid: list[Checked], total: int) -> str:
+    n = len(invalid)
+    lines = [f"Invalid sweep: {n} of {total} point{'s' if total != 1 else ''} "
+             f"{'has' if n == 1 else 'have'} problems:"]
+    if n <= LIST_EACH_POINT_UP_TO:
+        for c in invalid:
+            count = f"{len(c.problems)} problem{'s' if len(c.problems) != 1 else ''}"
+            lines.append(f"  point {c.point.index} [{point_label(c.point)}] ({c.title}, {count}):")
+            lines += ["    " + p.render() for p in c.problems]
+        return "\n".join(lines)
+    by_problem: dict[str, list[int]] = {}
+    for c in invalid:
+        for p in c.problems:
+            by_problem.setdefault(p.render(), []).append(c.point.index)
+    for text, indices in by_problem.items():
+        shown = ", ".join(map(str, indices[:12])) + (", ..." if len(indices) > 12 else "")
+        lines.append(f"  {text}")
+        lines.append(f"    in {len(indices)} point{'s' if len(indices) != 1 else ''}: {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""A sweep on the local Slurm cluster: its points go as one job array (same resources), each
+array task a multi-node run with one Slurm task per rank, and all of them complete."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.wandb_reader import read_runs
+
+pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model=tiny", "training.seq_len=32", "training.micro_batch_size=4", "training.steps=6",
+        "training.eval_every=3", "schedule.warmup_steps=1", "cluster.preflight_max_mib=1"]
+SLURM = ["cluster=slurm", "cluster.gpus_per_node=0", "cluster.procs_per_node=1",
+         "cluster.nodes=2", "cluster.rdzv_host=127.0.0.1", "cluster.time_limit_min=10",
+         "cluster.warning_signal=USR1@30", f"cluster.python={sys.executable}"]
+
+
+def meshrun(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_a_two_point_sweep_runs_as_one_job_array(slurm_cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = meshrun("sweep", "--yes", "--wait", "--array-parallelism", "2", "--name", "arr",
+                   "--dir", str(sweep_dir), *TINY, *SLURM, "optim.lr=1e-3,3e-3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "submitted 2 point(s) as array" in proc.stdout
+    assert "(2 node(s) x 1 task(s) each, at most 2 at once)" in proc.stdout
+
+    status = json.loads(meshrun("sweep", "status", str(sweep_dir), "--json").stdout)
+    assert status["counts"] == {"completed": 2}, status
+    job_ids = [row["job_id"] for row in status["points"]]
+    array_ids = {job_id.split("_")[0] for job_id in job_ids}
+    assert len(array_ids) == 1 and sorted(j.split("_")[1] for j in job_ids) == ["0", "1"]
+    sacct = subprocess.run(["sacct", "-j", array_ids.pop(), "-X", "-n", "-P",
+                            "--format=JobID,State,NNodes"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert sorted(sacct) == sorted(f"{j}|COMPLETED|2" for j in job_ids)
+    for row in status["points"]:
+        assert row["step"] == row["steps"] == 6
+        run_dir = Path(row["run_dir"])
+        report = json.loads((run_dir / "preflight.json").read_text())
+        assert report["world_size"] == 2  # one rank on each of the two nodes
+        assert read_runs(run_dir).group == "arr"
