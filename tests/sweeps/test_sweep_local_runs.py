@@ -126,3 +126,18 @@ def test_retry_resumes_a_point_that_stopped_with_a_checkpoint(tmp_path):
     rows = [json.loads(line) for line in (Path(row["run_dir"]) / "metrics.jsonl").read_text()
             .splitlines() if line.strip()]
     assert [r["step"] for r in rows if r.get("kind") == "train"] == list(range(1, 7))
+
+
+def test_compare_reports_the_four_points_with_the_varied_keys(four_points):
+    proc, sweep_dir, _ = four_points
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = meshrun("compare", str(sweep_dir), "--json", "-")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert sorted(r["run"] for r in rows) == ["lr0.001-wu1", "lr0.001-wu2", "lr0.003-wu1",
+                                              "lr0.003-wu2"]
+    varied = {k for k in rows[0] if k.startswith(("optim.", "schedule.", "training."))}
+    assert varied == {"optim.lr", "schedule.warmup_steps"}
+    assert all(r["state"] == "completed" and r["final_val_loss"] > 0 for r in rows)
+    assert (sweep_dir / "report.html").exists()
