@@ -74,19 +74,26 @@ def _type_problem(kind: type, value: object) -> str:
     return ""
 
 
+def parse_override(parser, line: str):
+    """(the parsed override, "") or (None, the first line of Hydra's syntax error)."""
+    from hydra.errors import OverrideParseException
+
+    try:
+        (ov,) = parser.parse_overrides([line])
+    except OverrideParseException as err:
+        return None, str(err).strip().splitlines()[0]
+    return ov, ""
+
+
 def check_overrides(overrides: list[str]) -> None:
     """Raise one ConfigError listing every override that cannot compose."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
     problems = ProblemList()
     parser = OverridesParser.create()
     for line in overrides:
-        try:
-            (ov,) = parser.parse_overrides([line])
-        except OverrideParseException as err:
-            first = str(err).strip().splitlines()[0]
-            problems.add(line, "", f"is not valid override syntax ({first})",
+        ov, syntax_error = parse_override(parser, line)
+        if ov is None:
+            problems.add(line, "", f"is not valid override syntax ({syntax_error})",
                          "write key=value, group=option, +key=value or ~key")
             continue
         if ov.is_sweep_override():

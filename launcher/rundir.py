@@ -25,10 +25,15 @@ WANDB_ID_FILE = "wandb_id.txt"
 SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+def safe_name(text: str) -> str:
+    """`text` reduced to characters safe in paths and #SBATCH lines."""
+    return SAFE_NAME.sub("_", text)
+
+
 def new_run_dir_path(spec: RunSpec, *, now: float | None = None) -> Path:
     """runs_dir/<name>-<YYYYmmdd-HHMMSS>, with a numeric suffix if that already exists."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    base = Path(spec.runs_dir) / f"{SAFE_NAME.sub('_', spec.name)}-{stamp}"
+    base = Path(spec.runs_dir) / f"{safe_name(spec.name)}-{stamp}"
     path, n = base, 1
     while path.exists() or path.with_name(path.name + ".tmp").exists():
         n += 1

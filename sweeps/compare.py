@@ -12,8 +12,7 @@ from pathlib import Path
 
 from conf.errors import ConfigError, ProblemList
 from launcher.status import run_status
-from training.loggers import METRICS_FILE
-from training.summary import SUMMARY_FILE, summarize
+from training.summary import SUMMARY_FILE, read_rows, summarize
 
 POINTS_FILE = "points.json"
 SPEC_FILE = "spec.json"
@@ -106,7 +105,7 @@ def load_run(*, run_dir: Path, name: str) -> RunRecord:
         config = flatten(json.loads((run_dir / SPEC_FILE).read_text()))
     except (OSError, ValueError) as err:
         return RunRecord(name=name, run_dir=run_dir, state=f"unreadable ({err.__class__.__name__})")
-    rows = _read_rows(run_dir)
+    rows = read_rows(run_dir)
     return RunRecord(name=name, run_dir=run_dir, state=run_state(run_dir=run_dir),
                      config=config, outcomes=run_outcomes(run_dir=run_dir),
                      overrides=_overrides(run_dir),
@@ -133,19 +132,6 @@ def run_outcomes(*, run_dir: Path) -> dict:
     except ValueError:  # a metrics line half written while we read
         summary = {}
     return {key: summary.get(key) for key in OUTCOMES}
-
-
-def _read_rows(run_dir: Path) -> list[dict]:
-    """metrics.jsonl rows, skipping a line the training loop is still writing."""
-    path = run_dir / METRICS_FILE
-    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    rows = []
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
 
 
 def _overrides(run_dir: Path) -> tuple:

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 
 from conf.errors import ProblemList
-from conf.overrides import GROUPS, OPTIONAL_GROUPS, group_options
+from conf.overrides import GROUPS, OPTIONAL_GROUPS, group_options, parse_override
 from sweeps.naming import (base_values, check_template, default_template, display, hydra_quote,
                            render_name, wandb_group_and_tags)
 from sweeps.spec_file import SWEEP_TITLE, SweepDef
@@ -115,15 +115,11 @@ class CachedParser:
 def _parse_group(entry: tuple[str, ...], sweep: SweepDef, parser,
                  problems: ProblemList) -> _Group | None:
     """One axis, or several paired axes (all the same length), as a list of choices."""
-    from hydra.errors import OverrideParseException
-
     columns, interval = [], None
     for line in entry:
-        try:
-            (ov,) = parser.parse_overrides([line])
-        except OverrideParseException as err:
-            first = str(err).strip().splitlines()[0]
-            problems.add(line, "", f"is not valid sweep syntax ({first})",
+        ov, syntax_error = parse_override(parser, line)
+        if ov is None:
+            problems.add(line, "", f"is not valid sweep syntax ({syntax_error})",
                          "write key=a,b,c or key=range(0,10,2) or key=choice(a,b)")
             continue
         key, name = line.split("=", 1)[0].strip(), ov.key_or_group
@@ -180,17 +176,14 @@ def _axis_values(ov, name: str, sweep: SweepDef, problems: ProblemList, line: st
 
 
 def _list_group(points: tuple[tuple[str, ...], ...], parser, problems: ProblemList) -> _Group:
-    from hydra.errors import OverrideParseException
-
     choices = []
     for point in points:
         choice = []
         for line in point:
-            try:
-                (ov,) = parser.parse_overrides([line])
-            except OverrideParseException as err:
-                problems.add(line, "", f"is not valid override syntax "
-                             f"({str(err).strip().splitlines()[0]})", "write key=value")
+            ov, syntax_error = parse_override(parser, line)
+            if ov is None:
+                problems.add(line, "", f"is not valid override syntax ({syntax_error})",
+                             "write key=value")
                 continue
             if ov.is_sweep_override():
                 problems.add(line, "", "an explicit point takes one value per key",

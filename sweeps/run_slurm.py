@@ -10,12 +10,12 @@ and `meshrun resume <run dir>` work on a point as on any run.
 from __future__ import annotations
 
 import json
-import re
 import time
 
 from rich.console import Console
 
 from conf.spec import RunSpec
+from launcher.rundir import safe_name
 from launcher.slurm import build_executor, record_job, sbatch_parameters
 from sweeps.run_local import Prepared
 from sweeps.state import SweepState
@@ -24,13 +24,11 @@ from training.slurm_entry import SlurmRankTask
 ARRAYS_DIR = "arrays"
 POLL_S = 5.0
 
-
 def resources_key(spec: RunSpec) -> str:
     """Points with the same key can share a job array."""
     params = sbatch_parameters(spec, job_name="")
     return json.dumps({"sbatch": params, "python": spec.cluster.python}, sort_keys=True,
                       default=str)
-
 
 def group_by_resources(items: list, spec_of=lambda item: item.spec) -> list[list]:
     """`items` (Prepared points, or anything with a spec) grouped into job arrays, in order."""
@@ -38,7 +36,6 @@ def group_by_resources(items: list, spec_of=lambda item: item.spec) -> list[list
     for item in items:
         groups.setdefault(resources_key(spec_of(item)), []).append(item)
     return list(groups.values())
-
 
 def describe_arrays(specs: list[RunSpec], *, array_parallelism: int) -> list[str]:
     """One line per job array the points would be submitted as."""
@@ -51,7 +48,6 @@ def describe_arrays(specs: list[RunSpec], *, array_parallelism: int) -> list[str
                      f"{min(array_parallelism, len(group))} at once")
     return lines
 
-
 def submit_arrays(state: SweepState, prepared: list[Prepared], *, array_parallelism: int,
                   sweep_name: str, console: Console) -> list[str]:
     """Submit one array per resource group; return the job ids. A group that cannot be
@@ -61,8 +57,7 @@ def submit_arrays(state: SweepState, prepared: list[Prepared], *, array_parallel
     for k, group in enumerate(group_by_resources(prepared)):
         folder = state.dir / ARRAYS_DIR / f"{stamp}-{k}"
         executor = build_executor(group[0].spec, folder)
-        safe_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", sweep_name)
-        executor.update_parameters(job_name=f"meshrun-{safe_name}",
+        executor.update_parameters(job_name=f"meshrun-{safe_name(sweep_name)}",
                                    array_parallelism=array_parallelism)
         try:
             with executor.batch():
@@ -89,7 +84,6 @@ def submit_arrays(state: SweepState, prepared: list[Prepared], *, array_parallel
                       markup=False, soft_wrap=True)
     return job_ids
 
-
 def wait_for_points(state: SweepState, indices: list[int], *, console: Console,
                     timeout_s: float | None = None) -> None:
     """Poll the points' states until none is pending or running; print changes of counts."""
@@ -98,7 +92,6 @@ def wait_for_points(state: SweepState, indices: list[int], *, console: Console,
         _poll(state, indices, console, deadline)
     except KeyboardInterrupt:
         console.print(f"detached; the jobs run on: meshrun sweep status {state.dir}", markup=False)
-
 
 def _poll(state: SweepState, indices: list[int], console: Console, deadline: float | None) -> None:
     from sweeps.track import ACTIVE, counts, point_status

@@ -198,17 +198,14 @@ def _key(line: str) -> str:
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     """(single-value overrides, sweep overrides); unparsable ones go to base (reported later)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
+
+    from conf.overrides import parse_override
 
     parser = OverridesParser.create()
     base, axes = [], []
     for line in overrides:
-        try:
-            (ov,) = parser.parse_overrides([line])
-        except OverrideParseException:
-            base.append(line)
-            continue
-        (axes if ov.is_sweep_override() else base).append(line)
+        ov, _ = parse_override(parser, line)
+        (axes if ov is not None and ov.is_sweep_override() else base).append(line)
     return base, axes
 
 
