@@ -1,4 +1,8 @@
-"""Resolve and check the parallel degrees: at most one auto (-1), the product = world size."""
+"""Resolve the parallel degrees (at most one auto, product = world size) and the ZeRO stage.
+
+Cross-section rules (heads, vocabulary, layers, sequence and micro-batches against the degrees)
+live in conf/layout_rules.py.
+"""
 from __future__ import annotations
 
 from conf.errors import ProblemList
@@ -6,7 +10,10 @@ from conf.schema import ParallelConfig
 from conf.spec import ParallelSpec
 
 DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
-IMPLEMENTED = ("dp_replicate",)
+PP_SCHEDULES = {  # name -> needs virtual stages (more than one stage per rank)
+    "gpipe": False, "1f1b": False,
+    "interleaved_1f1b": True, "looped_bfs": True, "interleaved_zero_bubble": True,
+}
 
 
 def resolve_parallel(cfg: ParallelConfig, *, world_size: int, nodes: int,
@@ -21,13 +28,21 @@ def resolve_parallel(cfg: ParallelConfig, *, world_size: int, nodes: int,
     if len(autos) > 1:
         problems.add("parallel", ", ".join(f"{n}=-1" for n in autos),
                      "at most one degree may be -1 (auto)", "set all but one of them explicitly")
-    _check_implemented(cfg, given, problems)
     resolved = dict(given)
     if not bad and len(autos) <= 1:
         resolved = _fill_auto(given, autos, world_size=world_size, nodes=nodes,
                               problems=problems)
     resolved = {n: max(v, 1) for n, v in resolved.items()}
-    return ParallelSpec(name=cfg.name, zero=cfg.zero, **resolved)
+    check_zero(cfg.zero, resolved, problems)
+    check_pipeline_options(cfg, pp=resolved["pp"], problems=problems)
+    stages = resolved["pp"] * max(cfg.pp_virtual_stages, 1)
+    microbatches = stages if cfg.pp_microbatches == -1 else cfg.pp_microbatches
+    return ParallelSpec(name=cfg.name, zero=cfg.zero, sequence_parallel=cfg.sequence_parallel,
+                        loss_parallel=cfg.loss_parallel, pp_schedule=cfg.pp_schedule,
+                        pp_microbatches=max(microbatches, 1),
+                        pp_virtual_stages=max(cfg.pp_virtual_stages, 1),
+                        pp_layer_split=tuple(cfg.pp_layer_split), cp_balanced=cfg.cp_balanced,
+                        **resolved)
 
 
 def _fill_auto(given: dict[str, int], autos: list[str], *, world_size: int, nodes: int,
@@ -58,12 +73,58 @@ def given_summary(given: dict[str, int]) -> str:
     return ",".join(f"{n}={v}" for n, v in given.items() if v != 1) or "all 1"
 
 
-def _check_implemented(cfg: ParallelConfig, given: dict[str, int], problems: ProblemList) -> None:
-    for name, value in given.items():
-        if name not in IMPLEMENTED and value > 1:
-            problems.add(f"parallel.{name}", value,
-                         "is not implemented yet (only data parallel: dp_replicate)",
-                         f"use parallel.{name}=1 (parallel=ddp or parallel=single)")
-    if cfg.zero != 0:
-        problems.add("parallel.zero", cfg.zero, "ZeRO stages are not implemented yet",
-                     "use parallel.zero=0")
+def check_zero(zero: int, degrees: dict[str, int], problems: ProblemList) -> None:
+    """ZeRO shards over dp_shard (stages 2/3 also over cp, whose ranks hold the same weights)."""
+    if zero not in (0, 1, 2, 3):
+        problems.add("parallel.zero", zero, "must be 0, 1, 2 or 3", "use parallel.zero=3 (FSDP)")
+        return
+    shard, cp, tp = degrees["dp_shard"], degrees["cp"], degrees["tp"]
+    dp, dp_cp = degrees["dp_replicate"] * shard, degrees["dp_replicate"] * shard * cp
+    if shard > 1 and zero == 0:
+        problems.add("parallel.dp_shard", shard,
+                     "shards training state over ranks, which needs parallel.zero 1, 2 or 3",
+                     "set parallel.zero=3 (or 1/2), or use parallel.dp_replicate for DDP")
+    if zero == 1 and shard == 1:
+        problems.add("parallel.zero", 1, "shards optimizer state over parallel.dp_shard, which is 1",
+                     "set parallel.dp_shard=-1 (and dp_replicate=1), or parallel.zero=0")
+    if zero in (2, 3) and shard * cp == 1 and dp > 1:
+        problems.add("parallel.zero", zero,
+                     "shards over parallel.dp_shard (and cp), and both are 1: nothing to shard",
+                     "set parallel.dp_shard=-1, or parallel.zero=0 for DDP")
+    if tp > 1 and zero in (0, 1) and dp_cp > 1:
+        problems.add("parallel.zero", zero,
+                     f"with parallel.tp={tp} the weights are DTensors, which DDP and ZeRO-1 "
+                     "(ZeroRedundancyOptimizer) cannot reduce; FSDP2 can",
+                     "use parallel.zero=2 or 3 with parallel.dp_shard=-1 (parallel=fsdp_tp)")
+
+
+def check_pipeline_options(cfg: ParallelConfig, *, pp: int, problems: ProblemList) -> None:
+    if cfg.pp_schedule not in PP_SCHEDULES:
+        problems.add("parallel.pp_schedule", cfg.pp_schedule, "is not a pipeline schedule",
+                     f"use one of {', '.join(PP_SCHEDULES)}")
+    if cfg.pp_virtual_stages < 1:
+        problems.add("parallel.pp_virtual_stages", cfg.pp_virtual_stages, "must be >= 1",
+                     "give 1, or 2+ for interleaved schedules")
+    if cfg.pp_microbatches == 0 or cfg.pp_microbatches < -1:
+        problems.add("parallel.pp_microbatches", cfg.pp_microbatches,
+                     "must be positive, or -1 for auto (= number of stages)", "give a value >= 1")
+    if pp == 1 or cfg.pp_schedule not in PP_SCHEDULES or cfg.pp_virtual_stages < 1:
+        return
+    virtual = cfg.pp_virtual_stages
+    if PP_SCHEDULES[cfg.pp_schedule] and virtual < 2:
+        problems.add("parallel.pp_virtual_stages", virtual,
+                     f"schedule {cfg.pp_schedule} runs several stages per rank",
+                     "set parallel.pp_virtual_stages=2 (or more)")
+    if not PP_SCHEDULES[cfg.pp_schedule] and virtual > 1:
+        problems.add("parallel.pp_virtual_stages", virtual,
+                     f"schedule {cfg.pp_schedule} runs one stage per rank",
+                     "use parallel.pp_schedule=interleaved_1f1b, or pp_virtual_stages=1")
+    microbatches = pp * virtual if cfg.pp_microbatches == -1 else cfg.pp_microbatches
+    if cfg.pp_microbatches > 0 and microbatches < pp:
+        problems.add("parallel.pp_microbatches", microbatches,
+                     f"must be at least parallel.pp={pp} to fill the pipeline",
+                     f"use parallel.pp_microbatches>={pp}")
+    if PP_SCHEDULES[cfg.pp_schedule] and microbatches % pp:
+        problems.add("parallel.pp_microbatches", microbatches,
+                     f"schedule {cfg.pp_schedule} needs a multiple of parallel.pp={pp}",
+                     f"use a multiple of {pp}")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from conf import rules
 from conf.errors import ProblemList
+from conf.layout_rules import check_layout, check_recompute
 from conf.parallel_rules import resolve_parallel
 from conf.schema import ClusterConfig, ClusterKind, DeviceKind, DType, Precision, RunConfig
 from conf.spec import (
@@ -41,10 +42,13 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunS
     rules.check_checkpoint(cfg.checkpoint, problems, check_paths=check_paths)
     data = _resolve_data(cfg, model, problems, check_paths=check_paths)
     precision = _resolve_precision(cfg, host, device, problems)
+    check_layout(parallel, model=model, training=training, precision=precision,
+                 problems=problems)
+    check_recompute(cfg.recompute, problems)
     problems.raise_if_any()
     return RunSpec(
         name=cfg.name, runs_dir=str(Path(cfg.runs_dir).expanduser().resolve()), model=model,
-        precision=precision, parallel=parallel, recompute=RecomputeSpec(mode=cfg.recompute.mode),
+        precision=precision, parallel=parallel, recompute=_resolve_recompute(cfg),
         schedule=ScheduleSpec(**vars(cfg.schedule)), optim=OptimSpec(**vars(cfg.optim)),
         data=data, training=training, checkpoint=_resolve_checkpoint(cfg),
         cluster=_resolve_cluster(cfg, procs, host),
@@ -126,8 +130,18 @@ def _resolve_precision(cfg: RunConfig, host: HostSpec, device: str,
         name = Precision.bf16 if bf16_ok else (Precision.fp32 if device == "cpu" else Precision.fp16)
     rules.check_precision(name, device, host, problems)
     compute = {Precision.fp32: DType.fp32, Precision.fp16: DType.fp16}.get(name, DType.bf16)
+    if p.optimizer_state_dtype is DType.fp16:
+        problems.add("precision.optimizer_state_dtype", "fp16",
+                     "fp16 moments underflow (AdamW's second moment is a squared gradient)",
+                     "use fp32 or bf16")
     return PrecisionSpec(name=name.value, compute_dtype=compute, reduce_dtype=p.reduce_dtype,
-                         loss_scale_init=p.loss_scale_init)
+                         loss_scale_init=p.loss_scale_init,
+                         optimizer_state_dtype=p.optimizer_state_dtype)
+
+
+def _resolve_recompute(cfg: RunConfig) -> RecomputeSpec:
+    r = cfg.recompute
+    return RecomputeSpec(mode=r.mode, every_n_layers=r.every_n_layers, targets=tuple(r.targets))
 
 
 def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
@@ -147,8 +161,10 @@ def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
 def _resolve_checkpoint(cfg: RunConfig) -> CheckpointSpec:
     c = cfg.checkpoint
     resume = str(Path(c.resume_from).expanduser().resolve()) if c.resume_from else ""
+    load = str(Path(c.load_from).expanduser().resolve()) if c.load_from else ""
     return CheckpointSpec(every_steps=c.every_steps, keep_last=c.keep_last,
-                          export_safetensors=c.export_safetensors, resume_from=resume)
+                          export_safetensors=c.export_safetensors, resume_from=resume,
+                          load_from=load)
 
 
 def _expand(pattern: str) -> list[str]:

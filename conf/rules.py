@@ -227,6 +227,16 @@ def check_checkpoint(c: CheckpointConfig, problems: ProblemList, *, check_paths:
             problems.add("checkpoint.resume_from", c.resume_from,
                          "is not a meshrun run dir (no spec.json there)",
                          "pass a folder made by `meshrun run`, e.g. runs/<name>-<timestamp>")
+    if c.load_from and check_paths and not _has_checkpoint(Path(c.load_from).expanduser()):
+        problems.add("checkpoint.load_from", c.load_from,
+                     "holds no complete checkpoint (a step_N folder with meta.json, or a run "
+                     "dir with checkpoints/step_N)", "pass a run dir or one of its step_N folders")
+
+
+def _has_checkpoint(path: Path) -> bool:
+    if (path / "meta.json").is_file() and (path / ".metadata").is_file():
+        return True
+    return any((d / "meta.json").is_file() for d in (path / "checkpoints").glob("step_*"))
 
 
 def data_files(d: DataConfig, problems: ProblemList, *, check_paths: bool,

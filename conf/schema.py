@@ -30,6 +30,7 @@ class RecomputeMode(str, Enum):
     none = "none"
     full = "full"
     selective = "selective"
+    offload = "offload"
 
 
 class ScheduleKind(str, Enum):
@@ -105,6 +106,8 @@ class PrecisionConfig:
     """Dtype of the data-parallel gradient reduction (fp32 is the safe choice)."""
     loss_scale_init: float = 65536.0
     """fp16 only: initial dynamic loss scale."""
+    optimizer_state_dtype: DType = DType.fp32
+    """Dtype of AdamW's moment estimates: fp32, or bf16 to halve optimizer memory."""
 
 
 @dataclass
@@ -112,23 +115,46 @@ class ParallelConfig:
     name: str = "ddp"
     """Name of the layout (the `parallel` group option)."""
     dp_replicate: int = -1
-    """Data-parallel replicas (DDP); -1 = world size / (other degrees)."""
+    """Data-parallel replicas (DDP, or the replicate axis of HSDP); -1 = world / (the rest)."""
     dp_shard: int = 1
-    """Data-parallel shards (FSDP/ZeRO); only 1 is implemented so far."""
+    """Data-parallel ranks that shard state (ZeRO/FSDP axis); -1 = world / (the rest)."""
     tp: int = 1
-    """Tensor-parallel degree; only 1 is implemented so far."""
+    """Tensor-parallel degree (Megatron column/row pairs over attention and MLP)."""
     pp: int = 1
-    """Pipeline-parallel degree; only 1 is implemented so far."""
+    """Pipeline-parallel degree (stages on different ranks)."""
     cp: int = 1
-    """Context-parallel degree; only 1 is implemented so far."""
+    """Context-parallel degree (the sequence sharded over ranks, exact causal attention)."""
     zero: int = 0
-    """ZeRO stage (0 = replicated DDP); only 0 is implemented so far."""
+    """ZeRO stage over the dp ranks: 0 replicated (DDP), 1 + optimizer state sharded,
+    2 + gradients sharded (FSDP2, parameters kept unsharded from forward to backward),
+    3 + parameters sharded (FSDP2, parameters re-sharded after forward)."""
+    sequence_parallel: bool = True
+    """tp > 1: shard norms and residuals over the sequence between the TP regions (SP)."""
+    loss_parallel: bool = False
+    """tp > 1: compute cross entropy on vocabulary-sharded logits (no logits all-gather)."""
+    pp_schedule: str = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b, interleaved_1f1b, looped_bfs, interleaved_zero_bubble."""
+    pp_microbatches: int = -1
+    """Pipeline micro-batches per training micro-batch; -1 = number of stages (pp x virtual)."""
+    pp_virtual_stages: int = 1
+    """Stages per pipeline rank (interleaved schedules need 2 or more)."""
+    pp_layer_split: list[int] = field(default_factory=list)
+    """Blocks per stage, in stage order (sums to model.n_layers); empty = as even as possible."""
+    cp_balanced: bool = True
+    """cp > 1: give each rank one early and one late chunk so causal work is balanced."""
 
 
 @dataclass
 class RecomputeConfig:
     mode: RecomputeMode = RecomputeMode.none
-    """Activation recompute: none, full (every block), selective (keep matmul outputs)."""
+    """Activation recompute: none; full (re-run whole blocks); selective (re-run the parts
+    named in `targets`); offload (keep activations, but in CPU memory)."""
+    every_n_layers: int = 1
+    """full / selective / offload: apply to every N-th block only (1 = every block)."""
+    targets: list[str] = field(default_factory=lambda: ["ops"])
+    """selective: what to re-compute in backward. ops (keep matmul and attention outputs,
+    re-compute element-wise work), swiglu, norm, attention (the softmax(QK^T)V core), ffn
+    (the whole MLP), block (the whole block)."""
 
 
 @dataclass
@@ -220,6 +246,9 @@ class CheckpointConfig:
     """At the end, export weights as safetensors in the Hugging Face Llama layout."""
     resume_from: str = ""
     """Run dir to continue (set by `meshrun resume`); empty = a new run."""
+    load_from: str = ""
+    """A new run starts from this checkpoint (a step_N folder, or a run dir = its newest):
+    weights, optimizer state and data position, resharded by DCP to this run's layout."""
 
 
 @dataclass

@@ -47,6 +47,7 @@ class PrecisionSpec:
     """Dtype matmuls run in (autocast); fp8 matmuls keep bf16 for everything else."""
     reduce_dtype: DType
     loss_scale_init: float
+    optimizer_state_dtype: DType
 
     @property
     def uses_loss_scaling(self) -> bool:
@@ -64,6 +65,13 @@ class ParallelSpec:
     pp: int
     cp: int
     zero: int
+    sequence_parallel: bool
+    loss_parallel: bool
+    pp_schedule: str
+    pp_microbatches: int
+    pp_virtual_stages: int
+    pp_layer_split: tuple[int, ...]
+    cp_balanced: bool
 
     @property
     def dp(self) -> int:
@@ -77,6 +85,8 @@ class ParallelSpec:
 @dataclass(**FROZEN)
 class RecomputeSpec:
     mode: RecomputeMode
+    every_n_layers: int = 1
+    targets: tuple[str, ...] = ("ops",)
 
 
 @dataclass(**FROZEN)
@@ -141,6 +151,7 @@ class CheckpointSpec:
     keep_last: int
     export_safetensors: bool
     resume_from: str
+    load_from: str
 
 
 @dataclass(**FROZEN)

@@ -1,29 +1,30 @@
-"""Replicated data parallel (DDP) over the data-parallel ranks."""
+"""Replicated data parallel (DDP) over the ranks that hold different tokens (dp x cp)."""
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from conf.spec import ParallelSpec
 
-
-def apply_ddp(model: torch.nn.Module, *, parallel: ParallelSpec,
-              device: torch.device) -> torch.nn.Module:
-    """Wrap in DDP when dp_replicate > 1; gradients are averaged over the dp ranks."""
-    if parallel.dp_replicate <= 1:
-        return model
+def apply_ddp(model: torch.nn.Module, *, device: torch.device, group=None) -> torch.nn.Module:
+    """Wrap in DDP over `group` (None = every rank); gradients are averaged over it."""
     device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=group,
+                                   gradient_as_bucket_view=True)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def no_sync_unless(model: torch.nn.Module, sync: bool):
-    """DDP's no_sync() for all but the last micro-batch of a step; a no-op otherwise."""
-    import contextlib
-
-    if sync or not isinstance(model, DistributedDataParallel):
-        return contextlib.nullcontext()
-    return model.no_sync()
+def gradient_sync(parts: list[torch.nn.Module], *, sync: bool):
+    """Reduce gradients only on the last micro-batch of a step: DDP's no_sync(), FSDP2's
+    set_requires_gradient_sync(); a no-op for a module that reduces nothing."""
+    stack = contextlib.ExitStack()
+    for part in parts:
+        if isinstance(part, DistributedDataParallel) and not sync:
+            stack.enter_context(part.no_sync())
+        elif hasattr(part, "set_requires_gradient_sync"):
+            part.set_requires_gradient_sync(sync)
+    return stack

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
+                                                     set_state_dict)
 
 from training.checkpoint_paths import (META_FILENAME, checkpoints_beyond_newest,
                                        is_complete_checkpoint, latest_checkpoint,
@@ -225,20 +226,60 @@ def _remove_stale_and_old(root: Path, *, keep_last: int | None) -> None:
 
 # --- public API ---------------------------------------------------------------------------------
 
-def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """DCP state dict without wrapper prefixes (DDP `module.`, FSDP, compile).
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _as_lists(model, optimizer) -> tuple[list, list]:
+    """One model part per pipeline stage a rank holds (or a single model), one optimizer each."""
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    optimizers = _optimizers(optimizer)
+    assert len(models) == len(optimizers), (len(models), len(optimizers))
+    return models, optimizers
+
+
+def _model_and_optimizer_state(model, optimizer) -> dict:
+    """DCP state dict keyed by parameter name, without wrapper prefixes (DDP `module.`, FSDP,
+    compile); optimizer state flattened to names too, so parts of a pipeline merge and any
+    layout (DTensor shards, other stages) can load what it needs: DCP reshards on load.
 
     get_state_dict initialises an empty optimizer state with a zero-lr step; callers that must
     not keep that side effect clear `optimizer.state` afterwards.
     """
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = {}, {}
+    for part, part_optimizer in zip(*_as_lists(model, optimizer)):
+        part_model, part_optim = get_state_dict(part, part_optimizer, options=FLAT)
+        model_state.update(part_model)
+        optim_state.update(part_optim)
     return {"model": model_state, "optimizer": optim_state}
 
 
-def save_checkpoint(root: Path, *, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, extra: dict | None = None,
+def _set_model_and_optimizer_state(model, optimizer, state: dict) -> None:
+    for part, part_optimizer in zip(*_as_lists(model, optimizer)):
+        own_model, own_optim = get_state_dict(part, part_optimizer, options=FLAT)
+        set_state_dict(part, part_optimizer,
+                       model_state_dict={k: state["model"][k] for k in own_model},
+                       optim_state_dict={k: state["optimizer"][k] for k in own_optim},
+                       options=FLAT)
+
+
+def _optimizers(optimizer) -> list:
+    return list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+
+
+def _optimizer_is_empty(optimizer) -> bool:
+    return not any(o.state for o in _optimizers(optimizer))
+
+
+def _clear_optimizer_state(optimizer) -> None:
+    for o in _optimizers(optimizer):
+        o.state.clear()
+
+
+def save_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | None = None,
                     metadata: dict | None = None, keep_last: int | None = None) -> Path:
     """Collective: write `root/step_<N>` atomically and return its path.
+
+    `model`/`optimizer`: a module and its optimizer, or lists of them (pipeline stages).
 
     `extra` is this rank's own state (data position, scheduler, loss scaler ...), restored by
     `load_checkpoint`; plain Python values and tensors only. `metadata` (JSON) goes to meta.json
@@ -251,13 +292,13 @@ def save_checkpoint(root: Path, *, step: int, model: torch.nn.Module,
                                                  keep_last=keep_last),
                    what="checking save_checkpoint arguments", error_type=ValueError)
     rng_state = capture_rng_state()
-    optimizer_was_empty = not optimizer.state
+    optimizer_was_empty = _optimizer_is_empty(optimizer)
 
     _run_on_rank0(lambda: _prepare_tmp_dir(root, step=step), what="preparing checkpoint folder")
     tmp = tmp_step_dir(root, step=step)
     state = _model_and_optimizer_state(model, optimizer)
     if optimizer_was_empty:
-        optimizer.state.clear()  # undo get_state_dict's zero-lr init step: keep training exact
+        _clear_optimizer_state(optimizer)  # undo get_state_dict's zero-lr init: stay exact
     with _single_process_dcp_is_intended():
         dcp.save(state, checkpoint_id=tmp, no_dist=not _is_distributed())
 
@@ -276,21 +317,27 @@ def save_checkpoint(root: Path, *, step: int, model: torch.nn.Module,
     return step_dir(root, step=step)
 
 
-def _check_world_size(path: Path, *, saved: int, current: int, allow_reshard: bool) -> None:
-    if saved != current and not allow_reshard:
+def _check_layout(path: Path, *, saved: dict, current: dict, allow_reshard: bool) -> bool:
+    """True when the checkpoint's layout is this run's (exact resume, per-rank files)."""
+    if saved == current:
+        return True
+    if not allow_reshard:
+        differ = ", ".join(f"{k}: saved {saved.get(k)}, now {current.get(k)}"
+                           for k in sorted(set(saved) | set(current))
+                           if saved.get(k) != current.get(k))
         raise CheckpointMismatch(
-            f"checkpoint {path} was saved with world_size={saved}, but this run has "
-            f"world_size={current}; resuming across world sizes is not supported yet "
-            "(pass allow_reshard=True to load model/optimizer via DCP and take rank 0's "
-            "RNG states and extras on every rank)"
-        )
+            f"checkpoint {path} was saved under another layout ({differ}); a run resumes only "
+            "under its own layout. To continue under this layout, start a new run with "
+            f"checkpoint.load_from={path} (DCP reshards weights and optimizer state)")
+    return False
 
 
-def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def load_checkpoint(path: Path, *, model, optimizer, layout: dict | None = None,
                     allow_reshard: bool = False) -> dict:
     """Collective: restore model, optimizer and this rank's RNG states; return its `extra`.
 
-    Raises CheckpointMismatch if the checkpoint's world size differs from this run's, unless
+    `layout` describes how this run is split ({"world_size": ..., degrees ...}; default: the
+    world size). Raises CheckpointMismatch if the checkpoint's layout differs, unless
     `allow_reshard` (then DCP reshards model/optimizer and every rank takes rank 0's file).
     """
     path = Path(path)
@@ -301,18 +348,18 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.opti
         )
     meta = read_checkpoint_meta(path)
     rank, world_size = _rank_and_world_size()
-    _check_world_size(path, saved=meta["world_size"], current=world_size,
-                      allow_reshard=allow_reshard)
+    current = dict(layout or {"world_size": world_size})
+    saved = {"world_size": meta["world_size"],
+             **{k: meta["metadata"].get("layout", {}).get(k) for k in current if k != "world_size"}}
+    same_layout = _check_layout(path, saved=saved, current=current, allow_reshard=allow_reshard)
 
     state = _model_and_optimizer_state(model, optimizer)
     with _single_process_dcp_is_intended():
         dcp.load(state, checkpoint_id=path, no_dist=not _is_distributed())
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+    _set_model_and_optimizer_state(model, optimizer, state)
     if meta.get("optimizer_state_empty", False):
-        optimizer.state.clear()
+        _clear_optimizer_state(optimizer)
 
-    same_layout = meta["world_size"] == world_size
     rank_state = _read_rank_file(path, rank=rank if same_layout else 0)
     restore_rng_state(rank_state["rng"])
     return rank_state["extra"]

@@ -7,18 +7,16 @@ import time
 
 import torch
 
-from conf.spec_io import spec_to_dict
-from parallel.data_parallel import unwrap
 from training.checkpoint import save_checkpoint
 from training.dist import all_reduce_max, all_reduce_sum, barrier
-from training.export import export_hf
+from training.export import export_hf, gather_full_state
 from training.metrics import StepTimer, memory_stats, mfu
 from training.optim import set_lr
 from training.preemption import requeue_job, restart_count, slurm_job_id
 from training.schedule import lr_at
-from training.step import clip_and_step, forward_backward, token_loss_sum
+from training.step import clip_and_step, eval_loss_sum, forward_backward
 from training.summary import summarize, write_summary
-from training.trainer import Trainer
+from training.trainer import Trainer, checkpoint_layout
 
 log = logging.getLogger("meshrun.loop")
 
@@ -80,15 +78,16 @@ def stop_early(tr: Trainer) -> str:
 def train_step(tr: Trainer) -> dict:
     t, o = tr.spec.training, tr.spec.optim
     lr = lr_at(tr.step, schedule=tr.spec.schedule, peak_lr=o.lr, total_steps=t.steps)
-    set_lr(tr.optimizer, lr)
-    tr.model.train()
+    set_lr(tr.optimizers, lr)
+    for part in tr.layout.parts:
+        part.train()
     micro_batches = tr.train_batches.next_step()
-    loss = forward_backward(tr.model, micro_batches, dp=tr.spec.parallel.dp,
-                            device=tr.ctx.device, autocast=tr.autocast, scaler=tr.scaler)
-    grad_norm = clip_and_step(tr.model, tr.optimizer, grad_clip=o.grad_clip, scaler=tr.scaler)
+    loss = forward_backward(tr.layout, micro_batches, device=tr.ctx.device,
+                            autocast=tr.autocast, scaler=tr.scaler)
+    grad_norm = clip_and_step(tr.layout, tr.optimizers, grad_clip=o.grad_clip, scaler=tr.scaler)
     tr.step += 1
-    loss_sum, stop_votes = all_reduce_sum([float(loss.local_loss_sum), float(tr.stop.requested)],
-                                          tr.ctx.device)
+    own_loss = float(loss.local_loss_sum) if tr.layout.reports_loss else 0.0
+    loss_sum, stop_votes = all_reduce_sum([own_loss, float(tr.stop.requested)], tr.ctx.device)
     tr.stop_agreed = stop_votes > 0
     return {"kind": "train", "step": tr.step, "loss": loss_sum / loss.global_tokens,
             "grad_norm": grad_norm, "lr": lr, "tokens": loss.global_tokens}
@@ -121,12 +120,14 @@ def _max_memory(tr: Trainer) -> dict:
 @torch.no_grad()
 def evaluate(tr: Trainer) -> float:
     """Mean token loss over the fixed validation batches of every dp rank."""
-    tr.model.eval()
+    for part in tr.layout.parts:
+        part.eval()
     loss_sum, tokens = 0.0, 0
     for inputs, targets in tr.val_batches:
-        inputs, targets = inputs.to(tr.ctx.device), targets.to(tr.ctx.device)
-        loss_sum += float(token_loss_sum(tr.model, inputs, targets, tr.autocast))
-        tokens += targets.numel()
+        batch_loss, batch_tokens = eval_loss_sum(tr.layout, inputs, targets,
+                                                 device=tr.ctx.device, autocast=tr.autocast)
+        if tr.layout.reports_loss:
+            loss_sum, tokens = loss_sum + batch_loss, tokens + batch_tokens
     loss_sum, tokens = all_reduce_sum([loss_sum, float(tokens)], tr.ctx.device)
     val_loss = loss_sum / tokens
     if tr.loggers is not None:
@@ -138,9 +139,9 @@ def evaluate(tr: Trainer) -> float:
 def save(tr: Trainer) -> None:
     extra = {"step": tr.step, "data": tr.train_batches.state_dict(),
              "scaler": tr.scaler.state_dict() if tr.scaler is not None else {}}
-    metadata = {"world_size": tr.ctx.world_size, "parallel": spec_to_dict(tr.spec.parallel)}
-    path = save_checkpoint(tr.checkpoint_root, step=tr.step, model=tr.model,
-                           optimizer=tr.optimizer, extra=extra, metadata=metadata,
+    metadata = {"world_size": tr.ctx.world_size, "layout": checkpoint_layout(tr.spec)}
+    path = save_checkpoint(tr.checkpoint_root, step=tr.step, model=tr.layout.parts,
+                           optimizer=tr.optimizers, extra=extra, metadata=metadata,
                            keep_last=tr.spec.checkpoint.keep_last)
     tr.last_checkpoint = str(path)
     tr.last_saved_step = tr.step
@@ -152,9 +153,10 @@ def finish(tr: Trainer) -> None:
     started = time.perf_counter()
     evaluate(tr)
     export_dir = ""
-    if tr.spec.checkpoint.export_safetensors and tr.ctx.is_main:
-        state = {k: v.detach().cpu() for k, v in unwrap(tr.model).state_dict().items()}
-        export_dir = str(export_hf(state, tr.spec.model, tr.run_dir / "export"))
+    if tr.spec.checkpoint.export_safetensors:
+        state = gather_full_state(tr.layout)  # collective; the full weights land on rank 0
+        if tr.ctx.is_main:
+            export_dir = str(export_hf(state, tr.spec.model, tr.run_dir / "export"))
     if tr.loggers is not None:
         tr.loggers.event({"kind": "event", "event": "finished", "step": tr.step})
         summary = summarize(tr.run_dir, peak_source=tr.peak.source,

@@ -2,8 +2,12 @@
 
 RMSNorm, RoPE in the Hugging Face "rotate_half" layout (exported q/k weights need no permutation),
 grouped-query attention through `scaled_dot_product_attention`, a SwiGLU feed-forward block, and
-tied or untied embeddings. Blocks live in `model.layers` (an `nn.ModuleList`) so the parallel
-passes (recompute, TP, FSDP, pipeline) can treat each block on its own.
+tied or untied embeddings. Blocks live in `model.layers`, an `nn.ModuleDict` keyed "0", "1", ...
+(the same state-dict keys a ModuleList gives), so a pipeline stage can drop the blocks it does
+not own without renumbering the rest. A stage also drops `tok_embeddings` (not first) or
+`norm`/`output` (not last); `forward` then takes or returns hidden states. The attention core and
+the SwiGLU product are methods of their own so recompute policies can target them by name, and
+context parallelism sets `rope_positions` and `Attention.core_attention` per rank.
 
 State-dict keys (training/export.py maps them to Hugging Face names):
   tok_embeddings.weight
@@ -75,6 +79,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(model.dim, model.n_kv_heads * model.head_dim, bias=False)
         self.wv = nn.Linear(model.dim, model.n_kv_heads * model.head_dim, bias=False)
         self.wo = nn.Linear(model.n_heads * model.head_dim, model.dim, bias=False)
+        self.context = None
+        """Context parallel: a callable (q, k, v) -> out over the cp group, or None."""
 
     def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -84,10 +90,15 @@ class Attention(nn.Module):
         v = self.wv(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         q = apply_rope(q, cos=cos.to(q.dtype), sin=sin.to(q.dtype))
         k = apply_rope(k, cos=cos.to(k.dtype), sin=sin.to(k.dtype))
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
-        )
+        out = self.core_attention(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + causal mask) v on [B, heads, T, head_dim]."""
+        if self.context is not None:
+            return self.context(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              enable_gqa=q.shape[1] != k.shape[1])
 
     def init_weights(self, *, std: float, out_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):
@@ -105,7 +116,10 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(model.ffn_dim, model.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.swiglu(self.w1(x), self.w3(x)))
+
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate) * up
 
     def init_weights(self, *, std: float, out_std: float) -> None:
         nn.init.normal_(self.w1.weight, mean=0.0, std=std)
@@ -141,7 +155,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.spec = model
         self.tok_embeddings = nn.Embedding(model.vocab_size, model.dim)
-        self.layers = nn.ModuleList(TransformerBlock(model) for _ in range(model.n_layers))
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(model) for i in range(model.n_layers)})
         self.norm = RMSNorm(model.dim, eps=model.norm_eps)
         # Tied: logits reuse tok_embeddings.weight, so there is one key per parameter.
         self.output = None if model.tie_embeddings else nn.Linear(
@@ -151,18 +165,28 @@ class Transformer(nn.Module):
                                theta=model.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.rope_positions: torch.Tensor | None = None
+        """Global positions of this rank's tokens (context parallel); None = 0..T-1."""
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        seq = tokens.shape[1]
-        assert seq <= self.spec.max_seq_len, f"sequence {seq} > max_seq_len {self.spec.max_seq_len}"
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
-        h = self.tok_embeddings(tokens)
-        for block in self.layers:
+        """tokens [B, T] -> logits [B, T, vocab]; a pipeline stage may take or give hidden
+        states [B, T, dim] instead (no tok_embeddings / no norm)."""
+        cos, sin = self.rope_for(tokens.shape[1])
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for block in self.layers.values():
             h = block(h, cos, sin)
+        if self.norm is None:
+            return h
         h = self.norm(h)
         if self.output is None:
             return F.linear(h, self.tok_embeddings.weight)
         return self.output(h)
+
+    def rope_for(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.rope_positions is not None:
+            return self.rope_cos[self.rope_positions], self.rope_sin[self.rope_positions]
+        assert seq <= self.spec.max_seq_len, f"sequence {seq} > max_seq_len {self.spec.max_seq_len}"
+        return self.rope_cos[:seq], self.rope_sin[:seq]
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -175,7 +199,7 @@ class Transformer(nn.Module):
         std = spec.init_std
         out_std = std / math.sqrt(2 * spec.n_layers)
         nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
-        for block in self.layers:
+        for block in self.layers.values():
             block.init_weights(std=std, out_std=out_std)
         self.norm.init_weights()
         if self.output is not None:

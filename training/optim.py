@@ -1,4 +1,4 @@
-"""AdamW with weight decay only on weights with 2 or more dims."""
+"""AdamW with weight decay only on weights with 2 or more dims; one optimizer per model part."""
 from __future__ import annotations
 
 import torch
@@ -6,20 +6,35 @@ import torch
 from conf.spec import OptimSpec
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(params: list[torch.Tensor], weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
-    for param in model.parameters():
+    for param in params:
         if param.requires_grad:
             (decay if param.ndim >= 2 else no_decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: torch.nn.Module, *, optim: OptimSpec) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(param_groups(model, optim.weight_decay), lr=optim.lr,
-                             betas=(optim.beta1, optim.beta2), eps=optim.eps)
+def build_optimizer(model: torch.nn.Module, *, optim: OptimSpec, state_dtype: str = "fp32",
+                    owned: set | None = None) -> torch.optim.Optimizer:
+    """AdamW over `model`'s parameters (only those in `owned` under ZeRO-1)."""
+    params = [p for p in model.parameters() if owned is None or p in owned]
+    kwargs = dict(lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps)
+    if state_dtype == "bf16":
+        from training.adamw_bf16 import AdamWBf16State
+
+        return AdamWBf16State(param_groups(params, optim.weight_decay), **kwargs)
+    return torch.optim.AdamW(param_groups(params, optim.weight_decay), **kwargs)
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+def build_optimizers(layout, *, optim: OptimSpec, state_dtype: str) -> list:
+    """One optimizer per model part (pipeline stages), each over what this rank updates."""
+    owned = layout.zero1.owned() if layout.zero1 is not None else None
+    return [build_optimizer(part, optim=optim, state_dtype=state_dtype, owned=owned)
+            for part in layout.parts]
+
+
+def set_lr(optimizers: list, lr: float) -> None:
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = lr

@@ -18,11 +18,13 @@ def autocast_context(precision: PrecisionSpec, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def build_grad_scaler(precision: PrecisionSpec, device: torch.device):
-    """A dynamic loss scaler for fp16; None for every other precision."""
+def build_grad_scaler(precision: PrecisionSpec):
+    """A dynamic loss scaler for fp16 (agreeing across sharded ranks); None otherwise."""
     if not precision.uses_loss_scaling:
         return None
-    return torch.amp.GradScaler(device.type, init_scale=precision.loss_scale_init)
+    from training.loss_scale import DynamicLossScaler
+
+    return DynamicLossScaler(init_scale=precision.loss_scale_init)
 
 
 def apply_fp8(model: torch.nn.Module, precision: PrecisionSpec) -> None:

@@ -1,13 +1,17 @@
 """One optimizer step's forward/backward over its micro-batches, weighted by tokens."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
-from parallel.data_parallel import no_sync_unless
+from parallel.data_parallel import gradient_sync
+from parallel.grad_norm import clip_grads
+from training.layout import RankLayout
 
 IGNORE_INDEX = -100
 
@@ -15,20 +19,29 @@ IGNORE_INDEX = -100
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepLoss:
     local_loss_sum: torch.Tensor
-    """Sum of token losses on this rank (detached)."""
+    """Sum of token losses this rank computed (detached); counted once per token by the ranks
+    whose `RankLayout.reports_loss` is true, 0 on the others' behalf is their business."""
     global_tokens: int
     """Target tokens over all ranks and micro-batches of the step."""
 
 
-def count_global_tokens(micro_batches: list, *, dp: int, device: torch.device,
-                        dp_group=None) -> int:
-    """Target tokens of the step summed over the dp ranks (over `dp_group`; None = world)."""
+def count_global_tokens(micro_batches: list, *, device: torch.device, dp_group=None) -> int:
+    """Target tokens of the step summed over the data-parallel ranks (`dp_group`)."""
     local = sum(int((targets != IGNORE_INDEX).sum()) for _, targets in micro_batches)
-    if dp == 1:
+    if dp_group is None:
         return local
     t = torch.tensor([local], dtype=torch.int64, device=device)
     dist.all_reduce(t, group=dp_group)
     return int(t.item())
+
+
+def loss_context(layout: RankLayout):
+    """Cross entropy on vocabulary-sharded logits when the layout keeps them sharded."""
+    if layout.loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
 
 
 def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
@@ -39,37 +52,81 @@ def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.
                            ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-def forward_backward(model: torch.nn.Module, micro_batches: list, *, dp: int,
-                     device: torch.device, autocast, scaler=None, dp_group=None) -> StepLoss:
+def forward_backward(layout: RankLayout, micro_batches: list, *, device: torch.device,
+                     autocast, scaler=None) -> StepLoss:
     """Accumulate gradients of (sum of token losses over the global batch) / global tokens.
 
-    DDP averages gradients over the dp ranks, so each rank scales its loss by dp to undo that
-    average: the result equals one process computing the mean over the whole global batch.
+    DDP and FSDP average gradients over the dp x cp ranks, so each rank scales its loss by
+    dp x cp to undo that average: the result equals one process computing the mean over the
+    whole global batch. Context-parallel ranks each take their share of every sequence;
+    pipeline stages run the micro-batch through the schedule.
     """
-    global_tokens = count_global_tokens(micro_batches, dp=dp, device=device, dp_group=dp_group)
+    global_tokens = count_global_tokens(micro_batches, device=device, dp_group=layout.group("dp"))
+    scale = layout.dims.dp_cp / global_tokens
     total = torch.zeros((), dtype=torch.float32, device=device)
     last = len(micro_batches) - 1
     for i, (inputs, targets) in enumerate(micro_batches):
-        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        with no_sync_unless(model, sync=i == last):
-            loss_sum = token_loss_sum(model, inputs, targets, autocast)
-            scaled = loss_sum * (dp / global_tokens)
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        total += loss_sum.detach()
+        inputs = layout.shard_tokens(inputs.to(device, non_blocking=True))
+        targets = layout.shard_tokens(targets.to(device, non_blocking=True))
+        with gradient_sync(layout.parts, sync=i == last):
+            total += _micro_batch(layout, inputs, targets, scale=scale, autocast=autocast,
+                                  scaler=scaler)
     return StepLoss(local_loss_sum=total, global_tokens=global_tokens)
 
 
-def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, grad_clip: float,
+def _micro_batch(layout: RankLayout, inputs: torch.Tensor, targets: torch.Tensor, *,
+                 scale: float, autocast, scaler) -> torch.Tensor:
+    if layout.schedule is not None:
+        from parallel.pipeline import pipeline_forward_backward
+
+        loss_scale = scale * (scaler.scale_factor if scaler is not None else 1.0)
+        return pipeline_forward_backward(
+            layout.schedule, inputs=inputs, targets=targets, is_first=layout.is_first_stage,
+            is_last=layout.is_last_stage, loss=layout.pp_loss, loss_scale=loss_scale,
+            autocast=autocast)
+    with loss_context(layout):
+        loss_sum = token_loss_sum(layout.parts[0], inputs, targets, autocast)
+        scaled = loss_sum * scale
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+    if isinstance(loss_sum, DTensor):
+        loss_sum = loss_sum.full_tensor()
+    return loss_sum.detach()
+
+
+def clip_and_step(layout: RankLayout, optimizers: list, *, grad_clip: float,
                   scaler=None) -> float:
     """Unscale (fp16), clip the global gradient norm, step, zero grads; return the norm."""
+    params = layout.parameters()
     if scaler is not None:
-        scaler.unscale_(optimizer)
+        scaler.unscale_(params)
     max_norm = grad_clip if grad_clip > 0 else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
+    norm = clip_grads(params, max_norm=max_norm, pp_group=layout.group("pp"))
+    if scaler is None or scaler.update():
+        for optimizer in optimizers:
+            optimizer.step()
+        if layout.zero1 is not None:
+            layout.zero1.broadcast_updates()
+    for part in layout.parts:
+        part.zero_grad(set_to_none=True)
+    return norm
+
+
+@torch.no_grad()
+def eval_loss_sum(layout: RankLayout, inputs: torch.Tensor, targets: torch.Tensor, *,
+                  device: torch.device, autocast) -> tuple[float, int]:
+    """(sum of token losses, tokens) of this rank's share of one validation batch; only
+    ranks with `layout.reports_loss` hold a loss (pipeline: the last stage)."""
+    inputs = layout.shard_tokens(inputs.to(device))
+    targets = layout.shard_tokens(targets.to(device))
+    if layout.schedule is not None:
+        from parallel.pipeline import pipeline_eval_loss_sum
+
+        loss_sum = pipeline_eval_loss_sum(
+            layout.schedule, inputs=inputs, targets=targets, is_first=layout.is_first_stage,
+            is_last=layout.is_last_stage, autocast=autocast)
     else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+        with loss_context(layout):
+            loss_sum = token_loss_sum(layout.parts[0], inputs, targets, autocast)
+        if isinstance(loss_sum, DTensor):
+            loss_sum = loss_sum.full_tensor()
+    return float(loss_sum), int((targets != IGNORE_INDEX).sum())

@@ -7,19 +7,17 @@ from pathlib import Path
 import torch
 
 from conf.spec import RunSpec
-from parallel.data_parallel import apply_ddp
-from parallel.recompute import apply_recompute
 from training.accounting import flops_per_token
 from training.checkpoint import load_checkpoint
 from training.checkpoint_paths import latest_checkpoint
 from training.data import build_train_batches, build_val_batches
 from training.dist import RankContext
+from training.layout import RankLayout, build_layout
 from training.loggers import RunLoggers
 from training.metrics import resolve_peak
-from training.model import build_model
-from training.optim import build_optimizer
+from training.optim import build_optimizers
 from training.peaks import PeakFlops
-from training.precision import apply_fp8, autocast_context, build_grad_scaler
+from training.precision import autocast_context, build_grad_scaler
 from training.preemption import StopRequest
 
 CHECKPOINT_DIR = "checkpoints"
@@ -32,8 +30,8 @@ class Trainer:
     spec: RunSpec
     run_dir: Path
     ctx: RankContext
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    layout: RankLayout
+    optimizers: list
     train_batches: object
     val_batches: object
     scaler: object
@@ -56,56 +54,58 @@ class Trainer:
         return self.run_dir / CHECKPOINT_DIR
 
 
-def data_parallel_coordinates(spec: RunSpec, ctx: RankContext) -> tuple[int, int]:
-    """(dp rank, dp size). Only data parallelism exists so far: every rank is a dp rank."""
-    assert spec.parallel.dp == ctx.world_size, (spec.parallel, ctx.world_size)
-    return ctx.rank, spec.parallel.dp
-
-
-def build_parallel_model(spec: RunSpec, device: torch.device) -> torch.nn.Module:
-    """Model on meta -> materialised -> fp8 -> recompute -> compile -> DDP, in that order."""
-    model = build_model(spec.model, device=device, seed=spec.training.seed)
-    apply_fp8(model, spec.precision)
-    apply_recompute(model, recompute=spec.recompute)
-    if spec.training.compile:
-        for block in model.layers:
-            block.compile()
-    return apply_ddp(model, parallel=spec.parallel, device=device)
-
-
 def build_trainer(spec: RunSpec, run_dir: Path, ctx: RankContext) -> Trainer:
-    model = build_parallel_model(spec, ctx.device)
-    dp_rank, dp_size = data_parallel_coordinates(spec, ctx)
+    layout = build_layout(spec, rank=ctx.rank, device=ctx.device)
+    dp_rank, dp_size = layout.dims.dp_rank(ctx.rank), layout.dims.dp
     trainer = Trainer(
-        spec=spec, run_dir=run_dir, ctx=ctx, model=model,
-        optimizer=build_optimizer(model, optim=spec.optim),
+        spec=spec, run_dir=run_dir, ctx=ctx, layout=layout,
+        optimizers=build_optimizers(layout, optim=spec.optim,
+                                    state_dtype=spec.precision.optimizer_state_dtype.value),
         train_batches=build_train_batches(spec.data, spec.training, dp_rank=dp_rank,
                                           dp_size=dp_size),
         val_batches=build_val_batches(spec.data, spec.training, dp_rank=dp_rank,
                                       dp_size=dp_size),
-        scaler=build_grad_scaler(spec.precision, ctx.device),
+        scaler=build_grad_scaler(spec.precision),
         peak=resolve_peak(spec, ctx.device),
         flops_per_token=flops_per_token(spec.model, spec.training.seq_len),
         loggers=None,
     )
     if latest_checkpoint(trainer.checkpoint_root) is not None:
         restore(trainer)  # this run's own checkpoint: a resume, a requeue, or a restart
+    elif spec.checkpoint.load_from:
+        restore(trainer, source=spec.checkpoint.load_from, allow_reshard=True)
     trainer.stop.install(spec.cluster.warning_signal)
     if ctx.is_main:
         trainer.loggers = RunLoggers(spec, run_dir, resume_step=trainer.resumed_from)
     return trainer
 
 
-def restore(trainer: Trainer) -> None:
-    """Load the newest complete checkpoint: weights, optimizer, data position, RNG, scaler."""
-    path = latest_checkpoint(trainer.checkpoint_root)
+def checkpoint_layout(spec: RunSpec) -> dict:
+    """What must match for an exact resume (per-rank files): world size and degrees."""
+    p = spec.parallel
+    return {"world_size": spec.world_size, "dp_replicate": p.dp_replicate,
+            "dp_shard": p.dp_shard, "tp": p.tp, "pp": p.pp, "cp": p.cp, "zero": p.zero,
+            "pp_virtual_stages": p.pp_virtual_stages}
+
+
+def _checkpoint_in(source: str) -> Path | None:
+    path = Path(source)
+    return path if (path / "meta.json").is_file() else latest_checkpoint(path / CHECKPOINT_DIR)
+
+
+def restore(trainer: Trainer, *, source: str = "", allow_reshard: bool = False) -> None:
+    """Load the newest complete checkpoint of this run (or of `source`, a run dir or step
+    folder, resharded to this layout): weights, optimizer, data position, RNG, scaler."""
+    path = _checkpoint_in(source) if source else latest_checkpoint(trainer.checkpoint_root)
     if path is None:
-        raise FileNotFoundError(f"no complete checkpoint under {trainer.checkpoint_root}")
-    extra = load_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer)
+        raise FileNotFoundError(f"no complete checkpoint under {source or trainer.checkpoint_root}")
+    extra = load_checkpoint(path, model=trainer.layout.parts, optimizer=trainer.optimizers,
+                            layout=checkpoint_layout(trainer.spec), allow_reshard=allow_reshard)
     trainer.train_batches.load_state_dict(extra["data"])
     if trainer.scaler is not None and extra.get("scaler"):
         trainer.scaler.load_state_dict(extra["scaler"])
     trainer.step = int(extra["step"])
-    trainer.resumed_from = trainer.step
+    if not source:  # the same run continues (W&B resumes); a new run only starts from there
+        trainer.resumed_from = trainer.step
     trainer.last_saved_step = trainer.step
     trainer.last_checkpoint = str(path)

@@ -158,11 +158,37 @@ def test_every_group_option_composes(group: str, option: str, tmp_path):
                       f"data.val_files={tmp_path}/val-*.bin"]
     if (group, option) == ("cluster", "nodes"):
         overrides += ["cluster.rdzv_host=10.0.0.1"]  # required: node 0's address
+    if group == "parallel" and option in PRESET_WORLD:
+        overrides += [f"cluster.procs_per_node={PRESET_WORLD[option][0]}"]
     spec = resolve(compose_config(overrides), host=host)
     assert _chosen(spec, group) == option
     if (group, option) == ("data", "files"):
         assert spec.data.train_files == (str(tmp_path / "train-000.bin"),)
         assert spec.data.val_files == (str(tmp_path / "val-000.bin"),)
+
+
+# Layout presets that need more than the CPU default of 2 processes: (world, degrees it yields).
+PRESET_WORLD = {
+    "hsdp": (4, dict(dp_replicate=2, dp_shard=2, zero=3)),
+    "fsdp_tp": (4, dict(dp_shard=2, tp=2, zero=3)),
+    "3d": (8, dict(pp=2, dp_shard=2, tp=2, zero=3)),
+    "4d": (16, dict(pp=2, dp_shard=2, cp=2, tp=2, zero=3)),
+}
+TWO_RANK_PRESETS = {
+    "zero1": dict(dp_shard=2, zero=1), "zero2": dict(dp_shard=2, zero=2),
+    "zero3": dict(dp_shard=2, zero=3), "fsdp": dict(dp_shard=2, zero=3),
+    "tp": dict(tp=2), "pp": dict(pp=2), "cp": dict(cp=2),
+}
+
+
+@pytest.mark.parametrize("preset", [*TWO_RANK_PRESETS, *PRESET_WORLD])
+def test_layout_presets_give_the_degrees_they_claim(preset: str):
+    world, degrees = PRESET_WORLD.get(preset, (2, TWO_RANK_PRESETS.get(preset)))
+    spec = resolve(compose_config([f"parallel={preset}", f"cluster.procs_per_node={world}"]),
+                   host=CPU)
+    got = {k: getattr(spec.parallel, k) for k in degrees}
+    assert got == degrees
+    assert spec.parallel.world_size == spec.world_size == world
 
 
 @pytest.mark.parametrize("parallel,host,world", [

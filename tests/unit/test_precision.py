@@ -6,6 +6,7 @@ import torch
 
 from tests.support.specs import cpu_spec
 from training.data import build_train_batches
+from training.layout import RankLayout
 from training.model import build_model
 from training.optim import build_optimizer
 from training.precision import autocast_context, build_grad_scaler
@@ -20,16 +21,17 @@ def test_low_precision_training_learns_with_fp32_master_weights(precision):
     device = torch.device("cpu")
     model = build_model(spec.model, device=device, seed=0)
     optimizer = build_optimizer(model, optim=spec.optim)
-    scaler = build_grad_scaler(spec.precision, device)
+    scaler = build_grad_scaler(spec.precision)
+    layout = RankLayout.single(model)
     assert (scaler is not None) == (precision == "fp16")
     batches = build_train_batches(spec.data, spec.training, dp_rank=0, dp_size=1).next_step()
     losses = []
     for _ in range(8):  # the same batch: the loss must fall
-        loss = forward_backward(model, batches, dp=1, device=device,
+        loss = forward_backward(layout, batches, device=device,
                                 autocast=autocast_context(spec.precision, device), scaler=scaler)
         losses.append(float(loss.local_loss_sum) / loss.global_tokens)
-        clip_and_step(model, optimizer, grad_clip=1.0, scaler=scaler)
+        clip_and_step(layout, [optimizer], grad_clip=1.0, scaler=scaler)
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert losses[-1] < losses[0] - 0.1, losses
     if scaler is not None:
-        assert scaler.get_scale() > 0 and scaler.state_dict()["scale"] > 0
+        assert scaler.scale_factor > 0 and scaler.state_dict()["scale"] > 0

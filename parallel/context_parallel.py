@@ -1,0 +1,137 @@
+"""Context parallelism (cp): each rank of a cp group holds a slice of the sequence.
+
+Sharding: `shard_positions` picks the global token positions a rank holds (contiguous, or
+load-balanced for causal attention) and `shard_sequence` selects them from a tensor.
+
+Attention: `context_parallel_attention` all-gathers K and V (and their global positions)
+over the cp group and runs SDPA with a causal mask built from global positions. It is exact,
+not a ring: each rank holds K/V for the whole sequence (memory O(T) per rank). torch's
+`torch.distributed.tensor.experimental.context_parallel` (ring attention) only handles the
+CUDA SDPA kernels on torch 2.13 and fails on CPU, so this exact all-gather form is used on
+every device for now.
+
+`all_gather_sequence` is a small autograd Function rather than
+`torch.distributed.nn.functional.all_gather`, which gives wrong gradients on gloo when the
+incoming gradient is non-contiguous (SDPA's dK/dV are).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def shard_positions(*, seq_len: int, cp: int, cp_rank: int, balanced: bool) -> list[int]:
+    """Global token positions held by `cp_rank` of `cp` ranks, in local order.
+
+    Unbalanced: the contiguous chunk `[r*T/cp, (r+1)*T/cp)`. Balanced: the sequence is cut
+    into 2*cp equal chunks and rank r holds chunk r then chunk 2*cp-1-r, so every rank gets
+    the same amount of causal attention work (as in torchtitan / Megatron-LM).
+    """
+    assert cp >= 1 and 0 <= cp_rank < cp, f"cp_rank {cp_rank} out of range for cp={cp}"
+    if not balanced:
+        assert seq_len % cp == 0, f"seq_len {seq_len} not divisible by cp={cp}"
+        chunk = seq_len // cp
+        return list(range(cp_rank * chunk, (cp_rank + 1) * chunk))
+    assert seq_len % (2 * cp) == 0, f"seq_len {seq_len} not divisible by 2*cp={2 * cp}"
+    chunk = seq_len // (2 * cp)
+    mirror = 2 * cp - 1 - cp_rank
+    return (list(range(cp_rank * chunk, (cp_rank + 1) * chunk))
+            + list(range(mirror * chunk, (mirror + 1) * chunk)))
+
+
+def shard_sequence(tensor: torch.Tensor, *, positions: torch.Tensor | list[int],
+                   dim: int = 1) -> torch.Tensor:
+    """Select `positions` along `dim` (a new contiguous tensor; differentiable)."""
+    index = torch.as_tensor(positions, dtype=torch.long, device=tensor.device)
+    return tensor.index_select(dim, index).contiguous()
+
+
+def _group_rank_and_size(group) -> tuple[int, int]:
+    """This process's rank inside `group` (None: the default group) and the group's size."""
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _gather_cat(x: torch.Tensor, *, dim: int, group) -> torch.Tensor:
+    """All-gather same-shaped `x` from every rank of `group`, concatenated along `dim`."""
+    _, size = _group_rank_and_size(group)
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=dim)
+
+
+class _AllGatherSeq(torch.autograd.Function):
+    """Forward: all-gather along `dim` in rank order. Backward: reduce-scatter (sum) of the
+    incoming gradient, returning this rank's slice; done on contiguous tensors."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, group) -> torch.Tensor:
+        ctx.dim, ctx.group = dim, group
+        return _gather_cat(x, dim=dim, group=group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        rank, size = _group_rank_and_size(ctx.group)
+        chunks = [c.contiguous() for c in grad.contiguous().chunk(size, dim=ctx.dim)]
+        out = torch.empty_like(chunks[rank])
+        dist.reduce_scatter(out, chunks, op=dist.ReduceOp.SUM, group=ctx.group)
+        return out, None, None
+
+
+def all_gather_sequence(x: torch.Tensor, *, dim: int, group) -> torch.Tensor:
+    """Differentiable all-gather of `x` along `dim` over `group` (None: default group).
+
+    Every rank must pass the same shape. The gradient of the local `x` is the sum over ranks
+    of their gradients for this rank's slice of the gathered tensor.
+    """
+    return _AllGatherSeq.apply(x, dim % x.dim(), group)
+
+
+def causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """Boolean [Tq, Tk] mask, True where query may attend key (key position <= query's)."""
+    return q_positions[:, None] >= k_positions[None, :]
+
+
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                               q_positions: torch.Tensor, group) -> torch.Tensor:
+    """Exact causal attention for a sequence sharded over the cp `group`.
+
+    q: [B, Hq, Tl, D]; k, v: [B, Hkv, Tl, D] (Hkv may divide Hq: grouped-query attention),
+    all local; `q_positions`: LongTensor [Tl] of this rank's global positions (its k/v hold
+    the same positions). K, V and positions are all-gathered over `group`, a causal mask is
+    built from global positions, and SDPA runs on the local queries. Returns [B, Hq, Tl, D].
+
+    Not ring attention: K/V for the whole sequence are materialised on every rank (O(T)
+    memory). torch 2.13's experimental `context_parallel` only handles CUDA SDPA kernels, so
+    this exact all-gather form is used on every device for now.
+    """
+    q_positions = q_positions.to(device=q.device, dtype=torch.long)
+    assert q_positions.shape == (q.shape[2],), "q_positions must be [Tl] matching q"
+    assert k.shape[2] == q.shape[2] and v.shape[2] == q.shape[2], "q, k, v must share Tl"
+    k_all = all_gather_sequence(k, dim=2, group=group)
+    v_all = all_gather_sequence(v, dim=2, group=group)
+    k_positions = _gather_cat(q_positions, dim=0, group=group)
+    mask = causal_mask(q_positions, k_positions)
+    return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+class ContextParallelAttention:
+    """The attention core of one rank's sequence shard: exact causal attention over the
+    whole sequence of its cp group. Set as `Attention.context` by `apply_context_parallel`."""
+
+    def __init__(self, *, group, positions: torch.Tensor):
+        self.group = group
+        self.positions = positions
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return context_parallel_attention(q, k, v, q_positions=self.positions, group=self.group)
+
+
+def apply_context_parallel(model: torch.nn.Module, *, group, positions: torch.Tensor) -> None:
+    """Make `model` (or a pipeline stage) run on the tokens at `positions` of each sequence:
+    RoPE by global position, attention over the cp group's whole sequence."""
+    model.rope_positions = positions
+    for block in model.layers.values():
+        block.attention.context = ContextParallelAttention(group=group, positions=positions)

@@ -1,0 +1,39 @@
+"""The global gradient norm over every kind of shard (DTensor placements, pipeline stages)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+
+def total_grad_norm(params: list[torch.Tensor], *, pp_group=None) -> torch.Tensor:
+    """L2 norm of all gradients of the model: DTensor shards are reduced over their mesh;
+    stages of a pipeline add their squared norms over `pp_group`."""
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            by_mesh.setdefault(key, []).append(p.grad)
+    squared = torch.zeros((), dtype=torch.float32)
+    for grads in by_mesh.values():  # plain tensors (replicated) and each mesh's shards apart
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        squared = squared.to(norm.device) + norm.float() ** 2
+    norm = squared.sqrt()
+    if pp_group is not None:
+        dist.all_reduce(squared, group=pp_group)
+        norm = squared.sqrt()
+    return norm
+
+
+def clip_grads(params: list[torch.Tensor], *, max_norm: float, pp_group=None) -> float:
+    """Clip to `max_norm` (inf = only measure); return the norm before clipping."""
+    norm = total_grad_norm(params, pp_group=pp_group)
+    total = float(norm)
+    coefficient = min(max_norm / (total + 1e-6), 1.0)  # torch's clip_grad_norm_ formula
+    if coefficient < 1.0:
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:  # plain and DTensor grads alike (no foreach mixing)
+                    p.grad.mul_(coefficient)
+    return total

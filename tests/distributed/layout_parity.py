@@ -1,0 +1,125 @@
+"""Rank-side code of the layout parity tests: one update under a layout against one process.
+
+For each spec: a single-process reference model takes one AdamW step on the whole global batch;
+then this rank builds its share under the spec's layout (training.layout.build_layout), takes
+the same step on its share of the data, and compares the loss, every gradient and every
+parameter after the step, gathered to full tensors and matched by parameter name.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from conf.spec import RunSpec
+from conf.spec_io import spec_from_dict
+
+ATOL, RTOL = 5e-6, 1e-4
+CPU = torch.device("cpu")
+
+
+def local_bytes(tensors) -> int:
+    """Bytes this rank holds for `tensors` (a DTensor's local shard only)."""
+    total = 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            t = t.to_local() if isinstance(t, DTensor) else t
+            total += t.numel() * t.element_size()
+    return total
+
+
+def held_bytes(layout, optimizers, *, grads_bytes: int) -> dict[str, int]:
+    params = [p for p in named_params(layout).values()]
+    optimizer = sum(local_bytes(state.values()) for o in optimizers for state in o.state.values())
+    return {"params": local_bytes(params), "grads": grads_bytes, "optimizer": optimizer}
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
+
+
+def named_params(layout) -> dict[str, torch.Tensor]:
+    from parallel.data_parallel import unwrap
+
+    return {name: p for part in layout.parts for name, p in unwrap(part).named_parameters()}
+
+
+def reference_update(spec: RunSpec):
+    """Loss (mean over the global batch), grads and params after one step, in one process."""
+    from training.data import build_train_batches
+    from training.layout import RankLayout
+    from training.model import build_model
+    from training.optim import build_optimizer
+    from training.step import clip_and_step, forward_backward
+
+    t = dataclasses.replace(spec.training, micro_batch_size=spec.training.global_batch_size,
+                            grad_accum_steps=1)
+    batches = build_train_batches(spec.data, t, dp_rank=0, dp_size=1).next_step()
+    model = build_model(spec.model, device=CPU, seed=spec.training.seed)
+    layout = RankLayout.single(model)
+    optimizer = build_optimizer(model, optim=spec.optim,
+                                state_dtype=spec.precision.optimizer_state_dtype.value)
+    loss = forward_backward(layout, batches, device=CPU, autocast=torch.autocast("cpu", enabled=False))
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    clip_and_step(layout, [optimizer], grad_clip=spec.optim.grad_clip)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return float(loss.local_loss_sum) / loss.global_tokens, grads, params
+
+
+def layout_update(spec: RunSpec, rank: int):
+    from training.data import build_train_batches
+    from training.layout import build_layout
+    from training.optim import build_optimizers
+    from training.step import clip_and_step, forward_backward
+
+    layout = build_layout(spec, rank=rank, device=CPU)
+    optimizers = build_optimizers(layout, optim=spec.optim,
+                                  state_dtype=spec.precision.optimizer_state_dtype.value)
+    batches = build_train_batches(spec.data, spec.training, dp_rank=layout.dims.dp_rank(rank),
+                                  dp_size=layout.dims.dp).next_step()
+    loss = forward_backward(layout, batches, device=CPU,
+                            autocast=torch.autocast("cpu", enabled=False))
+    own = torch.tensor([float(loss.local_loss_sum) if layout.reports_loss else 0.0],
+                       dtype=torch.float64)
+    dist.all_reduce(own)
+    grads = {n: full(p.grad) for n, p in named_params(layout).items()}
+    grads_bytes = local_bytes(p.grad for p in named_params(layout).values())
+    clip_and_step(layout, optimizers, grad_clip=spec.optim.grad_clip)
+    params = {n: full(p) for n, p in named_params(layout).items()}
+    memory = held_bytes(layout, optimizers, grads_bytes=grads_bytes)
+    return own.item() / loss.global_tokens, grads, params, memory
+
+
+def parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> list[dict]:
+    """Every check runs on the ranks (a mismatch raises there, with the parameter's name)."""
+    report = []
+    for spec_dict in spec_dicts:
+        spec = spec_from_dict(RunSpec, spec_dict)
+        ref_loss, ref_grads, ref_params = reference_update(spec)
+        loss, grads, params, memory = layout_update(spec, rank)
+        check_memory(spec, rank, memory)
+        where = f"layout {spec.parallel.name}"
+        assert abs(loss - ref_loss) <= ATOL + RTOL * abs(ref_loss), (where, loss, ref_loss)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, ref_grads[name], atol=ATOL, rtol=RTOL,
+                                       msg=lambda m, n=name: f"{where} grad {n}: {m}")
+        for name, param in params.items():
+            torch.testing.assert_close(param, ref_params[name], atol=ATOL, rtol=RTOL,
+                                       msg=lambda m, n=name: f"{where} param {n}: {m}")
+        report.append({"layout": spec.parallel.name, "names": sorted(grads),
+                       "loss": loss, "ref_loss": ref_loss, "memory": memory})
+    return report
+
+
+def check_memory(spec: RunSpec, rank: int, held: dict[str, int]) -> None:
+    """The plan's per-rank static estimate equals what this rank holds, within 1%."""
+    from training.memory_layout import static_bytes
+
+    estimate = static_bytes(spec, rank)
+    for kind, value in held.items():
+        expected = getattr(estimate, kind)
+        assert abs(value - expected) <= 0.01 * expected, (
+            f"layout {spec.parallel.name} rank {rank} {kind}: holds {value} B, "
+            f"plan says {expected} B")

@@ -1,0 +1,148 @@
+"""One rank's share of the model under the run's layout, built in a fixed order:
+
+  model (full, seeded) -> PP split -> fp8 -> TP/SP -> CP -> recompute -> compile -> FSDP or DDP
+  -> pipeline schedule
+
+The pipeline split comes first (as torchtitan does): each stage is a pruned copy of the full
+model, with the full model's parameter names, and every later pass applies to each stage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from conf.spec import RunSpec
+from parallel.context_parallel import apply_context_parallel, shard_positions, shard_sequence
+from parallel.data_parallel import apply_ddp
+from parallel.dims import ParallelDims
+from parallel.fsdp import apply_fsdp
+from parallel.mesh import build_mesh, fsdp_mesh
+from parallel.recompute import apply_recompute
+from parallel.tensor_parallel import apply_tp
+from parallel.zero1 import Zero1Partition
+from training.model import build_model
+from training.precision import apply_fp8
+
+
+@dataclass(kw_only=True)
+class RankLayout:
+    """What this rank holds and whom it talks to. Built once by `build_layout`."""
+
+    dims: ParallelDims
+    rank: int
+    mesh: object | None
+    """DeviceMesh over MESH_AXES (+ flattened dp, dp_shard_cp, dp_cp); None in one process."""
+    parts: list[nn.Module]
+    """The model (one part), or this rank's pipeline stages."""
+    schedule: object | None = None
+    pp_loss: object | None = None
+    cp_positions: torch.Tensor | None = None
+    zero1: Zero1Partition | None = None
+    loss_parallel: bool = False
+    """Logits stay sharded over the vocabulary (tp); cross entropy runs under loss_parallel."""
+
+    @classmethod
+    def single(cls, model: nn.Module) -> "RankLayout":
+        """One process holding the whole `model` (references, tools, tests)."""
+        dims = ParallelDims(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1, zero=0)
+        return cls(dims=dims, rank=0, mesh=None, parts=[model])
+
+    @property
+    def coords(self) -> dict[str, int]:
+        return self.dims.coordinates(self.rank)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.coords["pp"] == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.coords["pp"] == self.dims.pp - 1
+
+    @property
+    def reports_loss(self) -> bool:
+        return self.dims.reports_loss(self.rank)
+
+    def group(self, axis: str):
+        """Process group of `axis` (a mesh axis or a flattened one); None if it is size 1."""
+        if self.mesh is None or self.mesh[axis].size() == 1:
+            return None
+        return self.mesh[axis].get_group()
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [p for part in self.parts for p in part.parameters()]
+
+    def shard_tokens(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a [B, T] batch along the sequence (context parallel)."""
+        if self.cp_positions is None:
+            return tensor
+        return shard_sequence(tensor, positions=self.cp_positions.to(tensor.device), dim=1)
+
+
+def build_layout(spec: RunSpec, *, rank: int, device: torch.device) -> RankLayout:
+    dims = ParallelDims.from_spec(spec.parallel)
+    mesh = build_mesh(dims, device=device) if dims.world_size > 1 else None
+    layout = RankLayout(dims=dims, rank=rank, mesh=mesh, parts=[],
+                        loss_parallel=dims.tp > 1 and spec.parallel.loss_parallel)
+    model = build_model(spec.model, device=device, seed=spec.training.seed)
+    layout.parts = _split(model, spec, layout)
+    del model
+    for part in list(layout.parts):
+        _parallelize_part(part, spec, layout, device)
+    if dims.zero == 1 and dims.uses_ddp:
+        layout.zero1 = Zero1Partition(layout.parameters(), group=layout.group("dp_shard"),
+                                      group_rank=layout.coords["dp_shard"],
+                                      group_size=dims.dp_shard)
+    if dims.pp > 1:
+        _build_pipeline(layout, spec, device)
+    return layout
+
+
+def _split(model: nn.Module, spec: RunSpec, layout: RankLayout) -> list[nn.Module]:
+    if layout.dims.pp == 1:
+        return [model]
+    from parallel.pipeline import split_model
+
+    return split_model(model, parallel=spec.parallel, pp_rank=layout.coords["pp"])
+
+
+def _parallelize_part(part: nn.Module, spec: RunSpec, layout: RankLayout,
+                      device: torch.device) -> None:
+    dims, p = layout.dims, spec.parallel
+    apply_fp8(part, spec.precision)
+    if dims.tp > 1:
+        apply_tp(part, tp_mesh=layout.mesh["tp"], sequence_parallel=p.sequence_parallel,
+                 loss_parallel=p.loss_parallel)
+    if dims.cp > 1:
+        positions = shard_positions(seq_len=spec.training.seq_len, cp=dims.cp,
+                                    cp_rank=layout.coords["cp"], balanced=p.cp_balanced)
+        layout.cp_positions = torch.tensor(positions, dtype=torch.long, device=device)
+        apply_context_parallel(part, group=layout.group("cp"), positions=layout.cp_positions)
+    apply_recompute(part, recompute=spec.recompute)
+    if spec.training.compile:
+        for block in part.layers.values():
+            block.compile()
+    _apply_data_parallel(part, spec, layout, device)
+
+
+def _apply_data_parallel(part: nn.Module, spec: RunSpec, layout: RankLayout,
+                         device: torch.device) -> None:
+    dims = layout.dims
+    if dims.uses_fsdp:
+        apply_fsdp(part, mesh=fsdp_mesh(layout.mesh, dims), zero=dims.zero,
+                   precision=spec.precision)
+        return
+    if dims.uses_ddp:
+        wrapped = apply_ddp(part, device=device, group=layout.group("dp_cp"))
+        layout.parts[layout.parts.index(part)] = wrapped
+
+
+def _build_pipeline(layout: RankLayout, spec: RunSpec, device: torch.device) -> None:
+    from parallel.pipeline import PipelineLoss, build_schedule
+
+    layout.pp_loss = PipelineLoss()
+    layout.schedule = build_schedule(layout.parts, parallel=spec.parallel,
+                                     pp_rank=layout.coords["pp"], pp_group=layout.group("pp"),
+                                     device=device, loss=layout.pp_loss)
