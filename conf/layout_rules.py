@@ -110,3 +110,8 @@ def check_recompute(r: RecomputeConfig, problems: ProblemList) -> None:
                      "must name what to recompute" if not r.targets else
                      f"unknown target(s) {', '.join(unknown)}",
                      f"choose from {', '.join(RECOMPUTE_TARGETS)}")
+    if "ops" in r.targets and "ffn" in r.targets:
+        problems.add("recompute.targets", list(r.targets),
+                     "ops already keeps every matmul output and cannot tell MLP matmuls from "
+                     "attention ones, so ffn inside it would save nothing",
+                     "use [ffn] (with swiglu/norm/attention if wanted) or [ops]")

@@ -88,6 +88,12 @@ class RecomputeSpec:
     every_n_layers: int = 1
     targets: tuple[str, ...] = ("ops",)
 
+    def applies_to(self, layer: int) -> bool:
+        """The policy covers block `layer` (its index in the whole model, also inside a
+        pipeline stage) when layer % every_n_layers == 0: blocks 0, N, 2N, ... torchtitan's
+        layer-SAC counts from 1 instead (blocks N-1, 2N-1, ...)."""
+        return self.mode != RecomputeMode.none and layer % self.every_n_layers == 0
+
 
 @dataclass(**FROZEN)
 class ScheduleSpec:

@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.spec import RunSpec
+from launcher.layout_view import layout_line, rank_table
 from training.accounting import ASSUMED_MFU, FLOPS_CONVENTION, Plan, estimate_time
 
 GIB = 1024**3
@@ -33,6 +34,7 @@ def plan_table(spec: RunSpec, plan: Plan) -> Table:
         ("device", _device_line(spec)),
         ("world size", f"{plan.world_size} = {spec.cluster.nodes} node(s) x "
                        f"{spec.cluster.procs_per_node} process(es); dp={plan.dp}"),
+        ("layout", layout_line(spec)),
         ("precision", f"{spec.precision.name} (compute {spec.precision.compute_dtype.value}, "
                       f"params fp32, grad reduce {spec.precision.reduce_dtype.value})"),
         ("batch", f"global {t.global_batch_size} = micro {t.micro_batch_size} x accum "
@@ -60,12 +62,13 @@ def _device_line(spec: RunSpec) -> str:
 def _memory_rows(plan: Plan) -> list[tuple[str, str]]:
     m = plan.memory
     return [
-        ("memory per rank", f"{gib(m.total)} (estimate)"),
-        ("  parameters", gib(m.params)),
+        ("memory per rank", f"{gib(m.total)} (the fullest rank; every rank below)"),
+        ("  parameters", f"{gib(m.params)} (fp32, this rank's shards)"),
         ("  gradients", gib(m.grads)),
-        ("  optimizer state", f"{gib(m.optimizer)} (AdamW: 2 fp32 moments)"),
+        ("  optimizer state", f"{gib(m.optimizer)} (AdamW: 2 moments + a step per tensor)"),
         ("  master weights", f"{gib(m.master_weights)} (parameters are the fp32 masters)"),
-        ("  activations", f"{gib(m.activations)} (one micro-batch, recompute policy applied)"),
+        ("  activations", f"{gib(m.activations)} (estimate: micro-batches in flight, "
+                          "recompute policy applied)"),
     ]
 
 
@@ -82,3 +85,5 @@ def _time_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
 
 def print_plan(spec: RunSpec, plan: Plan, console: Console) -> None:
     console.print(plan_table(spec, plan))
+    if spec.world_size > 1:
+        console.print(rank_table(spec))

@@ -1,14 +1,30 @@
-"""Activation recompute (activation checkpointing) per transformer block.
+"""Activation recompute (activation checkpointing) and activation offload, per transformer block.
 
+Modes (`RecomputeSpec.mode`), each applied to the blocks `RecomputeSpec.applies_to` picks:
 - none: keep every activation autograd saves.
 - full: keep only each block's input; re-run the whole block in backward.
-- selective: per-op policy that keeps matmul and attention outputs and re-computes the cheap
-  element-wise work (norms, RoPE, SiLU, products, copies) in backward.
+- selective: re-run the parts named in `RecomputeSpec.targets` (see `block_targets`):
+    ops        per-op policy over the block: keep matmul and attention outputs, re-compute the
+               cheap element-wise work (norms, RoPE, SiLU, products, copies) (torchtitan "op")
+    block      the whole block (the same as full)
+    ffn        the SwiGLU feed-forward module (keeps its input)
+    swiglu     only `FeedForward.swiglu`, silu(gate) * up (keeps gate and up)
+    attention  only `Attention.core_attention`, softmax(QK^T)V (Megatron's "selective" core
+               attention recompute; keeps q, k, v)
+    norm       each block's RMSNorm (`attention_norm`, `ffn_norm`; keeps its input)
+- offload: keep every activation, but in host memory: the block's forward runs under
+  saved-tensor hooks like `torch.autograd.graph.save_on_cpu` (`_SaveActivationsOnCpu`), which
+  copy each saved activation to (pinned, when CUDA is available) CPU memory and back in
+  backward; parameters stay put. On a CPU device this saves nothing: tensors already on the
+  CPU are kept as they are, so offload keeps exactly what none keeps (and gives the same
+  numbers).
 
-The block is not wrapped in another module: its class is swapped for a subclass whose forward
-runs the original forward under `torch.utils.checkpoint` (the way FSDP2's `fully_shard` swaps
-classes). Parameter names and state-dict keys stay exactly as they were, so checkpoints, export,
-TP plans and FSDP see the same names with or without recompute.
+Nothing is wrapped in another module: the class of each affected module is swapped for a
+subclass whose method runs the original under `torch.utils.checkpoint` (non-reentrant), the way
+FSDP2's `fully_shard` swaps classes. Parameter names and state-dict keys stay exactly as they
+were, so checkpoints, export, TP plans and FSDP see the same names with or without recompute.
+FSDP2 applied afterwards derives its class from the swapped one, and `torch.compile` of a block
+traces the checkpointed calls as checkpoint regions, so both compose.
 """
 from __future__ import annotations
 
@@ -27,14 +43,40 @@ from conf.spec import RecomputeSpec
 
 
 def apply_recompute(model: nn.Module, *, recompute: RecomputeSpec) -> None:
-    """Make every block in `model.layers` recompute its activations in backward, in place."""
+    """Make the chosen blocks of `model.layers` recompute (or offload) in backward, in place."""
     mode = RecomputeMode(recompute.mode)
     if mode is RecomputeMode.none:
         return
-    for block in _blocks(model):
-        assert not isinstance(block, _RecomputeBlock), "recompute applied twice"
-        block.__class__ = _recompute_class(type(block))
-        block.recompute_mode = mode
+    assert not any(isinstance(m, _Swapped) for m in model.modules()), "recompute applied twice"
+    targets = block_targets(mode=mode, targets=recompute.targets)
+    for index, block in _indexed_blocks(model):
+        if recompute.applies_to(index):
+            _apply_to_block(block, targets=targets)
+
+
+def block_targets(*, mode: RecomputeMode | str, targets: tuple[str, ...] | list[str] = ("ops",),
+                  ) -> frozenset[str]:
+    """What each chosen block gets, without targets that another one already covers.
+
+    full = {block}; offload = {offload}. selective: block covers everything; ops already
+    re-computes norms and SwiGLU, with attention it also re-computes the attention core, and it
+    drops ffn (its policy cannot tell FFN matmuls from attention ones, and a plain checkpoint
+    nested inside the ops region would save nothing: the region's cache keeps the matmul
+    outputs anyway); ffn covers swiglu.
+    """
+    mode = RecomputeMode(mode)
+    if mode is RecomputeMode.full:
+        return frozenset({"block"})
+    if mode is RecomputeMode.offload:
+        return frozenset({"offload"})
+    chosen = set(targets)
+    if "block" in chosen:
+        return frozenset({"block"})
+    if "ops" in chosen:
+        return frozenset(chosen & {"ops", "attention"})
+    if "ffn" in chosen:
+        chosen.discard("swiglu")
+    return frozenset(chosen)
 
 
 def save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
@@ -42,27 +84,147 @@ def save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in _saved_ops() else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def save_matmuls_not_attention_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """As `save_matmuls_policy`, but re-compute the attention core (ops + attention)."""
+    if op in _saved_ops() and op not in _attention_ops():
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
 def selective_context_fn():
     """Fresh (forward, recompute) contexts for one checkpointed call, using the policy above."""
     return create_selective_checkpoint_contexts(save_matmuls_policy)
 
 
-class _RecomputeBlock:
-    """Mixin placed in front of a block's class; `recompute_mode` is set per instance."""
+def selective_not_attention_context_fn():
+    """Contexts for `save_matmuls_not_attention_policy`."""
+    return create_selective_checkpoint_contexts(save_matmuls_not_attention_policy)
 
-    recompute_mode: RecomputeMode
+
+def _apply_to_block(block: nn.Module, *, targets: frozenset[str]) -> None:
+    if "ops" in targets:
+        _swap(block, _SelectiveNotAttentionForward if "attention" in targets
+              else _SelectiveForward)
+        return
+    for target in sorted(targets):
+        submodules, mixin = _SWAPS[target]
+        for name in submodules:
+            _swap(block.get_submodule(name), mixin)
+
+
+class _Swapped:
+    """Base of every mixin placed in front of a module's class; marks a recompute swap."""
+
+    prefix = "Recompute"
+
+
+class _CheckpointForward(_Swapped):
+    """The whole forward under checkpoint: keeps only the inputs."""
 
     def forward(self, *args, **kwargs):
-        if self.recompute_mode is RecomputeMode.selective:
-            # context_fn only when needed: torch.compile rejects an explicit noop_context_fn.
-            return checkpoint(super().forward, *args, use_reentrant=False,
-                              context_fn=selective_context_fn, **kwargs)
         return checkpoint(super().forward, *args, use_reentrant=False, **kwargs)
 
 
+class _SelectiveForward(_Swapped):
+    """The forward under checkpoint with the `save_matmuls_policy` op policy."""
+
+    def forward(self, *args, **kwargs):
+        # context_fn only when needed: torch.compile rejects an explicit noop_context_fn.
+        return checkpoint(super().forward, *args, use_reentrant=False,
+                          context_fn=selective_context_fn, **kwargs)
+
+
+class _SelectiveNotAttentionForward(_Swapped):
+    """The forward under checkpoint with `save_matmuls_not_attention_policy`."""
+
+    def forward(self, *args, **kwargs):
+        return checkpoint(super().forward, *args, use_reentrant=False,
+                          context_fn=selective_not_attention_context_fn, **kwargs)
+
+
+class _CheckpointSwiglu(_Swapped):
+    """`FeedForward.swiglu` under checkpoint: keeps gate and up, re-computes SiLU and product."""
+
+    prefix = "RecomputeSwiglu"
+
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return checkpoint(super().swiglu, gate, up, use_reentrant=False)
+
+
+class _CheckpointCoreAttention(_Swapped):
+    """`Attention.core_attention` under checkpoint: keeps q, k, v, re-runs the attention."""
+
+    prefix = "RecomputeCore"
+
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return checkpoint(super().core_attention, q, k, v, use_reentrant=False)
+
+
+class _OffloadForward(_Swapped):
+    """The forward with every activation saved for backward moved to CPU memory."""
+
+    prefix = "Offload"
+
+    # Dynamo cannot trace into saved-tensor hooks: this frame stays eager (a compiled block
+    # compiles the original forward it calls, as one graph) and the hooks see what the
+    # compiled graph saves.
+    @torch.compiler.disable(recursive=False)
+    def forward(self, *args, **kwargs):
+        with _SaveActivationsOnCpu(pin_memory=torch.cuda.is_available()):
+            return super().forward(*args, **kwargs)
+
+
+class _SaveActivationsOnCpu(torch.autograd.graph.saved_tensors_hooks):
+    """`torch.autograd.graph.save_on_cpu`, except that only plain activations move. Parameters
+    (and views of them, such as the transposed weight a matmul saves) stay: copying weights to
+    the host every forward costs bandwidth and host memory, and under FSDP2 it would hold a
+    host copy of every unsharded weight. Tensor subclasses stay too (eager tensor parallelism
+    saves DTensors; a compiled block saves plain local tensors, which do move), and so do
+    tensors already on the CPU."""
+
+    def __init__(self, *, pin_memory: bool):
+        def pack(tensor: torch.Tensor):
+            if tensor.device.type == "cpu" or not is_offloadable(tensor):
+                return None, tensor
+            packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
+                                 pin_memory=pin_memory)
+            packed.copy_(tensor)
+            return tensor.device, packed
+
+        def unpack(packed):
+            device, tensor = packed
+            return tensor if device is None else tensor.to(device, non_blocking=pin_memory)
+
+        super().__init__(pack, unpack)
+
+
+def is_offloadable(tensor: torch.Tensor) -> bool:
+    """A plain tensor that is not a parameter or a view of one (offload moves only these)."""
+    return type(tensor) is torch.Tensor and not isinstance(tensor._base, nn.Parameter)
+
+
+_SWAPS = {  # target: (submodules of a block, "" = the block itself; the mixin they get)
+    "block": (("",), _CheckpointForward),
+    "offload": (("",), _OffloadForward),
+    "ffn": (("feed_forward",), _CheckpointForward),
+    "swiglu": (("feed_forward",), _CheckpointSwiglu),
+    "attention": (("attention",), _CheckpointCoreAttention),
+    "norm": (("attention_norm", "ffn_norm"), _CheckpointForward),
+}
+
+
+def _swap(module: nn.Module, mixin: type) -> None:
+    module.__class__ = _swapped_class(mixin, type(module))
+
+
 @functools.cache
-def _recompute_class(block_class: type) -> type:
-    return type(f"Recompute{block_class.__name__}", (_RecomputeBlock, block_class), {})
+def _swapped_class(mixin: type, module_class: type) -> type:
+    return type(f"{mixin.prefix}{module_class.__name__}", (mixin, module_class), {})
+
+
+@functools.cache
+def _attention_ops() -> frozenset:
+    return frozenset(op for op in _saved_ops() if "scaled_dot_product" in str(op))
 
 
 @functools.cache
@@ -83,6 +245,10 @@ def _saved_ops() -> frozenset:
     return frozenset(ops)
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
+def _indexed_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
+    """(global layer index, block): a ModuleDict's keys are the global indices, so a pipeline
+    stage that holds blocks 4..7 picks the same blocks a whole model would."""
     layers = model.layers
-    return list(layers.values() if isinstance(layers, nn.ModuleDict) else layers)
+    if isinstance(layers, nn.ModuleDict):
+        return [(int(key), block) for key, block in layers.items()]
+    return list(enumerate(layers))

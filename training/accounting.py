@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conf.spec import ModelSpec, RunSpec
+from conf.schema import RecomputeMode
+from conf.spec import ModelSpec, RecomputeSpec, RunSpec
+from parallel.dims import ParallelDims
+from training.memory_layout import held_layers, static_bytes
 from training.peaks import PeakFlops, gpu_peak
 
 FLOPS_CONVENTION = "6N + 12*L*H*Q*T (PaLM / torchtitan; N = parameters without token embeddings)"
@@ -58,23 +61,44 @@ class MemoryEstimate:
         return self.params + self.grads + self.optimizer + self.master_weights + self.activations
 
 
-def activation_elements_per_token_per_layer(model: ModelSpec, *, recompute: str) -> int:
-    """Elements one block keeps for backward per token (measured on CPU in
-    tests/unit/test_recompute.py against the storages alive after forward).
+def activation_elements_per_token_per_layer(model: ModelSpec, *, recompute: RecomputeSpec,
+                                            device_type: str) -> int:
+    """Elements one block that `recompute` applies to keeps for backward per token, in the
+    memory of a `device_type` device (measured on CPU for every mode and every combination of
+    targets in tests/unit/test_recompute.py, against the storages alive after forward).
 
-    none: per norm its input, x*rsqrt, weight*normed and rsqrt; q and k after RoPE; v; the
-    attention output and its log-sum-exp (one per head); SwiGLU's w1, w3, silu and product.
-    selective: the block input, the q/k/v/wo/w1/w3/w2 matmul outputs, attention output + lse.
-    full: only the block input.
+    none: per norm its input, x*rsqrt, weight*normed and rsqrt (3d+1); q and k after RoPE; v;
+    the attention output and its log-sum-exp (one per head; the output, stored [B, T, heads,
+    head_dim], is also wo's input as a view); SwiGLU's w1, w3, silu and product (4f).
+    full, or selective with block: only the block input.
+    selective ops: the block input, the q/k/v/wo/w1/w3/w2 matmul outputs, attention output +
+    lse; with attention as well, not the attention output and lse.
+    selective module targets, each taken off what none keeps:
+      ffn: w1, w3, silu and product (4f; its input, the ffn_norm output, is kept either way);
+      swiglu: silu (f; gate and up are its checkpoint's inputs, the product is w2's input);
+      attention: only the lse (heads; q, k, v are its inputs, the output is wo's input);
+      norm: x*rsqrt and rsqrt per norm (2(d+1); its output is the next matmul's input).
+    offload: what none keeps, in host memory: nothing on a GPU, all of it on a CPU device.
     """
-    d, f = model.dim, model.ffn_dim
+    mode = RecomputeMode(recompute.mode)
+    targets = set(recompute.targets)
+    d, f, heads = model.dim, model.ffn_dim, model.n_heads
     kv = model.n_kv_heads * model.head_dim
-    attention_out = d + model.n_heads
-    if recompute == "full":
+    attention_out = d + heads
+    none = 2 * (3 * d + 1) + (d + kv) + kv + attention_out + 4 * f
+    if mode is RecomputeMode.none:
+        return none
+    if mode is RecomputeMode.offload:
+        return none if device_type == "cpu" else 0
+    if mode is RecomputeMode.full or "block" in targets:
         return d
-    if recompute == "selective":
-        return d + (d + 2 * kv) + attention_out + d + 2 * f + d
-    return 2 * (3 * d + 1) + (d + kv) + kv + attention_out + 4 * f
+    if "ops" in targets:  # ops re-computes norms and SwiGLU; a policy cannot single out ffn
+        ops = d + (d + 2 * kv) + attention_out + d + 2 * f + d
+        return ops - (attention_out if "attention" in targets else 0)
+    saved = {"ffn": 4 * f, "swiglu": f, "attention": heads, "norm": 2 * (d + 1)}
+    if "ffn" in targets:
+        targets.discard("swiglu")  # ffn covers it
+    return none - sum(saved[target] for target in targets)
 
 
 def activation_elements_per_token_outside_blocks(model: ModelSpec) -> int:
@@ -83,21 +107,69 @@ def activation_elements_per_token_outside_blocks(model: ModelSpec) -> int:
     return 3 * model.dim + 1 + model.vocab_size
 
 
-def activation_bytes(model: ModelSpec, *, tokens: int, recompute: str, dtype_bytes: int) -> int:
-    """Bytes kept for backward by one micro-batch of `tokens` tokens (targets included)."""
-    per_token = (model.n_layers * activation_elements_per_token_per_layer(model, recompute=recompute)
-                 + activation_elements_per_token_outside_blocks(model))
-    return tokens * (per_token * dtype_bytes + TARGET_BYTES)
+def activation_bytes(model: ModelSpec, *, tokens: int, recompute: RecomputeSpec,
+                     dtype_bytes: int, device_type: str, layers: list[int] | None = None,
+                     with_head: bool = True) -> int:
+    """Bytes kept for backward in `device_type` memory by one micro-batch of `tokens` tokens
+    (targets included) in blocks `layers` (default: all) and, `with_head`, the final norm
+    and loss. The policy covers the blocks `RecomputeSpec.applies_to` picks; the other
+    blocks keep what none keeps."""
+    none = RecomputeSpec(mode=RecomputeMode.none)
+    layers = list(range(model.n_layers)) if layers is None else layers
+    chosen = sum(1 for layer in layers if recompute.applies_to(layer))
+    per_token = (chosen * activation_elements_per_token_per_layer(
+                     model, recompute=recompute, device_type=device_type)
+                 + (len(layers) - chosen) * activation_elements_per_token_per_layer(
+                     model, recompute=none, device_type=device_type))
+    if with_head:
+        per_token += activation_elements_per_token_outside_blocks(model)
+    return tokens * (per_token * dtype_bytes + (TARGET_BYTES if with_head else 0))
 
 
-def estimate_memory(spec: RunSpec) -> MemoryEstimate:
-    n = param_counts(spec.model).total
-    t = spec.training
-    activations = activation_bytes(spec.model, tokens=t.micro_batch_size * t.seq_len,
-                                   recompute=spec.recompute.mode.value,
-                                   dtype_bytes=DTYPE_BYTES[spec.precision.compute_dtype.value])
-    return MemoryEstimate(params=4 * n, grads=4 * n, optimizer=2 * 4 * n, master_weights=0,
-                          activations=activations)
+def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate:
+    """Bytes `rank` holds under the run's layout (default: the rank that holds the most).
+
+    Parameters, gradients and optimizer state are exact (training/memory_layout.py; checked
+    on every rank in tests/distributed). Activations: the per-block counts measured on one
+    process, for this rank's tokens (micro-batch / pipeline micro-batches / cp), its blocks,
+    and the pipeline micro-batches in flight; split evenly over tp (an approximation)."""
+    if rank is None:
+        return max((estimate_memory(spec, rank=r) for r in representative_ranks(spec)),
+                   key=lambda m: m.total)
+    static = static_bytes(spec, rank)
+    return MemoryEstimate(params=static.params, grads=static.grads, optimizer=static.optimizer,
+                          master_weights=0, activations=layout_activation_bytes(spec, rank))
+
+
+def representative_ranks(spec: RunSpec) -> list[int]:
+    """One rank per distinct memory footprint: every pp, dp_shard and cp coordinate."""
+    dims = ParallelDims.from_spec(spec.parallel)
+    return sorted({dims.rank_of({"pp": pp, "dp_replicate": 0, "dp_shard": shard, "cp": cp,
+                                 "tp": 0})
+                   for pp in range(dims.pp) for shard in range(dims.dp_shard)
+                   for cp in range(dims.cp)})
+
+
+def layout_activation_bytes(spec: RunSpec, rank: int) -> int:
+    p, t = spec.parallel, spec.training
+    dims = ParallelDims.from_spec(p)
+    pp_rank = dims.coordinates(rank)["pp"]
+    tokens = t.micro_batch_size // p.pp_microbatches * t.seq_len // p.cp
+    per_micro_batch = activation_bytes(
+        spec.model, tokens=tokens, recompute=spec.recompute, device_type=t.device,
+        dtype_bytes=DTYPE_BYTES[spec.precision.compute_dtype.value],
+        layers=held_layers(spec, pp_rank), with_head=pp_rank == p.pp - 1)
+    return per_micro_batch * pipeline_in_flight(p, pp_rank) // p.tp
+
+
+def pipeline_in_flight(p, pp_rank: int) -> int:
+    """Pipeline micro-batches whose activations a rank holds at once: all of them under
+    GPipe; under 1F1B-style schedules the warm-up depth, pp - pp_rank (x stages per rank)."""
+    if p.pp == 1:
+        return 1
+    if p.pp_schedule == "gpipe":
+        return p.pp_microbatches
+    return min(p.pp_microbatches * p.pp_virtual_stages, (p.pp - pp_rank) * p.pp_virtual_stages)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -64,6 +64,12 @@ def held_parameters(spec: RunSpec, pp_rank: int) -> list[tuple[str, tuple[int, .
     return held
 
 
+def held_layers(spec: RunSpec, pp_rank: int) -> list[int]:
+    """Block indices pipeline rank `pp_rank` holds (every block without pipelining)."""
+    return sorted({int(name.split(".")[1]) for name, _ in held_parameters(spec, pp_rank)
+                   if name.startswith("layers.")})
+
+
 def tp_local_shape(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
     if tp == 1 or len(shape) == 1:
         return shape

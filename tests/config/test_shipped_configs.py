@@ -138,10 +138,20 @@ def test_defaults_table_matches_config_yaml(model_specs):
     assert set(DEFAULTS) == set(GROUPS) - {"model"}
 
 
+def _recompute_option(spec: RunSpec) -> str:
+    """The recompute file a spec came from: the mode, plus what makes the variant."""
+    r = spec.recompute
+    if r.every_n_layers > 1:
+        return f"{r.mode.value}_every{r.every_n_layers}"
+    if r.mode.value == "selective" and r.targets != ("ops",):
+        return f"selective_{'_'.join(r.targets)}"
+    return r.mode.value
+
+
 def _chosen(spec: RunSpec, group: str) -> str:
     return {
         "precision": spec.precision.name, "parallel": spec.parallel.name,
-        "recompute": spec.recompute.mode.value, "schedule": spec.schedule.kind.value,
+        "recompute": _recompute_option(spec), "schedule": spec.schedule.kind.value,
         "optim": spec.optim.name, "data": spec.data.kind.value, "cluster": spec.cluster.kind,
         "logging": spec.logging.wandb_mode.value,
     }[group]

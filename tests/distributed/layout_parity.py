@@ -75,6 +75,7 @@ def layout_update(spec: RunSpec, rank: int):
     from training.step import clip_and_step, forward_backward
 
     layout = build_layout(spec, rank=rank, device=CPU)
+    check_groups(layout)
     optimizers = build_optimizers(layout, optim=spec.optim,
                                   state_dtype=spec.precision.optimizer_state_dtype.value)
     batches = build_train_batches(spec.data, spec.training, dp_rank=layout.dims.dp_rank(rank),
@@ -111,6 +112,16 @@ def parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> list[d
         report.append({"layout": spec.parallel.name, "names": sorted(grads),
                        "loss": loss, "ref_loss": ref_loss, "memory": memory})
     return report
+
+
+def check_groups(layout) -> None:
+    """The torch mesh's process groups are the groups the dry run shows (ParallelDims.peers)."""
+    axes = {"tp": ("tp",), "cp": ("cp",), "pp": ("pp",), "dp": ("dp_replicate", "dp_shard"),
+            "dp_cp": ("dp_replicate", "dp_shard", "cp")}
+    for name, dims_axes in axes.items():
+        group = layout.group(name)
+        ranks = dist.get_process_group_ranks(group) if group is not None else [layout.rank]
+        assert sorted(ranks) == layout.dims.peers(layout.rank, dims_axes), (name, ranks)
 
 
 def check_memory(spec: RunSpec, rank: int, held: dict[str, int]) -> None:

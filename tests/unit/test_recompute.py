@@ -1,26 +1,35 @@
-"""Activation recompute: same numbers as no recompute, same names, and less saved memory.
+"""Activation recompute and offload: same numbers as no recompute, same names, the saved
+activation memory the plan's formula says, and composition with torch.compile and FSDP2.
 
 Saved-activation bytes are measured as the storages created during forward that are still alive
-when forward returns (everything backward will use). `saved_tensors_hooks` alone cannot see what
-selective recompute keeps: checkpointing installs its own hooks inside each block, and the
-selective policy caches op outputs outside autograd's saved tensors.
+when forward returns (everything backward will use), unique storages, bytes. `saved_tensors_hooks`
+alone cannot see what selective recompute keeps: checkpointing installs its own hooks inside each
+checkpointed region, and the ops policy caches op outputs outside autograd's saved tensors.
 """
 from __future__ import annotations
 
 import copy
+import datetime
 import gc
+import itertools
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from tests.unit._specs import tiny_model_spec
+from conf.layout_rules import RECOMPUTE_TARGETS
 from conf.schema import RecomputeMode
 from conf.spec import RecomputeSpec
-from parallel.recompute import apply_recompute
+from parallel.recompute import (
+    apply_recompute,
+    block_targets,
+    is_offloadable,
+)
+from tests.unit._specs import tiny_model_spec
 from training.accounting import activation_bytes, activation_elements_per_token_per_layer
 from training.model import build_model
 
@@ -29,12 +38,47 @@ BATCH, SEQ = 4, 64
 BYTES_FP32 = 4
 
 
+def _selective(*targets: str, every_n_layers: int = 1) -> RecomputeSpec:
+    return RecomputeSpec(mode=RecomputeMode.selective, targets=targets,
+                         every_n_layers=every_n_layers)
+
+
+POLICIES = {
+    "none": RecomputeSpec(mode=RecomputeMode.none),
+    "full": RecomputeSpec(mode=RecomputeMode.full),
+    "full_every2": RecomputeSpec(mode=RecomputeMode.full, every_n_layers=2),
+    "ops": _selective("ops"),
+    "ops_attention": _selective("ops", "attention"),
+    "swiglu": _selective("swiglu"),
+    "norm": _selective("norm"),
+    "attention": _selective("attention"),
+    "ffn": _selective("ffn"),
+    "block": _selective("block"),
+    "swiglu_norm_attention": _selective("swiglu", "norm", "attention"),
+    "swiglu_every2": _selective("swiglu", every_n_layers=2),
+    "offload": RecomputeSpec(mode=RecomputeMode.offload),
+    "offload_every2": RecomputeSpec(mode=RecomputeMode.offload, every_n_layers=2),
+}
+ALL_TARGET_SETS = [combo for n in range(1, len(RECOMPUTE_TARGETS) + 1)
+                   for combo in itertools.combinations(RECOMPUTE_TARGETS, n)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models are tiny: a second intra-op thread only adds contention (10x slower on a
+    busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class _NewStorages(TorchDispatchMode):
-    """Records (weak reference, bytes) of every storage an op returns."""
+    """Records (weak reference, bytes, device type) of every storage an op returns."""
 
     def __init__(self):
         super().__init__()
-        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.storages: dict[int, tuple[StorageWeakRef, int, str]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -42,13 +86,13 @@ class _NewStorages(TorchDispatchMode):
             if isinstance(leaf, torch.Tensor):
                 storage = leaf.untyped_storage()
                 ref = StorageWeakRef(storage)
-                self.storages.setdefault(ref.cdata, (ref, storage.nbytes()))
+                self.storages.setdefault(ref.cdata, (ref, storage.nbytes(), leaf.device.type))
         return out
 
 
-def _batch(vocab: int = 256) -> torch.Tensor:
+def _batch(vocab: int = 256, device: torch.device = CPU) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
-    return torch.randint(0, vocab, (BATCH, SEQ + 1), generator=generator)
+    return torch.randint(0, vocab, (BATCH, SEQ + 1), generator=generator).to(device)
 
 
 def _loss(model, batch: torch.Tensor) -> torch.Tensor:
@@ -56,22 +100,26 @@ def _loss(model, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 
 
-def _model(mode: RecomputeMode, **spec_overrides):
-    model = build_model(tiny_model_spec(**spec_overrides), device=CPU, seed=0)
-    apply_recompute(model, recompute=RecomputeSpec(mode=mode))
+def _model(recompute: RecomputeSpec, *, device: torch.device = CPU, **spec_overrides):
+    model = build_model(tiny_model_spec(**spec_overrides), device=device, seed=0)
+    apply_recompute(model, recompute=recompute)
     return model
 
 
-def saved_activation_bytes(model, batch: torch.Tensor) -> int:
-    """Bytes of storages created in forward and still alive for backward (unique storages)."""
+def saved_activation_bytes(model, batch: torch.Tensor, *, device_type: str = "cpu") -> int:
+    """Bytes of storages on `device_type` created in forward and still alive for backward."""
     existing = {StorageWeakRef(t.untyped_storage()).cdata
                 for t in [*model.parameters(), *model.buffers(), batch]}
     recorder = _NewStorages()
-    with recorder:
-        loss = _loss(model, batch)
-    gc.collect()
-    alive = sum(nbytes for key, (ref, nbytes) in recorder.storages.items()
-                if key not in existing and not ref.expired())
+    gc.freeze()  # the collection below then scans only objects this forward created: fast
+    try:
+        with recorder:
+            loss = _loss(model, batch)
+        gc.collect()
+    finally:
+        gc.unfreeze()
+    alive = sum(nbytes for key, (ref, nbytes, device) in recorder.storages.items()
+                if key not in existing and not ref.expired() and device == device_type)
     loss.backward()  # keep `loss` (and so the graph) alive until after counting
     return alive
 
@@ -79,65 +127,221 @@ def saved_activation_bytes(model, batch: torch.Tensor) -> int:
 def _loss_and_grads(model, batch):
     loss = _loss(model, batch)
     loss.backward()
-    return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
+    return loss.detach(), {name: _full(p.grad) for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("mode", [RecomputeMode.full, RecomputeMode.selective])
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_recompute_gives_same_loss_and_gradients(mode, tied):
-    batch = _batch()
-    reference = _model(RecomputeMode.none, tie_embeddings=tied)
-    reference_loss, reference_grads = _loss_and_grads(reference, batch)
-    loss, grads = _loss_and_grads(_model(mode, tie_embeddings=tied), batch)
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # FSDP2 DTensor
+
+
+def _assert_same(loss, grads, reference_loss, reference_grads):
     torch.testing.assert_close(loss, reference_loss, atol=1e-6, rtol=0)
-    assert grads.keys() == reference_grads.keys()
+    assert list(grads) == list(reference_grads)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, reference_grads[name], atol=1e-6, rtol=0, msg=name)
 
 
-@pytest.mark.parametrize("mode", list(RecomputeMode))
-def test_recompute_keeps_names(mode):
-    reference = _model(RecomputeMode.none)
-    model = _model(mode)
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_recompute_gives_same_loss_and_gradients(policy, tied):
+    batch = _batch()
+    reference = _loss_and_grads(_model(POLICIES["none"], tie_embeddings=tied), batch)
+    _assert_same(*_loss_and_grads(_model(POLICIES[policy], tie_embeddings=tied), batch),
+                 *reference)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_recompute_keeps_names(policy):
+    reference = _model(POLICIES["none"])
+    model = _model(POLICIES[policy])
     assert list(model.state_dict()) == list(reference.state_dict())
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in reference.named_parameters()]
     assert [n for n, _ in model.named_modules()] == [n for n, _ in reference.named_modules()]
     model.load_state_dict(reference.state_dict())  # loads without any key translation
 
 
+def _class_names(model) -> dict[str, str]:
+    return {name: type(module).__name__ for name, module in model.named_modules()
+            if type(module).__name__.startswith(("Recompute", "Offload"))}
+
+
+def test_each_policy_swaps_the_classes_it_names():
+    layers = dict(n_layers=3)
+    assert _class_names(_model(POLICIES["full_every2"], **layers)) == {
+        "layers.0": "RecomputeTransformerBlock", "layers.2": "RecomputeTransformerBlock"}
+    assert _class_names(_model(_selective("swiglu", "norm", "attention", "ffn"), n_layers=1)) == {
+        "layers.0.attention_norm": "RecomputeRMSNorm", "layers.0.ffn_norm": "RecomputeRMSNorm",
+        "layers.0.attention": "RecomputeCoreAttention",
+        "layers.0.feed_forward": "RecomputeFeedForward"}  # ffn covers swiglu
+    assert _class_names(_model(_selective("swiglu"), n_layers=1)) == {
+        "layers.0.feed_forward": "RecomputeSwigluFeedForward"}
+    assert _class_names(_model(_selective("ops", "norm", "swiglu"), n_layers=1)) == {
+        "layers.0": "RecomputeTransformerBlock"}
+    assert _class_names(_model(_selective("block", "attention"), n_layers=1)) == {
+        "layers.0": "RecomputeTransformerBlock"}
+    assert _class_names(_model(POLICIES["offload_every2"], **layers)) == {
+        "layers.0": "OffloadTransformerBlock", "layers.2": "OffloadTransformerBlock"}
+
+
+def test_every_n_layers_counts_global_layer_indices():
+    every3 = RecomputeSpec(mode=RecomputeMode.full, every_n_layers=3)
+    assert [i for i in range(8) if every3.applies_to(i)] == [0, 3, 6]
+    model = build_model(tiny_model_spec(n_layers=4), device=CPU, seed=0)
+    del model.layers["0"], model.layers["1"]  # a pipeline stage holding blocks 2 and 3
+    apply_recompute(model, recompute=POLICIES["full_every2"])
+    assert _class_names(model) == {"layers.2": "RecomputeTransformerBlock"}
+
+
+def test_block_targets_drop_what_another_target_covers():
+    assert block_targets(mode="full") == {"block"}
+    assert block_targets(mode="selective", targets=["block", "ops", "norm"]) == {"block"}
+    assert block_targets(mode="selective", targets=["ops", "attention", "ffn", "norm"]) == {
+        "ops", "attention"}
+    assert block_targets(mode="selective", targets=["ffn", "swiglu", "norm"]) == {"ffn", "norm"}
+
+
 def test_mode_accepts_plain_strings_and_none_changes_nothing():
-    model = _model(RecomputeMode.none)
-    assert all(type(block).__name__ == "TransformerBlock" for block in model.layers)
+    model = _model(POLICIES["none"])
+    assert all(type(block).__name__ == "TransformerBlock" for block in model.layers.values())
     apply_recompute(model, recompute=RecomputeSpec(mode="selective"))
-    assert all(type(block).__name__ == "RecomputeTransformerBlock" for block in model.layers)
+    assert all(type(block).__name__ == "RecomputeTransformerBlock"
+               for block in model.layers.values())
+    with pytest.raises(AssertionError, match="applied twice"):
+        apply_recompute(model, recompute=RecomputeSpec(mode="selective", targets=("norm",)))
 
 
-def test_recomputed_model_survives_deepcopy():
-    model = _model(RecomputeMode.selective)
+@pytest.mark.parametrize("policy", ["ops", "swiglu_norm_attention", "offload"])
+def test_recomputed_model_survives_deepcopy(policy):
+    model = _model(POLICIES[policy])
     clone = copy.deepcopy(model)
     batch = _batch()
     torch.testing.assert_close(_loss(clone, batch), _loss(model, batch))
     _loss(clone, batch).backward()
-    assert model.layers[0].attention.wq.weight.grad is None  # the copy owns its parameters
+    assert model.layers["0"].attention.wq.weight.grad is None  # the copy owns its parameters
 
 
-def test_saved_activation_bytes_order_full_selective_none():
+@pytest.mark.parametrize("policy", ["full", "ops_attention", "swiglu_norm_attention", "ffn",
+                                    "offload_every2"])
+def test_compiled_blocks_give_same_numbers_without_graph_breaks(policy):
+    """What the trainer does: recompute, then `block.compile()` per block (aot_eager here: the
+    same Dynamo and AOTAutograd tracing as inductor, without a C++ compiler)."""
+    from torch._dynamo.utils import counters
+
     batch = _batch()
-    saved = {mode: saved_activation_bytes(_model(mode), batch) for mode in RecomputeMode}
-    print("saved activation bytes:", {mode.value: n for mode, n in saved.items()})
-    assert saved[RecomputeMode.full] < saved[RecomputeMode.selective] < saved[RecomputeMode.none]
+    reference = _loss_and_grads(_model(POLICIES["none"]), batch)
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model(POLICIES[policy])
+    for block in model.layers.values():
+        block.compile(backend="aot_eager")
+    _assert_same(*_loss_and_grads(model, batch), *reference)
+    assert not counters["graph_break"], dict(counters["graph_break"])
 
 
-def test_saved_activation_bytes_match_the_plan_estimate():
+@pytest.fixture
+def one_rank_group():
+    """A gloo group of one rank in this process, torn down afterwards."""
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_swaps_classes_again_on_top(one_rank_group):
+    """fully_shard after recompute derives FSDP<class> from the swapped class; numbers and
+    names stay (one rank: the point is the class machinery, not the sharding)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = init_device_mesh("cpu", (1,))
+    batch = _batch()
+    reference = _loss_and_grads(_model(POLICIES["none"]), batch)
+    for policy in ["full", "ops", "swiglu_norm_attention", "offload"]:
+        model = _model(POLICIES[policy])
+        for block in model.layers.values():
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        assert isinstance(model.layers["0"], FSDPModule)
+        _assert_same(*_loss_and_grads(model, batch), *reference)
+
+
+def test_saved_activation_bytes_order():
+    batch = _batch()
+    saved = {name: saved_activation_bytes(_model(policy), batch)
+             for name, policy in POLICIES.items()}
+    print("saved activation bytes:", saved)
+    assert saved["full"] == saved["block"] < saved["ops"] < saved["none"]
+    assert saved["full"] < saved["full_every2"] < saved["none"]
+    for name in ["ffn", "swiglu", "norm", "attention", "swiglu_norm_attention"]:
+        assert saved[name] < saved["none"], name
+    assert saved["offload"] == saved["none"]  # on a CPU device host memory is device memory
+
+
+def _check_plan_estimate(recompute: RecomputeSpec, batch: torch.Tensor) -> None:
+    tokens = BATCH * SEQ
+    measured = {n: saved_activation_bytes(_model(recompute, n_layers=n), batch) for n in (2, 3)}
+    per_layer = activation_elements_per_token_per_layer(tiny_model_spec(), recompute=recompute,
+                                                        device_type="cpu")
+    if recompute.applies_to(2):
+        assert measured[3] - measured[2] == per_layer * tokens * BYTES_FP32, recompute
+    for n, bytes_ in measured.items():
+        estimate = activation_bytes(tiny_model_spec(n_layers=n), tokens=tokens,
+                                    recompute=recompute, dtype_bytes=BYTES_FP32,
+                                    device_type="cpu")
+        assert 0 <= bytes_ - estimate <= 64, (recompute, n, bytes_, estimate)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_saved_activation_bytes_match_the_plan_estimate(policy):
     """The plan's activation formula (training/accounting.py) against what forward keeps:
     per block exactly (3 layers minus 2), and in total within the few bytes of scalars."""
+    _check_plan_estimate(POLICIES[policy], _batch())
+
+
+def test_plan_estimate_matches_every_combination_of_targets():
     batch = _batch()
+    for targets in ALL_TARGET_SETS:
+        _check_plan_estimate(_selective(*targets), batch)
+
+
+def test_offload_moves_every_saved_activation_and_no_parameter():
+    """What offload's hooks would move off a GPU: every storage none keeps (so an offloaded
+    block keeps nothing in GPU memory, as the plan says for device_type="cuda") and no
+    parameter storage. On this CPU machine the hooks' decision is checked, not the copy."""
+    model, batch = _model(POLICIES["none"]), _batch()
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    buffers = {b.untyped_storage().data_ptr() for b in [*model.buffers(), batch]}
+    moved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        assert is_offloadable(tensor) != (storage.data_ptr() in parameters), tensor.shape
+        if is_offloadable(tensor) and storage.data_ptr() not in buffers:
+            moved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = _loss(model, batch)
+    kept = saved_activation_bytes(_model(POLICIES["none"]), batch)
+    assert sum(moved.values()) + BYTES_FP32 == kept  # the loss itself is alive, not saved
+    loss.backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_offload_keeps_no_block_activations_in_gpu_memory():
+    cuda = torch.device("cuda")
+    batch = _batch(device=cuda)
     tokens = BATCH * SEQ
-    for mode in RecomputeMode:
-        per_layer = activation_elements_per_token_per_layer(tiny_model_spec(), recompute=mode.value)
-        two = saved_activation_bytes(_model(mode, n_layers=2), batch)
-        three = saved_activation_bytes(_model(mode, n_layers=3), batch)
-        assert three - two == per_layer * tokens * BYTES_FP32, mode
+    for name in ["none", "offload", "offload_every2"]:
+        recompute = POLICIES[name]
+        model = _model(recompute, device=cuda, n_layers=3)
+        measured = saved_activation_bytes(model, batch, device_type="cuda")
         estimate = activation_bytes(tiny_model_spec(n_layers=3), tokens=tokens,
-                                    recompute=mode.value, dtype_bytes=BYTES_FP32)
-        assert 0 <= three - estimate <= 64, (mode, three, estimate)
+                                    recompute=recompute, dtype_bytes=BYTES_FP32,
+                                    device_type="cuda")
+        # 1%: CUDA attention kernels may keep a few extra bytes (RNG state, padded lse)
+        assert abs(measured - estimate) <= 0.01 * estimate, (name, measured, estimate)
