@@ -88,6 +88,10 @@ class Attention(nn.Module):
         q = self.wq(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        # cos/sin cover at least the sequence (all positions, or this cp rank's): slice here,
+        # where the sequence is whole again under sequence parallel.
+        assert seq <= cos.shape[0], f"sequence {seq} > the {cos.shape[0]} RoPE positions"
+        cos, sin = cos[:seq], sin[:seq]
         q = apply_rope(q, cos=cos.to(q.dtype), sin=sin.to(q.dtype))
         k = apply_rope(k, cos=cos.to(k.dtype), sin=sin.to(k.dtype))
         out = self.core_attention(q, k, v)
@@ -171,7 +175,7 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, vocab]; a pipeline stage may take or give hidden
         states [B, T, dim] instead (no tok_embeddings / no norm)."""
-        cos, sin = self.rope_for(tokens.shape[1])
+        cos, sin = self.rope_tables()
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for block in self.layers.values():
             h = block(h, cos, sin)
@@ -182,11 +186,12 @@ class Transformer(nn.Module):
             return F.linear(h, self.tok_embeddings.weight)
         return self.output(h)
 
-    def rope_for(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows for positions 0, 1, ... (or this context-parallel rank's positions);
+        each attention takes the first T rows, T its (whole) sequence length."""
         if self.rope_positions is not None:
             return self.rope_cos[self.rope_positions], self.rope_sin[self.rope_positions]
-        assert seq <= self.spec.max_seq_len, f"sequence {seq} > max_seq_len {self.spec.max_seq_len}"
-        return self.rope_cos[:seq], self.rope_sin[:seq]
+        return self.rope_cos, self.rope_sin
 
     @torch.no_grad()
     def init_weights(self) -> None:

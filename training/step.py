@@ -123,7 +123,7 @@ def eval_loss_sum(layout: RankLayout, inputs: torch.Tensor, targets: torch.Tenso
 
         loss_sum = pipeline_eval_loss_sum(
             layout.schedule, inputs=inputs, targets=targets, is_first=layout.is_first_stage,
-            is_last=layout.is_last_stage, autocast=autocast)
+            is_last=layout.is_last_stage, loss=layout.pp_loss, autocast=autocast)
     else:
         with loss_context(layout):
             loss_sum = token_loss_sum(layout.parts[0], inputs, targets, autocast)

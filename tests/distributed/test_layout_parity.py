@@ -30,6 +30,9 @@ TWO_RANKS = {
     "tp_loss_parallel": ["parallel=tp", "parallel.loss_parallel=true"],
     "cp_balanced": ["parallel=cp"],
     "cp_contiguous": ["parallel=cp", "parallel.cp_balanced=false"],
+    "pp_1f1b": ["parallel=pp"],
+    "pp_interleaved": ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b",
+                       "parallel.pp_virtual_stages=2", "parallel.pp_microbatches=2"],
 }
 FOUR_RANKS = {
     "hsdp_2x2": ["parallel=hsdp"],
@@ -38,6 +41,13 @@ FOUR_RANKS = {
     "ddp2_cp2": ["parallel.dp_replicate=2", "parallel.cp=2"],
     "zero1_cp2": ["parallel.dp_replicate=1", "parallel.dp_shard=2", "parallel.zero=1",
                   "parallel.cp=2"],
+    "pp2_dp2": ["parallel=pp", "parallel.pp=2", "parallel.dp_shard=-1", "parallel.zero=3"],
+    "pp2_ddp2": ["parallel=pp", "parallel.pp=2", "parallel.dp_replicate=-1"],
+    "pp2_tp2": ["parallel=pp", "parallel.pp=2", "parallel.tp=2"],
+}
+EIGHT_RANKS = {
+    "pp2_dp2_tp2": ["parallel=3d"],
+    "pp2_cp2_tp2": ["parallel=4d", "parallel.dp_shard=1"],
 }
 
 
@@ -73,5 +83,12 @@ def test_two_rank_layouts_match_one_process(tmp_path):
 def test_four_rank_layouts_match_one_process(tmp_path):
     specs = _specs(FOUR_RANKS, 4)
     results = run_on_ranks(parity_rank, world_size=4, workdir=tmp_path, timeout_s=400,
+                           kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
+    _check_reports(results, specs)
+
+
+def test_eight_rank_layouts_match_one_process(tmp_path):
+    specs = _specs(EIGHT_RANKS, 8)
+    results = run_on_ranks(parity_rank, world_size=8, workdir=tmp_path, timeout_s=400,
                            kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
     _check_reports(results, specs)

@@ -1,0 +1,231 @@
+"""Pipeline parallelism: split the model into stages, build torch's schedule, run one step.
+
+A stage is a pruned deep copy of the whole `Transformer`: it keeps only its blocks in `layers`
+(keys unchanged, so state-dict names equal the full model's), `tok_embeddings` only on the first
+stage and `norm`/`output` only on the last. There are pp x pp_virtual_stages stages; in the loop
+layout every supported schedule uses, pp rank r owns stages r, r + pp, r + 2 pp, ...
+
+Schedules are torch.distributed.pipelining's, built with `scale_grads=False`: the loss of each
+pipeline micro-batch is already a token-sum times `loss_scale` (the caller's global
+normalisation), so torch must not divide gradients by the number of micro-batches again.
+
+Shapes are inferred by torch at the first `step()` (a real forward, and a backward with respect
+to stage inputs only, of micro-batch 0) and again whenever the schedule switches between
+training and `eval()`. So every batch of one mode must have the same shape, and an evaluation
+must not fall between the accumulation steps of one optimizer step (with FSDP parts the
+re-inference clears `.grad`).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+from conf.layout_rules import stage_split
+from conf.spec import ParallelSpec
+from parallel.dims import pipeline_stage_ids
+from parallel.grad_norm import total_grad_norm
+
+IGNORE_INDEX = -100
+
+SCHEDULE_CLASSES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved_1f1b": "Interleaved1F1B",
+    "looped_bfs": "LoopedBFS",
+    "interleaved_zero_bubble": "InterleavedZeroBubble",
+}
+"""meshrun schedule name -> torch.distributed.pipelining schedule name (`get_schedule_class`)."""
+
+SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved_zero_bubble"})
+"""Schedules that run backward as separate input (I) and weight (W) passes."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage layout and model split
+# ---------------------------------------------------------------------------------------------
+
+def num_stages(parallel: ParallelSpec) -> int:
+    """Stages of the whole pipeline: pp x pp_virtual_stages."""
+    return parallel.pp * parallel.pp_virtual_stages
+
+
+def stage_ids(*, parallel: ParallelSpec, pp_rank: int) -> list[int]:
+    """Global stage indices `pp_rank` owns, ascending (loop layout: r, r + pp, ...)."""
+    assert parallel.pp_schedule in SCHEDULE_CLASSES, parallel.pp_schedule
+    assert 0 <= pp_rank < parallel.pp, (pp_rank, parallel.pp)
+    return pipeline_stage_ids(pp=parallel.pp, virtual_stages=parallel.pp_virtual_stages,
+                              pp_rank=pp_rank)
+
+
+def is_first_stage(*, parallel: ParallelSpec, pp_rank: int) -> bool:
+    """Whether this rank holds stage 0 (it feeds the token inputs)."""
+    return 0 in stage_ids(parallel=parallel, pp_rank=pp_rank)
+
+
+def is_last_stage(*, parallel: ParallelSpec, pp_rank: int) -> bool:
+    """Whether this rank holds the last stage (it takes the targets and computes the loss)."""
+    return num_stages(parallel) - 1 in stage_ids(parallel=parallel, pp_rank=pp_rank)
+
+
+def stage_layers(*, parallel: ParallelSpec, n_layers: int, stage: int) -> list[str]:
+    """Keys in `model.layers` of the blocks stage `stage` runs."""
+    split = stage_split(parallel, n_layers)
+    start = sum(split[:stage])
+    return [str(i) for i in range(start, start + split[stage])]
+
+
+def build_stage_module(model: nn.Module, *, keep_layers: list[str], first: bool,
+                       last: bool) -> nn.Module:
+    """Deep copy of `model` holding only `keep_layers` (+ embeddings if first, head if last).
+
+    Dropped submodules are never copied: deepcopy's memo maps each of them to None.
+    """
+    dropped = [block for key, block in model.layers.items() if key not in keep_layers]
+    if not first:
+        dropped.append(model.tok_embeddings)
+    if not last:
+        dropped += [model.norm, model.output]
+    memo = {id(module): None for module in dropped if module is not None}
+    stage = copy.deepcopy(model, memo)
+    for key in [k for k in stage.layers.keys() if k not in keep_layers]:
+        del stage.layers[key]
+    return stage
+
+
+def split_model(model: nn.Module, *, parallel: ParallelSpec, pp_rank: int) -> list[nn.Module]:
+    """One pruned copy of `model` per stage this rank owns, in `stage_ids` order.
+
+    `model` is left untouched; the caller drops it to free its memory.
+    """
+    last = num_stages(parallel) - 1
+    n_layers = len(model.layers)
+    return [
+        build_stage_module(model, first=s == 0, last=s == last,
+                           keep_layers=stage_layers(parallel=parallel, n_layers=n_layers, stage=s))
+        for s in stage_ids(parallel=parallel, pp_rank=pp_rank)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss and schedule
+# ---------------------------------------------------------------------------------------------
+
+class PipelineLoss:
+    """Loss of one pipeline micro-batch: sum of token cross-entropies times `scale`.
+
+    `scale` is set per step by the caller (dp group size / global target tokens). Each call
+    also records the unscaled sum in `token_loss_sums`, from which the step's loss is read.
+    """
+
+    def __init__(self) -> None:
+        self.scale: float = 1.0
+        self.token_loss_sums: list[torch.Tensor] = []
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss_sum = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                   ignore_index=IGNORE_INDEX, reduction="sum")
+        self.token_loss_sums.append(loss_sum.detach())
+        return loss_sum * self.scale
+
+
+def build_schedule(parts: list[nn.Module], *, parallel: ParallelSpec, pp_rank: int, pp_group,
+                   device: torch.device, loss: PipelineLoss):
+    """torch's schedule over `parts` (from `split_model`, possibly already wrapped by
+    FSDP2 / TP), one `PipelineStage` per part, communicating over `pp_group`."""
+    ids = stage_ids(parallel=parallel, pp_rank=pp_rank)
+    if len(parts) != len(ids):
+        raise ValueError(f"{len(parts)} parts for stages {ids} of pp rank {pp_rank}")
+    stages = [PipelineStage(part, stage_index=index, num_stages=num_stages(parallel),
+                            device=torch.device(device), group=pp_group)
+              for part, index in zip(parts, ids)]
+    assert stages[0].group_rank == pp_rank, (stages[0].group_rank, pp_rank)
+    if parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES:
+        keep_unsharded_after_forward(parts)
+    schedule_class = get_schedule_class(SCHEDULE_CLASSES[parallel.pp_schedule])
+    single = issubclass(schedule_class, PipelineScheduleSingle)
+    return schedule_class(stages[0] if single else stages,
+                          n_microbatches=parallel.pp_microbatches, loss_fn=loss,
+                          scale_grads=False)
+
+
+def keep_unsharded_after_forward(parts: list[nn.Module]) -> None:
+    """Zero-bubble I/W split: torch finds the weights of the W pass by walking autograd from
+    `part.parameters()` after forward. An FSDP2 unit that re-sharded after forward (zero=3)
+    then exposes its sharded parameters, which are not in the graph, and its weight gradients
+    are silently lost (seen in torch 2.13). Keep every FSDP unit unsharded until backward."""
+    for part in parts:
+        if isinstance(part, FSDPModule):
+            part.set_reshard_after_forward(False)  # recurses into the block units
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it
+# ---------------------------------------------------------------------------------------------
+
+def _step_args(*, inputs: torch.Tensor, targets: torch.Tensor, is_first: bool,
+               is_last: bool) -> tuple[tuple, dict]:
+    """Positional inputs only to the first stage, `target=` only to the last (else None)."""
+    return ((inputs,) if is_first else ()), {"target": targets if is_last else None}
+
+
+def _loss_sum(loss: PipelineLoss, *, n_microbatches: int, is_last: bool,
+              device: torch.device) -> torch.Tensor:
+    """Sum of the last `n_microbatches` recorded losses (earlier ones: shape inference)."""
+    if not is_last:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    sums = loss.token_loss_sums[-n_microbatches:]
+    assert len(sums) == n_microbatches, (len(sums), n_microbatches)
+    return torch.stack(sums).sum().float()
+
+
+def schedule_microbatches(schedule) -> int:
+    """Pipeline micro-batches per `step()` of `schedule`."""
+    return schedule._n_microbatches
+
+
+def pipeline_forward_backward(schedule, *, inputs: torch.Tensor, targets: torch.Tensor,
+                              is_first: bool, is_last: bool, loss: PipelineLoss,
+                              loss_scale: float, autocast) -> torch.Tensor:
+    """Forward and backward of one training micro-batch through the pipeline.
+
+    Every pp rank passes its (identical) batch; only the first stage uses `inputs`, only the
+    last `targets`. Gradients accumulate into the parts' `.grad`, scaled by `loss_scale`.
+    Returns the unscaled token-loss sum (0-dim fp32, detached) on the last stage, 0 elsewhere.
+    """
+    loss.scale = float(loss_scale)
+    loss.token_loss_sums.clear()
+    args, kwargs = _step_args(inputs=inputs, targets=targets, is_first=is_first, is_last=is_last)
+    with autocast:
+        schedule.step(*args, return_outputs=False, **kwargs)
+    return _loss_sum(loss, n_microbatches=schedule_microbatches(schedule), is_last=is_last,
+                     device=targets.device)
+
+
+@torch.no_grad()
+def pipeline_eval_loss_sum(schedule, *, inputs: torch.Tensor, targets: torch.Tensor,
+                           is_first: bool, is_last: bool, loss: PipelineLoss,
+                           autocast) -> torch.Tensor:
+    """Forward-only token-loss sum of one micro-batch (torch's `schedule.eval`), no grads.
+
+    Same conventions as `pipeline_forward_backward`. Call it between optimizer steps only: the
+    switch to eval (and back) re-infers shapes, which clears `.grad` of FSDP parts.
+    """
+    loss.token_loss_sums.clear()
+    args, kwargs = _step_args(inputs=inputs, targets=targets, is_first=is_first, is_last=is_last)
+    with autocast:
+        schedule.eval(*args, return_outputs=False, **kwargs)
+    return _loss_sum(loss, n_microbatches=schedule_microbatches(schedule), is_last=is_last,
+                     device=targets.device)
+
+
+def pp_total_grad_norm(parts: list[nn.Module], *, pp_group) -> torch.Tensor:
+    """L2 norm of the whole model's gradients: this rank's stages' squared norm, summed over
+    `pp_group` (and over DTensor meshes where the parts are sharded)."""
+    params = [p for part in parts for p in part.parameters()]
+    return total_grad_norm(params, pp_group=pp_group)
