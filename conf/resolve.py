@@ -16,7 +16,7 @@ from conf.parallel_rules import resolve_parallel
 from conf.schema import ClusterConfig, ClusterKind, DeviceKind, DType, Precision, RunConfig
 from conf.spec import (
     CheckpointSpec, ClusterSpec, DataSpec, HostSpec, LoggingSpec, ModelSpec, OptimSpec,
-    ParallelSpec, PrecisionSpec, RecomputeSpec, RunSpec, ScheduleSpec, TrainingSpec,
+    PrecisionSpec, RecomputeSpec, RunSpec, ScheduleSpec, TrainingSpec,
 )
 
 BYTE_VOCAB = 256

@@ -142,12 +142,13 @@ def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate
 
 
 def representative_ranks(spec: RunSpec) -> list[int]:
-    """One rank per distinct memory footprint: every pp, dp_shard and cp coordinate."""
+    """Ranks among which the fullest is: every pipeline rank; shard 0 of FSDP (its chunks
+    are the ceil-sized ones); every ZeRO-1 owner (their shares differ)."""
     dims = ParallelDims.from_spec(spec.parallel)
-    return sorted({dims.rank_of({"pp": pp, "dp_replicate": 0, "dp_shard": shard, "cp": cp,
+    shards = range(dims.dp_shard) if dims.zero == 1 else range(1)
+    return sorted({dims.rank_of({"pp": pp, "dp_replicate": 0, "dp_shard": shard, "cp": 0,
                                  "tp": 0})
-                   for pp in range(dims.pp) for shard in range(dims.dp_shard)
-                   for cp in range(dims.cp)})
+                   for pp in range(dims.pp) for shard in shards})
 
 
 def layout_activation_bytes(spec: RunSpec, rank: int) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 
 from conf.spec import RunSpec
 from training.accounting import flops_per_token

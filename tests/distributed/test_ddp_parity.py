@@ -9,8 +9,6 @@ import pytest
 import torch
 
 from conf.spec import RunSpec
-from conf.spec_io import spec_from_dict, spec_to_dict
-from tests.distributed.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 
 ATOL, RTOL = 5e-6, 1e-4

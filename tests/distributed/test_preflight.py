@@ -3,7 +3,6 @@ preflight.json. Two spawned launches (4 ranks with a store, 2 ranks without); th
 and a corrupted all-reduce run in this process."""
 from __future__ import annotations
 
-import datetime
 import json
 import threading
 import time
@@ -132,19 +131,6 @@ def test_join_passes_when_all_ranks_arrive_in_threads():
     for thread in threads:
         thread.join(timeout=20)
     assert results == {r: {0: "h0", 1: "h1", 2: "h0", 3: "h1"} for r in range(4)}
-
-
-@pytest.fixture
-def one_rank_group():
-    """A real gloo group of one rank in this process (a HashStore), torn down afterwards."""
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        yield
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def test_corrupted_all_reduce_fails_with_expected_and_got(one_rank_group, monkeypatch):

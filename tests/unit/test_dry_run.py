@@ -115,3 +115,28 @@ def test_dry_run_and_plan_never_import_torch(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "NO-TORCH-OK" in proc.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_shows_each_ranks_coordinates_groups_and_memory(tmp_path):
+    """pp2 x dp2 x tp2 on 8 ranks: rank 5 is pp 1, dp 0, tp 1; it shares tp with 4, dp with
+    7 and pp with 1; the rank table shows its static memory from the accounting."""
+    from tests.support.specs import cpu_spec
+    from training.accounting import estimate_memory
+
+    args = ["run", "--dry-run", "training.device=cpu", "parallel=3d", "model=tiny",
+            "cluster.procs_per_node=8", f"runs_dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "3d: pp 2 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2" in _row(proc.stdout, "layout")
+    rows = {cells[0]: cells for cells in _table_rows(proc.stdout) if cells[0].isdigit()}
+    assert sorted(rows, key=int) == [str(r) for r in range(8)]
+    spec = cpu_spec("parallel=3d", "model=tiny", "cluster.procs_per_node=8")
+    m = estimate_memory(spec, rank=5)
+    static = f"{(m.params + m.grads + m.optimizer) / 1024**2:.2f}M"
+    assert rows["5"][1:7] == ["1,0,0,1", "4-5", "5,7", "1,5", "-", static]
+
+
+def _table_rows(out: str) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip("│ ").split("│")]
+            for line in out.splitlines() if line.startswith("│")]
