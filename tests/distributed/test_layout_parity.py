@@ -30,6 +30,7 @@ TWO_RANKS = {
     "tp_loss_parallel": ["parallel=tp", "parallel.loss_parallel=true"],
     "cp_balanced": ["parallel=cp"],
     "cp_contiguous": ["parallel=cp", "parallel.cp_balanced=false"],
+    "cp_recompute_attention": ["parallel=cp", "recompute=selective_attention"],
     "pp_1f1b": ["parallel=pp"],
     "pp_interleaved": ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b",
                        "parallel.pp_virtual_stages=2", "parallel.pp_microbatches=2"],
@@ -44,6 +45,9 @@ FOUR_RANKS = {
     "pp2_dp2": ["parallel=pp", "parallel.pp=2", "parallel.dp_shard=-1", "parallel.zero=3"],
     "pp2_ddp2": ["parallel=pp", "parallel.pp=2", "parallel.dp_replicate=-1"],
     "pp2_tp2": ["parallel=pp", "parallel.pp=2", "parallel.tp=2"],
+    "dp2_tp2_selective": ["parallel=fsdp_tp", "recompute=selective"],
+    "pp2_dp2_full_every2": ["parallel=pp", "parallel.pp=2", "parallel.dp_shard=-1",
+                            "parallel.zero=2", "recompute=full_every2"],
 }
 EIGHT_RANKS = {
     "pp2_dp2_tp2": ["parallel=3d"],
