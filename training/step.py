@@ -19,8 +19,9 @@ IGNORE_INDEX = -100
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepLoss:
     local_loss_sum: torch.Tensor
-    """Sum of token losses this rank computed (detached); counted once per token by the ranks
-    whose `RankLayout.reports_loss` is true, 0 on the others' behalf is their business."""
+    """Sum of token losses this rank computed (detached; 0 on pipeline stages before the
+    last). Tensor-parallel peers compute the same sum: add up only the ranks whose
+    `RankLayout.reports_loss` is true to count every token once."""
     global_tokens: int
     """Target tokens over all ranks and micro-batches of the step."""
 
