@@ -33,6 +33,10 @@ def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool,
                                                   loss_parallel=loss_parallel))
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, _block_plan(sequence_parallel=sequence_parallel))
+
+
+def keep_embedding_grad_sharded(model: nn.Module) -> None:
+    """Call once the parameters are materialised (a hook on a meta parameter is lost)."""
     if model.tok_embeddings is not None:
         model.tok_embeddings.weight.register_post_accumulate_grad_hook(_shard_grad_like_param)
 

@@ -1,10 +1,12 @@
 """One rank's share of the model under the run's layout, built in a fixed order:
 
-  model (full, seeded) -> PP split -> fp8 -> TP/SP -> CP -> recompute -> compile -> FSDP or DDP
-  -> pipeline schedule
+  model on meta -> PP split -> fp8 -> TP/SP -> CP -> recompute -> compile -> FSDP
+  -> materialise (training/init.py) -> DDP -> pipeline schedule
 
-The pipeline split comes first (as torchtitan does): each stage is a pruned copy of the full
-model, with the full model's parameter names, and every later pass applies to each stage.
+Nothing has memory until each part is split and sharded: a rank allocates only its shards,
+filled with the single-process model's values (initialised by name). The pipeline split
+comes first (as torchtitan does): each stage is a pruned copy of the model, with the full
+model's parameter names, and every later pass applies to each stage.
 """
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ from parallel.dims import ParallelDims
 from parallel.fsdp import apply_fsdp
 from parallel.mesh import build_mesh, fsdp_mesh
 from parallel.recompute import apply_recompute
-from parallel.tensor_parallel import apply_tp
+from parallel.tensor_parallel import apply_tp, keep_embedding_grad_sharded
 from parallel.zero1 import Zero1Partition
-from training.model import build_model
+from training.init import materialize
+from training.model import build_model_on_meta
 from training.precision import apply_fp8
 
 
@@ -86,7 +89,7 @@ def build_layout(spec: RunSpec, *, rank: int, device: torch.device) -> RankLayou
     mesh = build_mesh(dims, device=device) if dims.world_size > 1 else None
     layout = RankLayout(dims=dims, rank=rank, mesh=mesh, parts=[],
                         loss_parallel=dims.tp > 1 and spec.parallel.loss_parallel)
-    model = build_model(spec.model, device=device, seed=spec.training.seed)
+    model = build_model_on_meta(spec.model)
     layout.parts = _split(model, spec, layout)
     del model
     for part in list(layout.parts):
@@ -124,16 +127,17 @@ def _parallelize_part(part: nn.Module, spec: RunSpec, layout: RankLayout,
     if spec.training.compile:
         for block in part.layers.values():
             block.compile()
-    _apply_data_parallel(part, spec, layout, device)
-
-
-def _apply_data_parallel(part: nn.Module, spec: RunSpec, layout: RankLayout,
-                         device: torch.device) -> None:
-    dims = layout.dims
-    if dims.uses_fsdp:
-        apply_fsdp(part, mesh=fsdp_mesh(layout.mesh, dims), zero=dims.zero,
+    if layout.dims.uses_fsdp:
+        apply_fsdp(part, mesh=fsdp_mesh(layout.mesh, layout.dims), zero=layout.dims.zero,
                    precision=spec.precision)
-        return
+    materialize(part, model=spec.model, device=device, seed=spec.training.seed)
+    if layout.dims.tp > 1:
+        keep_embedding_grad_sharded(part)
+    _apply_ddp(part, layout, device)
+
+
+def _apply_ddp(part: nn.Module, layout: RankLayout, device: torch.device) -> None:
+    dims = layout.dims
     if dims.uses_ddp:
         wrapped = apply_ddp(part, device=device, group=layout.group("dp_cp"))
         layout.parts[layout.parts.index(part)] = wrapped

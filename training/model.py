@@ -20,8 +20,6 @@ State-dict keys (training/export.py maps them to Hugging Face names):
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,8 +40,6 @@ class RMSNorm(nn.Module):
         normed = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
 
-    def init_weights(self) -> None:
-        nn.init.ones_(self.weight)
 
 
 def rope_tables(*, head_dim: int, max_seq_len: int, theta: float,
@@ -104,10 +100,6 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                               enable_gqa=q.shape[1] != k.shape[1])
 
-    def init_weights(self, *, std: float, out_std: float) -> None:
-        for linear in (self.wq, self.wk, self.wv):
-            nn.init.normal_(linear.weight, mean=0.0, std=std)
-        nn.init.normal_(self.wo.weight, mean=0.0, std=out_std)
 
 
 class FeedForward(nn.Module):
@@ -125,10 +117,6 @@ class FeedForward(nn.Module):
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
 
-    def init_weights(self, *, std: float, out_std: float) -> None:
-        nn.init.normal_(self.w1.weight, mean=0.0, std=std)
-        nn.init.normal_(self.w3.weight, mean=0.0, std=std)
-        nn.init.normal_(self.w2.weight, mean=0.0, std=out_std)
 
 
 class TransformerBlock(nn.Module):
@@ -145,11 +133,6 @@ class TransformerBlock(nn.Module):
         h = x + self.attention(self.attention_norm(x), cos=cos, sin=sin)
         return h + self.feed_forward(self.ffn_norm(h))
 
-    def init_weights(self, *, std: float, out_std: float) -> None:
-        self.attention_norm.init_weights()
-        self.ffn_norm.init_weights()
-        self.attention.init_weights(std=std, out_std=out_std)
-        self.feed_forward.init_weights(std=std, out_std=out_std)
 
 
 class Transformer(nn.Module):
@@ -194,39 +177,28 @@ class Transformer(nn.Module):
         return self.rope_cos, self.rope_sin
 
     @torch.no_grad()
-    def init_weights(self) -> None:
-        """Fill every parameter and re-compute the RoPE tables (non-persistent buffers)."""
+    def reset_rope_tables(self) -> None:
+        """Re-compute the RoPE tables (non-persistent buffers) after materialising."""
         spec = self.spec
         cos, sin = rope_tables(head_dim=spec.head_dim, max_seq_len=spec.max_seq_len,
                                theta=spec.rope_theta, device=self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
-        std = spec.init_std
-        out_std = std / math.sqrt(2 * spec.n_layers)
-        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
-        for block in self.layers.values():
-            block.init_weights(std=std, out_std=out_std)
-        self.norm.init_weights()
-        if self.output is not None:
-            nn.init.normal_(self.output.weight, mean=0.0, std=std)
+
+
+def build_model_on_meta(model: ModelSpec) -> Transformer:
+    """The model's structure with no memory behind it (split and shard it, then materialise)."""
+    with torch.device("meta"):
+        return Transformer(model)
 
 
 def build_model(model: ModelSpec, *, device: torch.device, seed: int) -> Transformer:
-    """Construct on the meta device, materialise on `device`, initialise under `seed`."""
-    with torch.device("meta"):
-        transformer = Transformer(model)
-    transformer.to_empty(device=device)
-    with torch.random.fork_rng(devices=_rng_devices(device)):
-        torch.manual_seed(seed)
-        transformer.init_weights()
+    """The whole model on `device`, initialised under `seed` (training/init.py)."""
+    from training.init import materialize
+
+    transformer = build_model_on_meta(model)
+    materialize(transformer, model=model, device=device, seed=seed)
     return transformer
-
-
-def _rng_devices(device: torch.device) -> list:
-    device = torch.device(device)
-    if device.type == "cuda":
-        return [device.index if device.index is not None else torch.cuda.current_device()]
-    return []
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:

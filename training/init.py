@@ -1,0 +1,55 @@
+"""Initialise parameters by name, the same values however the model is split or sharded.
+
+Each parameter's full value comes from its own generator, seeded by (run seed, parameter
+name); a rank keeps only its part (a pipeline stage's blocks, an FSDP or TP shard). So every
+layout starts from exactly the weights of the single-process model, and no rank ever builds
+the whole model: the model is built on the meta device, split and sharded there, and only
+then materialised, one parameter at a time (whole on CPU, then this rank's shard kept).
+
+Conventions (Llama/torchtitan): norms 1; every other weight N(0, init_std), except the
+outputs of the residual branches (wo, w2), N(0, init_std / sqrt(2 * n_layers)).
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from conf.spec import ModelSpec
+
+RESIDUAL_OUTPUTS = ("attention.wo.weight", "feed_forward.w2.weight")
+
+
+def parameter_value(name: str, shape: torch.Size, *, model: ModelSpec, seed: int) -> torch.Tensor:
+    """The full fp32 CPU value of parameter `name` (its state-dict key) for this seed."""
+    if name.endswith("norm.weight"):
+        return torch.ones(shape)
+    std = model.init_std
+    if name.endswith(RESIDUAL_OUTPUTS):
+        std = std / math.sqrt(2 * model.n_layers)
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode()))
+                                              % 2**63)
+    return torch.randn(shape, generator=generator) * std
+
+
+@torch.no_grad()
+def materialize(module: nn.Module, *, model: ModelSpec, device: torch.device, seed: int) -> None:
+    """Allocate `module` (a model or a stage, possibly TP/FSDP-sharded, on meta) on `device`
+    and fill its parameters and RoPE tables."""
+    module.to_empty(device=device)
+    module.reset_rope_tables()
+    for name, param in module.named_parameters():
+        value = parameter_value(name, _full_shape(param), model=model, seed=seed).to(device)
+        if isinstance(param, DTensor):
+            value = distribute_tensor(value, param.device_mesh, param.placements,
+                                      src_data_rank=None).to_local()
+            param.to_local().copy_(value)
+        else:
+            param.copy_(value)
+
+
+def _full_shape(param: torch.Tensor) -> torch.Size:
+    return param.shape  # a DTensor's shape is its global shape
