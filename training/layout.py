@@ -20,7 +20,7 @@ from parallel.context_parallel import apply_context_parallel, shard_positions, s
 from parallel.data_parallel import apply_ddp
 from parallel.dims import ParallelDims
 from parallel.fsdp import apply_fsdp
-from parallel.mesh import build_mesh, fsdp_mesh
+from parallel.mesh import Meshes, build_mesh, fsdp_mesh
 from parallel.recompute import apply_recompute
 from parallel.tensor_parallel import apply_tp, keep_embedding_grad_sharded
 from parallel.zero1 import Zero1Partition
@@ -35,8 +35,9 @@ class RankLayout:
 
     dims: ParallelDims
     rank: int
-    mesh: object | None
-    """DeviceMesh over MESH_AXES (+ flattened dp, dp_shard_cp, dp_cp); None in one process."""
+    mesh: Meshes | None
+    """The device mesh over MESH_AXES and its flattened axes (dp, dp_shard_cp, dp_cp), by
+    name (parallel/mesh.py); None in one process."""
     parts: list[nn.Module]
     """The model (one part), or this rank's pipeline stages."""
     schedule: object | None = None
