@@ -5,14 +5,11 @@ Each rule names the key, the value, what it must satisfy and a fix; all are coll
 from __future__ import annotations
 
 from conf.errors import ProblemList
+from conf.rules import divisors
 from conf.schema import RecomputeConfig, RecomputeMode
 from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
 
 RECOMPUTE_TARGETS = ("ops", "swiglu", "norm", "attention", "ffn", "block")
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
 
 
 def check_layout(p: ParallelSpec, *, model: ModelSpec, training: TrainingSpec,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
@@ -29,9 +28,6 @@ from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_s
 from conf.layout_rules import stage_split
 from conf.spec import ParallelSpec
 from parallel.dims import pipeline_stage_ids
-from parallel.grad_norm import total_grad_norm
-
-IGNORE_INDEX = -100
 
 SCHEDULE_CLASSES = {
     "gpipe": "GPipe",
@@ -117,19 +113,20 @@ def split_model(model: nn.Module, *, parallel: ParallelSpec, pp_rank: int) -> li
 # ---------------------------------------------------------------------------------------------
 
 class PipelineLoss:
-    """Loss of one pipeline micro-batch: sum of token cross-entropies times `scale`.
+    """Loss of one pipeline micro-batch: `token_loss(logits, targets)` (the training loss's
+    sum over tokens, given by the caller) times `scale`.
 
     `scale` is set per step by the caller (dp group size / global target tokens). Each call
     also records the unscaled sum in `token_loss_sums`, from which the step's loss is read.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, token_loss) -> None:
+        self.token_loss = token_loss
         self.scale: float = 1.0
         self.token_loss_sums: list[torch.Tensor] = []
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss_sum = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                                   ignore_index=IGNORE_INDEX, reduction="sum")
+        loss_sum = self.token_loss(logits, targets)
         self.token_loss_sums.append(loss_sum.detach())
         return loss_sum * self.scale
 
@@ -199,12 +196,8 @@ def pipeline_forward_backward(schedule, *, inputs: torch.Tensor, targets: torch.
     Returns the unscaled token-loss sum (0-dim fp32, detached) on the last stage, 0 elsewhere.
     """
     loss.scale = float(loss_scale)
-    loss.token_loss_sums.clear()
-    args, kwargs = _step_args(inputs=inputs, targets=targets, is_first=is_first, is_last=is_last)
-    with autocast:
-        schedule.step(*args, return_outputs=False, **kwargs)
-    return _loss_sum(loss, n_microbatches=schedule_microbatches(schedule), is_last=is_last,
-                     device=targets.device)
+    return _run(schedule.step, schedule, inputs=inputs, targets=targets, is_first=is_first,
+                is_last=is_last, loss=loss, autocast=autocast)
 
 
 @torch.no_grad()
@@ -216,16 +209,17 @@ def pipeline_eval_loss_sum(schedule, *, inputs: torch.Tensor, targets: torch.Ten
     Same conventions as `pipeline_forward_backward`. Call it between optimizer steps only: the
     switch to eval (and back) re-infers shapes, which clears `.grad` of FSDP parts.
     """
+    return _run(schedule.eval, schedule, inputs=inputs, targets=targets, is_first=is_first,
+                is_last=is_last, loss=loss, autocast=autocast)
+
+
+def _run(method, schedule, *, inputs: torch.Tensor, targets: torch.Tensor, is_first: bool,
+         is_last: bool, loss: PipelineLoss, autocast) -> torch.Tensor:
+    """`schedule.step` or `schedule.eval` on one micro-batch; the unscaled loss sum."""
     loss.token_loss_sums.clear()
     args, kwargs = _step_args(inputs=inputs, targets=targets, is_first=is_first, is_last=is_last)
     with autocast:
-        schedule.eval(*args, return_outputs=False, **kwargs)
+        method(*args, return_outputs=False, **kwargs)
     return _loss_sum(loss, n_microbatches=schedule_microbatches(schedule), is_last=is_last,
                      device=targets.device)
 
-
-def pp_total_grad_norm(parts: list[nn.Module], *, pp_group) -> torch.Tensor:
-    """L2 norm of the whole model's gradients: this rank's stages' squared norm, summed over
-    `pp_group` (and over DTensor meshes where the parts are sharded)."""
-    params = [p for part in parts for p in part.parameters()]
-    return total_grad_norm(params, pp_group=pp_group)

@@ -237,25 +237,33 @@ def _as_lists(model, optimizer) -> tuple[list, list]:
     return models, optimizers
 
 
-def _model_and_optimizer_state(model, optimizer) -> dict:
-    """DCP state dict keyed by parameter name, without wrapper prefixes (DDP `module.`, FSDP,
-    compile); optimizer state flattened to names too, so parts of a pipeline merge and any
-    layout (DTensor shards, other stages) can load what it needs: DCP reshards on load.
+def _part_state_dicts(model, optimizer) -> list[tuple[dict, dict]]:
+    """(model, optimizer) state dicts of each part (one per pipeline stage a rank holds).
 
     get_state_dict initialises an empty optimizer state with a zero-lr step; callers that must
     not keep that side effect clear `optimizer.state` afterwards.
     """
+    return [get_state_dict(part, part_optimizer, options=FLAT)
+            for part, part_optimizer in zip(*_as_lists(model, optimizer))]
+
+
+def _model_and_optimizer_state(parts: list[tuple[dict, dict]]) -> dict:
+    """DCP state dict keyed by parameter name, without wrapper prefixes (DDP `module.`, FSDP,
+    compile); optimizer state flattened to names too, so parts of a pipeline merge and any
+    layout (DTensor shards, other stages) can load what it needs: DCP reshards on load.
+    """
     model_state, optim_state = {}, {}
-    for part, part_optimizer in zip(*_as_lists(model, optimizer)):
-        part_model, part_optim = get_state_dict(part, part_optimizer, options=FLAT)
+    for part_model, part_optim in parts:
         model_state.update(part_model)
         optim_state.update(part_optim)
     return {"model": model_state, "optimizer": optim_state}
 
 
-def _set_model_and_optimizer_state(model, optimizer, state: dict) -> None:
-    for part, part_optimizer in zip(*_as_lists(model, optimizer)):
-        own_model, own_optim = get_state_dict(part, part_optimizer, options=FLAT)
+def _set_model_and_optimizer_state(model, optimizer, parts: list[tuple[dict, dict]],
+                                   state: dict) -> None:
+    """Give each part the keys it had in `parts`, with the values DCP loaded into `state`."""
+    models, optimizers = _as_lists(model, optimizer)
+    for part, part_optimizer, (own_model, own_optim) in zip(models, optimizers, parts):
         set_state_dict(part, part_optimizer,
                        model_state_dict={k: state["model"][k] for k in own_model},
                        optim_state_dict={k: state["optimizer"][k] for k in own_optim},
@@ -296,7 +304,7 @@ def save_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | No
 
     _run_on_rank0(lambda: _prepare_tmp_dir(root, step=step), what="preparing checkpoint folder")
     tmp = tmp_step_dir(root, step=step)
-    state = _model_and_optimizer_state(model, optimizer)
+    state = _model_and_optimizer_state(_part_state_dicts(model, optimizer))
     if optimizer_was_empty:
         _clear_optimizer_state(optimizer)  # undo get_state_dict's zero-lr init: stay exact
     with _single_process_dcp_is_intended():
@@ -353,10 +361,11 @@ def load_checkpoint(path: Path, *, model, optimizer, layout: dict | None = None,
              **{k: meta["metadata"].get("layout", {}).get(k) for k in current if k != "world_size"}}
     same_layout = _check_layout(path, saved=saved, current=current, allow_reshard=allow_reshard)
 
-    state = _model_and_optimizer_state(model, optimizer)
+    parts = _part_state_dicts(model, optimizer)
+    state = _model_and_optimizer_state(parts)
     with _single_process_dcp_is_intended():
         dcp.load(state, checkpoint_id=path, no_dist=not _is_distributed())
-    _set_model_and_optimizer_state(model, optimizer, state)
+    _set_model_and_optimizer_state(model, optimizer, parts, state)
     if meta.get("optimizer_state_empty", False):
         _clear_optimizer_state(optimizer)
 

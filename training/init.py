@@ -42,14 +42,11 @@ def materialize(module: nn.Module, *, model: ModelSpec, device: torch.device, se
     module.to_empty(device=device)
     module.reset_rope_tables()
     for name, param in module.named_parameters():
-        value = parameter_value(name, _full_shape(param), model=model, seed=seed).to(device)
+        # A DTensor's shape is its global shape: the full value, then this rank's part.
+        value = parameter_value(name, param.shape, model=model, seed=seed).to(device)
         if isinstance(param, DTensor):
             value = distribute_tensor(value, param.device_mesh, param.placements,
                                       src_data_rank=None).to_local()
             param.to_local().copy_(value)
         else:
             param.copy_(value)
-
-
-def _full_shape(param: torch.Tensor) -> torch.Size:
-    return param.shape  # a DTensor's shape is its global shape

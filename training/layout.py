@@ -25,8 +25,9 @@ from parallel.recompute import apply_recompute
 from parallel.tensor_parallel import apply_tp, keep_embedding_grad_sharded
 from parallel.zero1 import Zero1Partition
 from training.init import materialize
+from training.loss import token_cross_entropy_sum
 from training.model import build_model_on_meta
-from training.precision import apply_fp8
+from training.precision import apply_fp8, mixed_precision_policy
 
 
 @dataclass(kw_only=True)
@@ -130,7 +131,7 @@ def _parallelize_part(part: nn.Module, spec: RunSpec, layout: RankLayout,
             block.compile()
     if layout.dims.uses_fsdp:
         apply_fsdp(part, mesh=fsdp_mesh(layout.mesh, layout.dims), zero=layout.dims.zero,
-                   precision=spec.precision)
+                   mp_policy=mixed_precision_policy(spec.precision))
     materialize(part, model=spec.model, device=device, seed=spec.training.seed)
     if layout.dims.tp > 1:
         keep_embedding_grad_sharded(part)
@@ -147,7 +148,7 @@ def _apply_ddp(part: nn.Module, layout: RankLayout, device: torch.device) -> Non
 def _build_pipeline(layout: RankLayout, spec: RunSpec, device: torch.device) -> None:
     from parallel.pipeline import PipelineLoss, build_schedule
 
-    layout.pp_loss = PipelineLoss()
+    layout.pp_loss = PipelineLoss(token_cross_entropy_sum)
     layout.schedule = build_schedule(layout.parts, parallel=spec.parallel,
                                      pp_rank=layout.coords["pp"], pp_group=layout.group("pp"),
                                      device=device, loss=layout.pp_loss)

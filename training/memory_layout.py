@@ -106,13 +106,12 @@ def static_bytes(spec: RunSpec, rank: int) -> StaticBytes:
     if dims.uses_fsdp:
         shards, index = dims.dp_shard * dims.cp, coords["dp_shard"] * dims.cp + coords["cp"]
         sizes = [fsdp_local_numel(s, shards=shards, index=index) for s in local]
-        optimized = sizes
     else:
         sizes = [_numel(s) for s in local]
-        optimized = sizes
-        if dims.zero == 1:
-            owners = zero1_owners(sizes, dims.dp_shard)
-            optimized = [n for n, o in zip(sizes, owners) if o == coords["dp_shard"]]
+    optimized = sizes  # AdamW keeps state for what it updates: everything held, except ZeRO-1
+    if dims.zero == 1 and dims.uses_ddp:
+        owners = zero1_owners(sizes, dims.dp_shard)
+        optimized = [n for n, o in zip(sizes, owners) if o == coords["dp_shard"]]
     params = PARAM_BYTES * sum(sizes)
     optimizer = 2 * moment_bytes * sum(optimized) + STEP_BYTES * len(optimized)
     return StaticBytes(params=params, grads=params, optimizer=optimizer)

@@ -18,6 +18,16 @@ def autocast_context(precision: PrecisionSpec, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def mixed_precision_policy(precision: PrecisionSpec):
+    """FSDP2: compute in the compute dtype from fp32 master shards; reduce in reduce_dtype."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    compute = precision.compute_dtype.value
+    param_dtype = None if compute == "fp32" else TORCH_DTYPES[compute]
+    return MixedPrecisionPolicy(param_dtype=param_dtype,
+                                reduce_dtype=TORCH_DTYPES[precision.reduce_dtype.value])
+
+
 def build_grad_scaler(precision: PrecisionSpec):
     """A dynamic loss scaler for fp16 (agreeing across sharded ranks); None otherwise."""
     if not precision.uses_loss_scaling:

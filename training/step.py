@@ -6,14 +6,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from parallel.data_parallel import gradient_sync
 from parallel.grad_norm import clip_grads
 from training.layout import RankLayout
+from training.loss import IGNORE_INDEX, token_cross_entropy_sum
 
-IGNORE_INDEX = -100
+__all__ = ["IGNORE_INDEX", "StepLoss", "clip_and_step", "eval_loss_sum", "forward_backward",
+           "token_loss_sum"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,8 +50,12 @@ def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.
                    autocast) -> torch.Tensor:
     with autocast:
         logits = model(inputs)
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                           ignore_index=IGNORE_INDEX, reduction="sum")
+    return token_cross_entropy_sum(logits, targets)
+
+
+def _whole(loss_sum: torch.Tensor) -> torch.Tensor:
+    """A loss computed on vocabulary-sharded logits is a DTensor: take its full value."""
+    return loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum
 
 
 def forward_backward(layout: RankLayout, micro_batches: list, *, device: torch.device,
@@ -89,9 +94,7 @@ def _micro_batch(layout: RankLayout, inputs: torch.Tensor, targets: torch.Tensor
         loss_sum = token_loss_sum(layout.parts[0], inputs, targets, autocast)
         scaled = loss_sum * scale
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
-    if isinstance(loss_sum, DTensor):
-        loss_sum = loss_sum.full_tensor()
-    return loss_sum.detach()
+    return _whole(loss_sum).detach()
 
 
 def clip_and_step(layout: RankLayout, optimizers: list, *, grad_clip: float,
@@ -127,7 +130,5 @@ def eval_loss_sum(layout: RankLayout, inputs: torch.Tensor, targets: torch.Tenso
             is_last=layout.is_last_stage, loss=layout.pp_loss, autocast=autocast)
     else:
         with loss_context(layout):
-            loss_sum = token_loss_sum(layout.parts[0], inputs, targets, autocast)
-        if isinstance(loss_sum, DTensor):
-            loss_sum = loss_sum.full_tensor()
+            loss_sum = _whole(token_loss_sum(layout.parts[0], inputs, targets, autocast))
     return float(loss_sum), int((targets != IGNORE_INDEX).sum())

@@ -78,17 +78,18 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 def pipeline_update(spec: RunSpec, *, rank: int, pp_group, micro_batches, dp_mesh=None) -> dict:
     """Eval, one training step (all micro-batches, clip, AdamW), eval again, on this rank;
     the stages are sharded over `dp_mesh` first when one is given."""
+    from parallel.grad_norm import total_grad_norm
     from parallel.pipeline import (PipelineLoss, build_schedule, is_first_stage, is_last_stage,
-                                   pipeline_forward_backward, pp_total_grad_norm, split_model)
+                                   pipeline_forward_backward, split_model)
+    from training.loss import IGNORE_INDEX, token_cross_entropy_sum
     from training.model import build_model
     from training.optim import build_optimizer
-    from training.step import IGNORE_INDEX
 
     parts = split_model(build_model(spec.model, device=CPU, seed=spec.training.seed),
                         parallel=spec.parallel, pp_rank=rank)
     if dp_mesh is not None:
         shard_parts(parts, dp_mesh)
-    loss = PipelineLoss()
+    loss = PipelineLoss(token_cross_entropy_sum)
     schedule = build_schedule(parts, parallel=spec.parallel, pp_rank=rank, pp_group=pp_group,
                               device=CPU, loss=loss)
     first = is_first_stage(parallel=spec.parallel, pp_rank=rank)
@@ -101,7 +102,7 @@ def pipeline_update(spec: RunSpec, *, rank: int, pp_group, micro_batches, dp_mes
     named = [(n, p) for part in parts for n, p in part.named_parameters()]
     grads = {n: full(p.grad) for n, p in named}
     optimizer = build_optimizer(torch.nn.ModuleList(parts), optim=spec.optim)
-    norm = pp_total_grad_norm(parts, pp_group=pp_group)
+    norm = total_grad_norm([p for part in parts for p in part.parameters()], pp_group=pp_group)
     torch.nn.utils.clip_grads_with_norm_([p for _, p in named], spec.optim.grad_clip, norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
