@@ -2,9 +2,10 @@
 
 Per block: wq, wk, wv and w1, w3 are column-parallel (heads / hidden units split over tp
 ranks), wo and w2 row-parallel (partial sums reduced). The embedding is split by vocabulary
-rows; the output head by vocabulary columns. With sequence parallel the residual stream,
-the norms and the dropout-free element-wise work between the TP regions are sharded over the
-sequence (dim 1): all-gather before the column-parallel inputs, reduce-scatter after the
+rows; the output head by vocabulary columns (which module is which: the torch-free table in
+parallel/tp_plan.py, which the cost model reads too). With sequence parallel the residual
+stream, the norms and the dropout-free element-wise work between the TP regions are sharded
+over the sequence (dim 1): all-gather before the column-parallel inputs, reduce-scatter after the
 row-parallel outputs, instead of all-reduce. With loss parallel the logits stay sharded over
 the vocabulary and cross entropy runs under `loss_parallel()` (training/step.py).
 
@@ -21,6 +22,13 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
+)
+
+from parallel.tp_plan import (
+    BLOCK_COLUMN_PARALLEL,
+    BLOCK_ROW_PARALLEL,
+    VOCAB_PARALLEL_EMBEDDING,
+    VOCAB_PARALLEL_HEAD,
 )
 
 
@@ -52,12 +60,12 @@ def _root_plan(model: nn.Module, *, sequence_parallel: bool, loss_parallel: bool
     residual = Shard(1) if sequence_parallel else Replicate()
     plan = {}
     if model.tok_embeddings is not None:
-        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
-                                                 output_layouts=residual)
+        plan[VOCAB_PARALLEL_EMBEDDING] = RowwiseParallel(input_layouts=Replicate(),
+                                                         output_layouts=residual)
     if model.norm is not None and sequence_parallel:
         plan["norm"] = SequenceParallel()
     if model.output is not None:
-        plan["output"] = ColwiseParallel(
+        plan[VOCAB_PARALLEL_HEAD] = ColwiseParallel(
             input_layouts=residual,
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
@@ -66,22 +74,15 @@ def _root_plan(model: nn.Module, *, sequence_parallel: bool, loss_parallel: bool
 
 
 def _block_plan(*, sequence_parallel: bool) -> dict:
-    plan = {
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-    }
+    plan = {path: ColwiseParallel() for path in BLOCK_COLUMN_PARALLEL}
     if not sequence_parallel:
-        return {**plan, "attention.wo": RowwiseParallel(), "feed_forward.w2": RowwiseParallel()}
+        return {**plan, **{path: RowwiseParallel() for path in BLOCK_ROW_PARALLEL}}
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     return {
         **plan,
         "attention_norm": SequenceParallel(),
         "attention": gather,
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
         "feed_forward": gather,
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        **{path: RowwiseParallel(output_layouts=Shard(1)) for path in BLOCK_ROW_PARALLEL},
     }
