@@ -1,0 +1,12 @@
+"""The torch-free cost model: what a run costs before it runs.
+
+- params: parameter shapes and counts, where each lives under a layout (tp-local, FSDP shards)
+- flops: FLOPs per token
+- activations: bytes kept for backward (per block, recompute policy, pipeline in flight)
+- memory: bytes per rank by kind (parameters, gradients, optimizer state, activations)
+- devices: the device catalogue (dense peaks, memory per GPU) and GIB
+- step_time: step and run time at an assumed MFU
+- plan: the Plan the dry run, `meshrun plan` and the sweep preview show
+
+Nothing here imports torch: the dry run and the sweep preview call it for every point.
+"""

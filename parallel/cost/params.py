@@ -1,0 +1,103 @@
+"""Parameter shapes and counts, and where each parameter lives under a layout. Torch-free.
+
+`parameter_shapes` is the one source of the model's parameters: the count, the FLOPs and the
+memory per rank all derive from it (tests/unit/test_cost_model.py checks it against the built
+model). Placement rules mirror what the parallel passes do:
+- pipeline: a rank holds the blocks of its stages; stage 0 the embedding, the last stage the
+  final norm and output head (parallel.dims.pipeline_stage_ids, conf.layout_rules.stage_split);
+- tensor parallel: the dim parallel/tp_plan.py names is split over tp; norms whole;
+- FSDP (zero 2/3) splits dim 0 of each (tp-local) tensor over dp_shard x cp in chunks of
+  ceil(rows / n), as fully_shard does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conf.layout_rules import stage_split
+from conf.spec import ModelSpec, RunSpec
+from parallel.dims import pipeline_stage_ids
+from parallel.tp_plan import tp_split_dim
+
+EMBEDDING = "tok_embeddings.weight"
+
+
+def parameter_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter, in `Transformer.parameters()` order."""
+    d, f, hd = model.dim, model.ffn_dim, model.head_dim
+    q, kv = model.n_heads * hd, model.n_kv_heads * hd
+    block = [("attention_norm", (d,)), ("attention.wq", (q, d)), ("attention.wk", (kv, d)),
+             ("attention.wv", (kv, d)), ("attention.wo", (d, q)), ("ffn_norm", (d,)),
+             ("feed_forward.w1", (f, d)), ("feed_forward.w3", (f, d)),
+             ("feed_forward.w2", (d, f))]
+    shapes = [(EMBEDDING, (model.vocab_size, d))]
+    for i in range(model.n_layers):
+        shapes += [(f"layers.{i}.{name}.weight", shape) for name, shape in block]
+    shapes.append(("norm.weight", (d,)))
+    if not model.tie_embeddings:
+        shapes.append(("output.weight", (model.vocab_size, d)))
+    return shapes
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamCounts:
+    total: int
+    embedding: int
+    """Token-embedding parameters (the output head counts here too only when tied)."""
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding
+
+
+def param_counts(model: ModelSpec) -> ParamCounts:
+    shapes = parameter_shapes(model)
+    return ParamCounts(total=sum(numel(shape) for _, shape in shapes),
+                       embedding=sum(numel(shape) for name, shape in shapes if name == EMBEDDING))
+
+
+def held_parameters(spec: RunSpec, pp_rank: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The full-size parameters a pipeline rank's stages hold, in order."""
+    p = spec.parallel
+    if p.pp == 1:
+        return parameter_shapes(spec.model)
+    split = stage_split(p, spec.model.n_layers)
+    starts = [sum(split[:s]) for s in range(len(split))]
+    last_stage = len(split) - 1
+    held = []
+    for stage in pipeline_stage_ids(pp=p.pp, virtual_stages=p.pp_virtual_stages, pp_rank=pp_rank):
+        layers = {str(i) for i in range(starts[stage], starts[stage] + split[stage])}
+        for name, shape in parameter_shapes(spec.model):
+            top = name.split(".")[0]
+            if (top == "layers" and name.split(".")[1] in layers
+                    or top == "tok_embeddings" and stage == 0
+                    or top in ("norm", "output") and stage == last_stage):
+                held.append((name, shape))
+    return held
+
+
+def held_layers(spec: RunSpec, pp_rank: int) -> list[int]:
+    """Block indices pipeline rank `pp_rank` holds (every block without pipelining)."""
+    return sorted({int(name.split(".")[1]) for name, _ in held_parameters(spec, pp_rank)
+                   if name.startswith("layers.")})
+
+
+def tp_local_shape(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    """The shape of parameter `name` on one tp rank."""
+    dim = tp_split_dim(name)
+    if tp == 1 or len(shape) == 1 or dim is None:
+        return shape
+    return (*shape[:dim], shape[dim] // tp, *shape[dim + 1:])
+
+
+def fsdp_local_numel(shape: tuple[int, ...], *, shards: int, index: int) -> int:
+    """Elements of shard `index` when dim 0 is split in chunks of ceil(rows / shards)."""
+    rows, rest = shape[0], numel(shape[1:])
+    chunk = -(-rows // shards)
+    return max(0, min(rows, (index + 1) * chunk) - index * chunk) * rest

@@ -1,0 +1,30 @@
+"""The plan of a run: parameters, FLOPs, tokens and the fullest rank's memory. Torch-free."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conf.spec import RunSpec
+from parallel.cost.flops import flops_per_token
+from parallel.cost.memory import MemoryEstimate, estimate_memory
+from parallel.cost.params import ParamCounts, param_counts
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    world_size: int
+    dp: int
+    tokens_per_step: int
+    params: ParamCounts
+    flops_per_token: int
+    flops_per_step: float
+    memory: MemoryEstimate
+    total_tokens: int
+
+
+def make_plan(spec: RunSpec) -> Plan:
+    fpt = flops_per_token(spec.model, spec.training.seq_len)
+    tps = spec.training.tokens_per_step
+    return Plan(world_size=spec.world_size, dp=spec.parallel.dp, tokens_per_step=tps,
+                params=param_counts(spec.model), flops_per_token=fpt,
+                flops_per_step=float(fpt) * tps, memory=estimate_memory(spec),
+                total_tokens=tps * spec.training.steps)
