@@ -107,7 +107,7 @@ def main() -> None:
     from conf.spec_io import spec_to_dict
     from tests.distributed.spawn import run_on_ranks
     from tests.support.specs import cpu_spec
-    from training.accounting import estimate_memory
+    from parallel.cost.memory import estimate_memory
 
     extra = sys.argv[1:]
     print(f"{'layout':18} {'ranks':>5} {'step ms':>9} {'held MiB':>9} {'plan MiB':>9}")

@@ -1,5 +1,5 @@
 """Activation bytes kept for backward per recompute policy, measured on CPU in fp32, against the
-plan's formula (training/accounting.py `activation_bytes`).
+plan's formula (parallel/cost/activations.py `activation_bytes`).
 
     .venv/bin/python benchmarks/recompute_activation_bytes.py [--compile]
 
@@ -20,10 +20,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from conf.spec import ModelSpec, RecomputeSpec  # noqa: E402
+from parallel.cost.activations import activation_bytes  # noqa: E402
 from parallel.recompute import apply_recompute  # noqa: E402
 from tests.support.specs import cpu_spec  # noqa: E402
 from tests.unit.test_recompute import POLICIES, _loss, saved_activation_bytes  # noqa: E402
-from training.accounting import activation_bytes  # noqa: E402
 from training.model import build_model  # noqa: E402
 
 MODELS = {"tiny": (4, 64), "debug": (2, 128)}  # model: (micro batch, seq_len)

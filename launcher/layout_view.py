@@ -5,11 +5,11 @@ from __future__ import annotations
 from rich.table import Table
 
 from conf.spec import RunSpec
+from parallel.cost.devices import GIB
+from parallel.cost.memory import estimate_memory
 from parallel.dims import ParallelDims
-from training.accounting import estimate_memory
 
 MAX_RANK_ROWS = 16
-GIB = 1024**3
 GROUP_AXES = {"tp": ("tp",), "dp": ("dp_replicate", "dp_shard"), "pp": ("pp",), "cp": ("cp",)}
 
 

@@ -21,7 +21,7 @@ from launcher.slurm_state import SlurmJobHandle
 from launcher.rundir import create_run_dir, new_run_dir_path, render_command
 from launcher.summary import print_summary
 from launcher.view import print_plan
-from training.accounting import make_plan
+from parallel.cost.plan import make_plan
 from training.checkpoint_paths import latest_checkpoint, read_checkpoint_meta
 from training.data_prep import prepare_stdlib_corpus, stdlib_corpus_dir
 

@@ -6,9 +6,10 @@ from rich.table import Table
 
 from conf.spec import RunSpec
 from launcher.layout_view import layout_line, rank_table
-from training.accounting import ASSUMED_MFU, FLOPS_CONVENTION, Plan, estimate_time
-
-GIB = 1024**3
+from parallel.cost.devices import GIB
+from parallel.cost.flops import FLOPS_CONVENTION
+from parallel.cost.plan import Plan
+from parallel.cost.step_time import ASSUMED_MFU, estimate_time
 
 
 def human(n: float) -> str:

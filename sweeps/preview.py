@@ -1,11 +1,11 @@
 """What a sweep will cost, before it is submitted: a table of points and the totals.
 
 Per point: world size, estimated memory per rank (and, on GPUs, whether it fits the device),
-tokens, and estimated GPU-hours at an assumed MFU. Torch-free: it uses training.accounting.
+tokens, and estimated GPU-hours at an assumed MFU. Torch-free: it uses the cost model
+(parallel.cost).
 """
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
@@ -17,18 +17,12 @@ from rich.table import Table
 
 from conf.spec import RunSpec
 from launcher.view import gib, human
+from parallel.cost.devices import gpu_memory_bytes
+from parallel.cost.plan import make_plan
+from parallel.cost.step_time import estimate_time
 from sweeps.validate import Checked
-from training.accounting import estimate_time, make_plan
 
 FIT_FRACTION = 0.92  # leave room for the CUDA context, allocator slack and NCCL buffers
-GIB = 1024**3
-# Device memory in GiB by a substring of the CUDA device name, when the name does not say it
-# (e.g. "NVIDIA A100-SXM4-80GB" does). Longer names first.
-GPU_MEMORY_GIB: tuple[tuple[str, float], ...] = (
-    ("GB200", 186), ("B200", 180), ("H200", 141), ("H100 NVL", 94), ("H100", 80), ("H800", 80),
-    ("A100", 40), ("A800", 80), ("L40S", 48), ("L4", 24), ("A10G", 24), ("A10", 24),
-    ("RTX 4090", 24), ("RTX 3090", 24), ("V100", 16), ("MI300X", 192), ("MI250X", 128),
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,13 +56,10 @@ def point_cost(spec: RunSpec) -> Cost:
 
 
 def device_memory(gpu_name: str, *, local: bool) -> float | None:
-    """Bytes of one GPU: from its name ("...-80GB"), a table, or nvidia-smi on this machine."""
-    match = re.search(r"(\d+)\s*GB", gpu_name)
-    if match:
-        return float(match.group(1)) * GIB
-    for name, size in GPU_MEMORY_GIB:
-        if name in gpu_name:
-            return size * GIB
+    """Bytes of one GPU: from its name or the device catalogue, or nvidia-smi on this machine."""
+    known = gpu_memory_bytes(gpu_name)
+    if known is not None:
+        return known
     return _local_gpu_memory() if local else None
 
 

@@ -7,10 +7,9 @@ import time
 import torch
 
 from conf.spec import RunSpec
-from training.peaks import PeakFlops, gpu_peak
+from parallel.cost.devices import GIB, PeakFlops, gpu_peak
 from training.precision import TORCH_DTYPES
 
-GIB = 1024**3
 MATMUL_N = 512
 MATMUL_REPEATS = 8
 

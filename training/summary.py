@@ -5,7 +5,7 @@ import json
 import statistics
 from pathlib import Path
 
-from training.accounting import FLOPS_CONVENTION
+from parallel.cost.flops import FLOPS_CONVENTION
 from training.loggers import METRICS_FILE
 
 SUMMARY_FILE = "summary.json"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 
 from conf.spec import RunSpec
-from training.accounting import flops_per_token
+from parallel.cost.devices import PeakFlops
+from parallel.cost.flops import flops_per_token
 from training.checkpoint import load_checkpoint
 from training.checkpoint_paths import latest_checkpoint
 from training.data import build_train_batches, build_val_batches
@@ -15,7 +16,6 @@ from training.layout import RankLayout, build_layout
 from training.loggers import RunLoggers
 from training.metrics import resolve_peak
 from training.optim import build_optimizers
-from training.peaks import PeakFlops
 from training.precision import autocast_context, build_grad_scaler
 from training.preemption import StopRequest
 

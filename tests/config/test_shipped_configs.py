@@ -8,7 +8,8 @@ from conf.compose import compose_config
 from conf.overrides import GROUPS, group_options
 from conf.resolve import resolve
 from conf.spec import HostSpec, ModelSpec, RunSpec
-from training.accounting import FLOPS_CONVENTION, flops_per_token, param_counts
+from parallel.cost.flops import FLOPS_CONVENTION, flops_per_token
+from parallel.cost.params import param_counts
 
 CPU = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=8)
 A100 = HostSpec(gpu_name="NVIDIA A100-SXM4-80GB", gpu_count=8, compute_capability=8.0,

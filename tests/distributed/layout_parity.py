@@ -126,7 +126,7 @@ def check_groups(layout) -> None:
 
 def check_memory(spec: RunSpec, rank: int, held: dict[str, int]) -> None:
     """The plan's per-rank static estimate equals what this rank holds, within 1%."""
-    from training.memory_layout import static_bytes
+    from parallel.cost.memory import static_bytes
 
     estimate = static_bytes(spec, rank)
     for kind, value in held.items():

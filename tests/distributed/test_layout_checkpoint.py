@@ -106,7 +106,7 @@ def _run(tmp_path, pairs: list[tuple[str, str]], world: int) -> None:
     results = run_on_ranks(reshard_rank, world_size=world, workdir=tmp_path, timeout_s=400,
                            kwargs={"root": str(tmp_path / "ckpt"),
                                    "pairs": [(spec_to_dict(a), spec_to_dict(b)) for a, b in specs]})
-    from training.memory_layout import parameter_shapes
+    from parallel.cost.params import parameter_shapes
 
     every_name = {name for name, _ in parameter_shapes(specs[0][0].model)}
     for index, (a, b) in enumerate(specs):

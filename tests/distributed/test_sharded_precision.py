@@ -74,7 +74,7 @@ def fp16_rank(*, rank: int, world_size: int, spec_dict: dict) -> dict:
 
 
 def test_bf16_compute_with_fp32_masters_and_bf16_moments_under_fsdp(tmp_path):
-    from training.memory_layout import static_bytes
+    from parallel.cost.memory import static_bytes
 
     fp32 = cpu_spec(*BASE, "precision=fp32")
     bf16 = cpu_spec(*BASE, "precision=bf16", "precision.optimizer_state_dtype=bf16")

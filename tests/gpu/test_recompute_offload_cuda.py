@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from parallel.cost.activations import activation_bytes
 from tests.unit.test_recompute import (BATCH, BYTES_FP32, POLICIES, SEQ, _batch, _model,
                                        saved_activation_bytes, tiny_model_spec)
-from training.accounting import activation_bytes
 
 
 @pytest.mark.gpu

@@ -1,15 +1,26 @@
-"""The torch-free accounting against real tensors: parameter counts and static memory."""
+"""The torch-free cost model (parallel.cost) against real tensors: parameter counts and static
+memory."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from parallel.cost.devices import GIB, gpu_memory_bytes, gpu_peak
+from parallel.cost.memory import estimate_memory
+from parallel.cost.params import param_counts, parameter_shapes, tp_local_shape
+from parallel.tp_plan import BLOCK_COLUMN_PARALLEL, BLOCK_ROW_PARALLEL, tp_split_dim
 from tests.support.specs import cpu_spec
-from training.accounting import estimate_memory, param_counts
 from training.layout import RankLayout
 from training.model import build_model, count_params
 from training.optim import build_optimizer
 from training.step import clip_and_step, forward_backward
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -41,3 +52,70 @@ def test_static_memory_estimate_matches_bytes_held_after_a_step():
     assert tensor_bytes(model.parameters()) == estimate.params
     assert grads == estimate.grads
     assert held_optimizer == estimate.optimizer  # two moments per element + a step per tensor
+
+
+def test_the_cost_model_never_imports_torch():
+    modules = ["parallel.tp_plan", *(f"parallel.cost.{m}" for m in
+               ("activations", "devices", "flops", "memory", "params", "plan", "step_time"))]
+    code = "import sys; " + "; ".join(f"import {m}" for m in modules) + \
+           "; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tensor_parallel_applies_the_table_the_cost_model_counts(sequence_parallel):
+    """parallel/tensor_parallel.py shards exactly the modules parallel/tp_plan.py names, in the
+    style that splits the dim tp_local_shape divides (colwise: dim 0, rowwise: dim 1)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from parallel.tensor_parallel import _block_plan
+
+    plan = _block_plan(sequence_parallel=sequence_parallel)
+    colwise = {k for k, v in plan.items() if isinstance(v, ColwiseParallel)}
+    rowwise = {k for k, v in plan.items() if isinstance(v, RowwiseParallel)}
+    assert colwise == set(BLOCK_COLUMN_PARALLEL)
+    assert rowwise == set(BLOCK_ROW_PARALLEL)
+    spec = cpu_spec("model=debug")
+    for name, shape in parameter_shapes(spec.model):
+        module = ".".join(name.split(".")[2:-1])
+        if module in colwise:
+            assert tp_local_shape(name, shape, 2) == (shape[0] // 2, shape[1]), name
+        elif module in rowwise:
+            assert tp_local_shape(name, shape, 2) == (shape[0], shape[1] // 2), name
+        elif name.startswith("layers."):
+            assert tp_local_shape(name, shape, 2) == shape, name
+
+
+def test_the_embedding_and_head_are_split_by_vocabulary():
+    spec = cpu_spec("model=debug")
+    shapes = dict(parameter_shapes(spec.model))
+    vocab, dim = spec.model.vocab_size, spec.model.dim
+    assert tp_local_shape("tok_embeddings.weight", shapes["tok_embeddings.weight"], 4) == \
+        (vocab // 4, dim)
+    assert tp_local_shape("output.weight", shapes["output.weight"], 4) == (vocab // 4, dim)
+    assert tp_local_shape("norm.weight", shapes["norm.weight"], 4) == (dim,)
+    assert tp_split_dim("layers.0.attention_norm.weight") is None
+
+
+@pytest.mark.parametrize(("name", "dtype", "source"), [
+    ("NVIDIA H100 80GB HBM3", "bf16", "table:H100 bf16 dense"),
+    ("NVIDIA H100 PCIe", "bf16", "table:H100 PCIe bf16 dense"),
+    ("NVIDIA H100 NVL", "fp32", "table:H100 fp32 dense"),  # no NVL peak in the table yet
+    ("nvidia a100-sxm4-40gb", "fp32", "table:A100 fp32 dense"),
+])
+def test_gpu_peaks_come_from_the_device_catalogue(name, dtype, source):
+    peak = gpu_peak(name, dtype)
+    assert peak is not None and peak.source == source
+    assert gpu_peak("Some Future GPU", "bf16") is None
+
+
+@pytest.mark.parametrize(("name", "gib"), [
+    ("NVIDIA A100-SXM4-80GB", 80), ("NVIDIA A100-SXM4", 40), ("NVIDIA H100 NVL", 94),
+    ("NVIDIA H100 PCIe", 80), ("H200", 141), ("h100", None), ("Some Future GPU", None),
+])
+def test_gpu_memory_comes_from_the_name_or_the_device_catalogue(name, gib):
+    """The table matches case-sensitively (as the sweep preview always did; gpu_peak does not)."""
+    assert gpu_memory_bytes(name) == (None if gib is None else gib * GIB)

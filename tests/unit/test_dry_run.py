@@ -13,7 +13,8 @@ import pytest
 from conf.compose import compose_config, config_yaml
 from conf.resolve import resolve
 from conf.spec import HostSpec
-from training.accounting import FLOPS_CONVENTION, make_plan
+from parallel.cost.flops import FLOPS_CONVENTION
+from parallel.cost.plan import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -119,9 +120,9 @@ def test_dry_run_and_plan_never_import_torch(tmp_path):
 
 def test_dry_run_shows_each_ranks_coordinates_groups_and_memory(tmp_path):
     """pp2 x dp2 x tp2 on 8 ranks: rank 5 is pp 1, dp 0, tp 1; it shares tp with 4, dp with
-    7 and pp with 1; the rank table shows its static memory from the accounting."""
+    7 and pp with 1; the rank table shows its static memory from the cost model."""
+    from parallel.cost.memory import estimate_memory
     from tests.support.specs import cpu_spec
-    from training.accounting import estimate_memory
 
     args = ["run", "--dry-run", "training.device=cpu", "parallel=3d", "model=tiny",
             "cluster.procs_per_node=8", f"runs_dir={tmp_path}"]

@@ -22,13 +22,13 @@ from torch.utils._pytree import tree_leaves
 from conf.layout_rules import RECOMPUTE_TARGETS
 from conf.schema import RecomputeMode
 from conf.spec import RecomputeSpec
+from parallel.cost.activations import activation_bytes, activation_elements_per_token_per_layer
 from parallel.recompute import (
     apply_recompute,
     block_targets,
     is_offloadable,
 )
 from tests.unit._specs import tiny_model_spec
-from training.accounting import activation_bytes, activation_elements_per_token_per_layer
 from training.model import build_model
 
 CPU = torch.device("cpu")
@@ -282,7 +282,7 @@ def _check_plan_estimate(recompute: RecomputeSpec, batch: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_saved_activation_bytes_match_the_plan_estimate(policy):
-    """The plan's activation formula (training/accounting.py) against what forward keeps:
+    """The plan's activation formula (parallel/cost/activations.py) against what forward keeps:
     per block exactly (3 layers minus 2), and in total within the few bytes of scalars."""
     _check_plan_estimate(POLICIES[policy], _batch())
 
