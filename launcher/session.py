@@ -13,6 +13,7 @@ from conf.errors import ConfigError, Problem
 from conf.resolve import resolve
 from conf.spec import RunSpec
 from conf.rundir import OVERRIDES_FILE, SPEC_FILE, RunDir, read_checkpoint_meta
+from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
 from launcher.local import RUN_DIR_PLACEHOLDER, launch_local, node_commands, torchrun_command
 from launcher.progress import print_failure, watch_run
@@ -22,7 +23,6 @@ from launcher.rundir import create_run_dir, new_run_dir_path, render_command
 from launcher.summary import print_summary
 from launcher.view import print_plan
 from training.accounting import make_plan
-from training.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 
 
 def compose_spec(overrides: list[str]) -> tuple[RunSpec, str]:
