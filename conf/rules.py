@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Callable
 
 from conf.errors import ProblemList
+from conf.rundir import CHECKPOINTS_DIR, META_FILENAME, RunDir, find_checkpoint
 from conf.schema import (
     CheckpointConfig, ClusterConfig, DataConfig, OptimConfig, Precision,
     ScheduleConfig, ScheduleKind, TrainingConfig,
@@ -223,20 +224,15 @@ def check_checkpoint(c: CheckpointConfig, problems: ProblemList, *, check_paths:
         problems.add("checkpoint.keep_last", c.keep_last, "must be >= 1", "keep at least 1")
     if c.resume_from and check_paths:
         run_dir = Path(c.resume_from).expanduser()
-        if not (run_dir / "spec.json").is_file():
+        if not RunDir(run_dir).is_run_dir:
             problems.add("checkpoint.resume_from", c.resume_from,
                          "is not a meshrun run dir (no spec.json there)",
                          "pass a folder made by `meshrun run`, e.g. runs/<name>-<timestamp>")
-    if c.load_from and check_paths and not _has_checkpoint(Path(c.load_from).expanduser()):
+    if c.load_from and check_paths and find_checkpoint(Path(c.load_from).expanduser()) is None:
         problems.add("checkpoint.load_from", c.load_from,
-                     "holds no complete checkpoint (a step_N folder with meta.json, or a run "
-                     "dir with checkpoints/step_N)", "pass a run dir or one of its step_N folders")
-
-
-def _has_checkpoint(path: Path) -> bool:
-    if (path / "meta.json").is_file() and (path / ".metadata").is_file():
-        return True
-    return any((d / "meta.json").is_file() for d in (path / "checkpoints").glob("step_*"))
+                     f"holds no complete checkpoint (a step_N folder with {META_FILENAME}, or a "
+                     f"run dir with {CHECKPOINTS_DIR}/step_N)",
+                     "pass a run dir or one of its step_N folders")
 
 
 def data_files(d: DataConfig, problems: ProblemList, *, check_paths: bool,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conf.rundir import RunDir
 from conf.spec import RunSpec
 from launcher.progress import watch_run
 
@@ -35,7 +36,7 @@ def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
     """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status."""
     command = [str(run_dir) if part == RUN_DIR_PLACEHOLDER else part
                for part in torchrun_command(spec, preflight_only=preflight_only)]
-    log_path = run_dir / "logs" / "torchrun.log"
+    log_path = RunDir(run_dir).torchrun_log
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                 env=rank_environment(spec), start_new_session=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from conf.rundir import RunDir, failure_tail
 from conf.spec import RunSpec
 
 POLL_S = 0.5
@@ -51,7 +52,7 @@ def watch_run(proc, *, run_dir: Path, spec: RunSpec, show_progress: bool) -> int
     Ctrl-C stops a local job (its ranks checkpoint first); a Slurm job keeps running.
     """
     console = Console(stderr=True)
-    tail = MetricsTail(run_dir / "metrics.jsonl")
+    tail = MetricsTail(RunDir(run_dir).metrics_file)
     live = show_progress and console.is_terminal
     try:
         if live:
@@ -100,20 +101,6 @@ def _follow_plain(proc, tail: MetricsTail, spec: RunSpec, console: Console) -> N
         if done:
             return
         time.sleep(POLL_S)
-
-
-def failure_tail(run_dir: Path, lines: int = 30) -> str:
-    """The last lines of the most relevant log: a rank log with a traceback, else torchrun's."""
-    logs = sorted((run_dir / "logs").glob("rank*.log"))
-    for log in logs:
-        text = log.read_text(errors="replace")
-        if "Traceback" in text or "Error" in text:
-            return f"{log}:\n" + "\n".join(text.splitlines()[-lines:])
-    torchrun = run_dir / "logs" / "torchrun.log"
-    if torchrun.exists():
-        text = torchrun.read_text(errors="replace")
-        return f"{torchrun}:\n" + "\n".join(text.splitlines()[-lines:])
-    return "(no logs)"
 
 
 def print_failure(run_dir: Path, status: int) -> None:

@@ -1,4 +1,6 @@
-"""Run directories: runs/<name>-<timestamp>/ with everything needed to reproduce a run.
+"""Making run directories: runs/<name>-<timestamp>/ with everything needed to reproduce a run.
+
+What a run dir holds, and under which names, is `conf.rundir`'s to say; this writes one.
 
 A run dir is written whole into a temporary folder and renamed into place, so a failure while
 writing never leaves a half-made run dir, and an existing run dir is never overwritten.
@@ -18,10 +20,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from conf.rundir import RunDir
 from conf.spec import RunSpec
-from conf.spec_io import write_spec
 
-WANDB_ID_FILE = "wandb_id.txt"
 SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -49,13 +50,14 @@ def create_run_dir(spec: RunSpec, *, overrides: list[str], config_yaml: str,
     tmp = final.with_name(final.name + ".tmp")
     tmp.mkdir()
     try:
-        write_spec(spec, tmp / "spec.json")
-        (tmp / "config.yaml").write_text(config_yaml)
-        (tmp / "overrides.json").write_text(json.dumps(overrides, indent=2) + "\n")
-        (tmp / "command.txt").write_text(render_command(command, run_dir=final) + "\n")
-        (tmp / "env.json").write_text(json.dumps(environment_record(), indent=2) + "\n")
-        (tmp / WANDB_ID_FILE).write_text(secrets.token_hex(4) + "\n")
-        (tmp / "logs").mkdir()
+        rd = RunDir(tmp)
+        rd.write_spec(spec)
+        rd.config_file.write_text(config_yaml)
+        rd.overrides_file.write_text(json.dumps(overrides, indent=2) + "\n")
+        rd.command_file.write_text(render_command(command, run_dir=final) + "\n")
+        rd.env_file.write_text(json.dumps(environment_record(), indent=2) + "\n")
+        rd.wandb_id_file.write_text(secrets.token_hex(4) + "\n")
+        rd.logs_dir.mkdir()
         os.rename(tmp, final)  # fails if `final` appeared meanwhile: never overwrite
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

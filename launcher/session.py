@@ -12,7 +12,8 @@ from conf.compose import compose_config, config_yaml
 from conf.errors import ConfigError, Problem
 from conf.resolve import resolve
 from conf.spec import RunSpec
-from conf.spec_io import read_spec, write_spec
+from conf.rundir import OVERRIDES_FILE, SPEC_FILE, RunDir, read_checkpoint_meta
+from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
 from launcher.local import RUN_DIR_PLACEHOLDER, launch_local, node_commands, torchrun_command
 from launcher.progress import print_failure, watch_run
@@ -22,8 +23,6 @@ from launcher.rundir import create_run_dir, new_run_dir_path, render_command
 from launcher.summary import print_summary
 from launcher.view import print_plan
 from parallel.cost.plan import make_plan
-from training.checkpoint_paths import latest_checkpoint, read_checkpoint_meta
-from training.data_prep import prepare_stdlib_corpus, stdlib_corpus_dir
 
 
 def compose_spec(overrides: list[str]) -> tuple[RunSpec, str]:
@@ -120,7 +119,7 @@ def preflight(overrides: list[str], *, console: Console) -> int:
 def print_preflight(run_dir: Path, console: Console) -> None:
     from training.preflight_report import format_report
 
-    console.print(format_report(json.loads((run_dir / "preflight.json").read_text())),
+    console.print(format_report(json.loads(RunDir(run_dir).preflight_file.read_text())),
                   markup=False, highlight=False)
 
 
@@ -133,8 +132,8 @@ def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool 
     spec, _ = compose_spec(composed)
     _check_resumable(run_dir, spec)
     spec = with_prepared_data(spec)
-    write_spec(spec, run_dir / "spec.json")
-    with open(run_dir / "resumes.jsonl", "a") as f:
+    RunDir(run_dir).write_spec(spec)
+    with open(RunDir(run_dir).resumes_file, "a") as f:
         f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                             "overrides": overrides}) + "\n")
     console.print(f"resuming {run_dir}", markup=False)
@@ -142,16 +141,16 @@ def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool 
 
 
 def _stored_overrides(run_dir: Path) -> list[str]:
-    path = run_dir / "overrides.json"
-    if not (run_dir / "spec.json").is_file() or not path.is_file():
+    rd = RunDir(run_dir)
+    if not rd.is_run_dir or not rd.overrides_file.is_file():
         raise ConfigError([Problem("run_dir", str(run_dir),
-                                   "is not a meshrun run dir (no spec.json/overrides.json)",
+                                   f"is not a meshrun run dir (no {SPEC_FILE}/{OVERRIDES_FILE})",
                                    "pass a folder made by `meshrun run`")], "Cannot resume")
-    return json.loads(path.read_text())
+    return rd.read_overrides()
 
 
 def _check_resumable(run_dir: Path, spec: RunSpec) -> None:
-    latest = latest_checkpoint(run_dir / "checkpoints")
+    latest = RunDir(run_dir).latest_checkpoint()
     if latest is None:
         raise ConfigError([Problem("run_dir", str(run_dir), "holds no complete checkpoint",
                                    "start a new run with `meshrun run`")], "Cannot resume")
@@ -180,7 +179,7 @@ def _data_line(spec: RunSpec) -> str:
     if d.kind.value == "stdlib":
         where = stdlib_corpus_dir(cache_dir=Path(d.cache_dir),
                                   val_every_nth_file=d.val_every_nth_file)
-        state = "cached" if (where / "manifest.json").exists() else "prepared before launch"
+        state = "cached" if (where / MANIFEST_NAME).exists() else "prepared before launch"
         return f"stdlib corpus at {where} ({state})"
     if d.kind.value == "synthetic":
         return "synthetic random tokens"

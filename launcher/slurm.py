@@ -12,11 +12,9 @@ import shlex
 import time
 from pathlib import Path
 
+from conf.rundir import RunDir
 from conf.spec import ClusterSpec, RunSpec
 from training.slurm_entry import SlurmRankTask
-
-SLURM_DIR = "slurm"
-JOBS_FILE = "jobs.json"
 
 
 def sbatch_parameters(spec: RunSpec, *, job_name: str) -> dict:
@@ -60,7 +58,7 @@ def build_executor(spec: RunSpec, run_dir: Path):
     import submitit
 
     python = spec.cluster.python or None
-    executor = submitit.SlurmExecutor(folder=run_dir / SLURM_DIR / "%j",
+    executor = submitit.SlurmExecutor(folder=RunDir(run_dir).slurm_dir / "%j",
                                       python=shlex.quote(python) if python else None)
     # The job name comes from the run dir's name, which is already reduced to safe characters:
     # spec.name may hold anything (quotes, newlines) and sbatch reads #SBATCH lines literally.
@@ -84,12 +82,12 @@ def submit(spec: RunSpec, run_dir: Path, *, preflight_only: bool = False) -> str
 
 
 def record_job(run_dir: Path, job: dict) -> None:
-    path = run_dir / SLURM_DIR / JOBS_FILE
+    path = RunDir(run_dir).jobs_file
     path.parent.mkdir(parents=True, exist_ok=True)
     jobs = json.loads(path.read_text()) if path.exists() else []
     path.write_text(json.dumps(jobs + [job], indent=2) + "\n")
 
 
 def recorded_jobs(run_dir: Path) -> list[dict]:
-    path = run_dir / SLURM_DIR / JOBS_FILE
+    path = RunDir(run_dir).jobs_file
     return json.loads(path.read_text()) if path.exists() else []

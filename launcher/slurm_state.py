@@ -4,10 +4,24 @@ from __future__ import annotations
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+from conf.rundir import RunDir, RunState, failure_tail, looks_oom
 
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
           "RESIZING", "REQUEUE_FED", "REQUEUE_HOLD")
 POLL_EVERY_S = 2.0
+SLURM_STATES = {
+    "PENDING": RunState.pending, "REQUEUED": RunState.pending, "CONFIGURING": RunState.pending,
+    "REQUEUE_HOLD": RunState.pending, "REQUEUE_FED": RunState.pending,
+    "SUSPENDED": RunState.pending, "RUNNING": RunState.running, "COMPLETING": RunState.running,
+    "RESIZING": RunState.running, "COMPLETED": RunState.completed, "FAILED": RunState.failed,
+    "NODE_FAIL": RunState.failed, "BOOT_FAIL": RunState.failed,
+    "OUT_OF_MEMORY": RunState.out_of_memory, "TIMEOUT": RunState.timed_out,
+    "DEADLINE": RunState.timed_out, "PREEMPTED": RunState.preempted,
+    "CANCELLED": RunState.cancelled, "UNKNOWN": RunState.unknown,
+}
+"""Slurm's words -> the run states of `conf.rundir` (any other word: failed)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +57,18 @@ def job_state(job_id: str) -> JobState:
     state, exit_code, elapsed, nodes = (lines[-1].split("|") + [""] * 4)[:4]
     return JobState(job_id=job_id, state=state.split()[0], exit_code=exit_code,
                     elapsed=elapsed, nodes=nodes)
+
+
+def state_from_scheduler(slurm_state: str, run_dir: Path) -> RunState:
+    """Slurm's word for a run's job, made exact by the run dir: a job that ended cleanly
+    without summary.json stopped early (e.g. out of requeues); a failure whose logs say so ran
+    out of memory."""
+    state = SLURM_STATES.get(slurm_state, RunState.failed)
+    if state is RunState.completed and not RunDir(run_dir).summary_file.exists():
+        return RunState.stopped
+    if state is RunState.failed and looks_oom(failure_tail(run_dir)):
+        return RunState.out_of_memory
+    return state
 
 
 class SlurmJobHandle:

@@ -1,13 +1,12 @@
 """The table printed when a run ends, from the summary.json that rank 0 writes."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from training.summary import SUMMARY_FILE
+from conf.rundir import SUMMARY_FILE, RunDir
 
 ROWS = (
     ("final train loss", "final_loss", "{:.4f}"),
@@ -37,11 +36,10 @@ def _relative(path: Path, run_dir: Path) -> str:
 
 
 def print_summary(run_dir: Path, console: Console) -> None:
-    path = run_dir / SUMMARY_FILE
-    if not path.exists():
+    summary = RunDir(run_dir).read_summary()
+    if summary is None:
         console.print(f"run finished; no {SUMMARY_FILE} in {run_dir}", markup=False)
         return
-    summary = json.loads(path.read_text())
     table = Table(title=f"Summary: {run_dir}", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value")

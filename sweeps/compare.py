@@ -1,7 +1,8 @@
 """Compare runs: collect run dirs (from a sweep's points.json or given), diff their configs, rank them.
 
 Torch-free. The numbers come from each run's summary.json, or, for a run that has not finished,
-from its metrics.jsonl through the same `training.summary.summarize` that writes summary.json.
+from its metrics.jsonl through `conf.rundir.outcomes_from_rows`, the same numbers summary.json
+is written from. A run's state is a `conf.rundir.RunState` word, as `meshrun status` says it.
 """
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from conf.errors import ConfigError, ProblemList
+from conf.rundir import RunDir, RunState, outcomes_from_rows
 from launcher.status import run_status
-from training.summary import SUMMARY_FILE, read_rows, summarize
-
-POINTS_FILE = "points.json"
-SPEC_FILE = "spec.json"
+from sweeps.state import POINTS_FILE
 IGNORED_KEYS = ("name", "runs_dir", "data.train_files", "data.val_files", "data.cache_dir",
                 "checkpoint.resume_from")
 """Config keys that differ between runs without meaning anything (paths, the run's own name)."""
@@ -33,7 +32,7 @@ class RunRecord:
 
     name: str
     run_dir: Path
-    state: str
+    state: RunState
     config: dict = field(default_factory=dict)
     outcomes: dict = field(default_factory=dict)
     overrides: tuple = ()
@@ -62,7 +61,7 @@ def collect_runs(*, paths: list[Path]) -> list[RunRecord]:
         path = Path(path)
         if (path / POINTS_FILE).is_file():
             records += [_point_record(point=p, sweep_dir=path) for p in read_points(sweep_dir=path)]
-        elif path.is_dir() and not (path / SPEC_FILE).exists() and _child_run_dirs(path):
+        elif path.is_dir() and not RunDir(path).spec_file.exists() and _child_run_dirs(path):
             records += [load_run(run_dir=d, name=d.name) for d in _child_run_dirs(path)]
         else:
             records.append(load_run(run_dir=path, name=path.name or str(path)))
@@ -81,7 +80,7 @@ def read_points(*, sweep_dir: Path) -> list[dict]:
 def _point_record(*, point: dict, sweep_dir: Path) -> RunRecord:
     name = str(point.get("name", "?"))
     if not point.get("run_dir"):
-        return RunRecord(name=name, run_dir=sweep_dir, state="not submitted",
+        return RunRecord(name=name, run_dir=sweep_dir, state=RunState.pending,
                          overrides=tuple(point.get("overrides", ())))
     run_dir = Path(point["run_dir"])
     run_dir = run_dir if run_dir.is_absolute() else sweep_dir / run_dir
@@ -92,20 +91,19 @@ def _point_record(*, point: dict, sweep_dir: Path) -> RunRecord:
 
 
 def _child_run_dirs(path: Path) -> list[Path]:
-    return sorted(d for d in path.iterdir() if (d / SPEC_FILE).is_file())
+    return sorted(d for d in path.iterdir() if RunDir(d).is_run_dir)
 
 
 def load_run(*, run_dir: Path, name: str) -> RunRecord:
     """A run dir as a record; a missing or unreadable one becomes a record with that state."""
-    if not run_dir.is_dir():
-        return RunRecord(name=name, run_dir=run_dir, state="missing")
-    if not (run_dir / SPEC_FILE).is_file():
-        return RunRecord(name=name, run_dir=run_dir, state="no spec.json")
+    rd = RunDir(run_dir)
+    if not rd.is_run_dir:  # no run dir there, or a folder without spec.json
+        return RunRecord(name=name, run_dir=run_dir, state=RunState.missing)
     try:
-        config = flatten(json.loads((run_dir / SPEC_FILE).read_text()))
-    except (OSError, ValueError) as err:
-        return RunRecord(name=name, run_dir=run_dir, state=f"unreadable ({err.__class__.__name__})")
-    rows = read_rows(run_dir)
+        config = flatten(json.loads(rd.spec_file.read_text()))
+    except (OSError, ValueError):
+        return RunRecord(name=name, run_dir=run_dir, state=RunState.unknown)
+    rows = rd.read_rows()
     return RunRecord(name=name, run_dir=run_dir, state=run_state(run_dir=run_dir),
                      config=config, outcomes=run_outcomes(run_dir=run_dir),
                      overrides=_overrides(run_dir),
@@ -113,30 +111,31 @@ def load_run(*, run_dir: Path, name: str) -> RunRecord:
                      val_curve=_curve(rows, kind="eval", key="val_loss"))
 
 
-def run_state(*, run_dir: Path) -> str:
-    """completed / failed / paused / started / created / a Slurm state, as `meshrun status` says."""
-    if (run_dir / SUMMARY_FILE).is_file():
-        return "completed"
+def run_state(*, run_dir: Path) -> RunState:
+    """The run's state as `meshrun status` says it (unknown when that cannot be read)."""
+    if RunDir(run_dir).summary_file.is_file():
+        return RunState.completed
     try:
-        return str(run_status(run_dir)["state"])
+        return RunState(run_status(run_dir)["state"])
     except (RuntimeError, OSError, ValueError, ConfigError):  # no sacct; a line being written
-        return "unknown"
+        return RunState.unknown
 
 
 def run_outcomes(*, run_dir: Path) -> dict:
     """From summary.json, else from metrics.jsonl as summary.json would have them."""
-    path = run_dir / SUMMARY_FILE
+    rd = RunDir(run_dir)
     try:
-        summary = json.loads(path.read_text()) if path.is_file() else \
-            summarize(run_dir, peak_source="", last_checkpoint="", export_dir="")
+        summary = rd.read_summary()
+        if summary is None:
+            summary = outcomes_from_rows(rd.read_rows())
     except ValueError:  # a metrics line half written while we read
         summary = {}
     return {key: summary.get(key) for key in OUTCOMES}
 
 
 def _overrides(run_dir: Path) -> tuple:
-    path = run_dir / "overrides.json"
-    return tuple(json.loads(path.read_text())) if path.is_file() else ()
+    rd = RunDir(run_dir)
+    return tuple(rd.read_overrides()) if rd.overrides_file.is_file() else ()
 
 
 def _curve(rows: list[dict], *, kind: str, key: str) -> tuple:

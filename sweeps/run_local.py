@@ -163,13 +163,13 @@ class Slots:
 
 def run_point(run_dir: str, env: dict[str, str]) -> int:
     """In a worker process: launch one run dir with launch_local; progress goes to its log."""
-    from conf.spec_io import read_spec
+    from conf.rundir import RunDir
     from launcher.local import launch_local
 
     os.environ.update(env)
     path = Path(run_dir)
-    spec = read_spec(path / "spec.json")
-    with open(path / "logs" / "launcher.log", "a") as log:
+    spec = RunDir(path).read_spec()
+    with open(RunDir(path).launcher_log, "a") as log:
         sys.stderr = log
         try:
             return launch_local(spec, path, show_progress=False)
@@ -194,7 +194,7 @@ def _report(console: Console, prepared: Prepared, status: int) -> None:
 
 def _cause(prepared: Prepared) -> str:
     """The last line of the failing log that names an error (the exception, usually)."""
-    from launcher.progress import failure_tail
+    from conf.rundir import failure_tail
 
     lines = [line.strip() for line in failure_tail(prepared.run_dir).splitlines() if line.strip()]
     named = [line for line in lines if "Error" in line or "error" in line]

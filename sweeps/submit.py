@@ -193,12 +193,12 @@ def _launch_all(state: SweepState, sweep: SweepDef, todo: list[Checked], opts: O
 
 
 def _checkpointed_run_dir(state: SweepState, checked: Checked) -> Path | None:
-    from training.checkpoint_paths import latest_checkpoint
+    from conf.rundir import RunDir
 
     run_dir = state.latest_run_dir(checked.point.index)
-    if run_dir is None or not (run_dir / "checkpoints").is_dir():
+    if run_dir is None:
         return None
-    return run_dir if latest_checkpoint(run_dir / "checkpoints") is not None else None
+    return run_dir if RunDir(run_dir).latest_checkpoint() is not None else None
 
 
 def _resume(state: SweepState, resumable: list[Checked], console: Console) -> bool:

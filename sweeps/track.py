@@ -1,8 +1,9 @@
 """`meshrun sweep status <dir>`: where each point of a sweep stands.
 
-A point's state comes from its latest run dir (launcher.status.run_status: the scheduler's
-word for Slurm jobs, the run's own files for local runs) and from points.json (exit status of
-local attempts, whether the local sweep runner is still alive).
+A point's state is a `conf.rundir.RunState` word (the vocabulary `meshrun status` and
+`meshrun compare` use too). It comes from its latest run dir (launcher.status.run_status: the
+scheduler's word for Slurm jobs) and, for local runs, from points.json (the exit status of the
+attempt, whether the local sweep runner is still alive) through `conf.rundir.state_after_exit`.
 """
 from __future__ import annotations
 
@@ -14,24 +15,18 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.errors import ConfigError
+from conf.rundir import (ACTIVE_STATES, RETRYABLE_STATES, RunDir, RunState,
+                         state_after_exit)
 from sweeps.state import SweepState
 
-STATES = ("pending", "running", "completed", "failed", "out of memory", "timed out",
-          "preempted", "cancelled", "stopped", "missing", "unknown")
-ACTIVE = ("pending", "running", "unknown")
-RETRYABLE = ("failed", "out of memory", "timed out", "preempted", "cancelled", "stopped",
-             "missing")
-SLURM_STATES = {
-    "PENDING": "pending", "REQUEUED": "pending", "CONFIGURING": "pending",
-    "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending", "SUSPENDED": "pending",
-    "RUNNING": "running", "COMPLETING": "running", "RESIZING": "running",
-    "COMPLETED": "completed", "FAILED": "failed", "NODE_FAIL": "failed", "BOOT_FAIL": "failed",
-    "OUT_OF_MEMORY": "out of memory", "TIMEOUT": "timed out", "DEADLINE": "timed out",
-    "PREEMPTED": "preempted", "CANCELLED": "cancelled", "UNKNOWN": "unknown",
-}
-OOM_MARKERS = ("out of memory", "outofmemoryerror", "oom-kill")
-STYLES = {"completed": "green", "running": "cyan", "pending": "dim", "stopped": "yellow",
-          "missing": "yellow", "unknown": "yellow"}
+STATES = tuple(RunState)
+"""Counting order."""
+ACTIVE = ACTIVE_STATES
+RETRYABLE = RETRYABLE_STATES
+STYLES = {"completed": "green", "running": "cyan", "pending": "dim", "created": "dim",
+          "paused": "yellow", "requeued": "cyan", "stopped": "yellow", "missing": "yellow",
+          "unknown": "yellow"}
+"""Any other state (a failure) is red."""
 
 
 def sweep_status(state: SweepState) -> list[dict]:
@@ -42,7 +37,8 @@ def sweep_status(state: SweepState) -> list[dict]:
 
 def point_status(state: SweepState, record: dict, *, runner_alive: bool) -> dict:
     row = {"index": record["index"], "name": record["name"], "values": record["values"],
-           "run_dir": None, "state": "pending" if runner_alive else "missing", "step": 0,
+           "run_dir": None, "state": RunState.pending if runner_alive else RunState.missing,
+           "step": 0,
            "steps": None, "loss": None, "mfu": None, "attempts": len(record["attempts"])}
     run_dir = state.latest_run_dir(record["index"])
     if run_dir is None:
@@ -50,68 +46,36 @@ def point_status(state: SweepState, record: dict, *, runner_alive: bool) -> dict
     row["run_dir"] = str(run_dir)
     attempt = record["attempts"][-1] if record["attempts"] else {}
     if attempt.get("error"):
-        return {**row, "state": "failed", "error": attempt["error"]}
-    if not (run_dir / "spec.json").is_file():
-        return {**row, "state": "missing"}
+        return {**row, "state": RunState.failed, "error": attempt["error"]}
+    if not RunDir(run_dir).is_run_dir:
+        return {**row, "state": RunState.missing}
     try:
         from launcher.status import run_status
 
         status = run_status(run_dir)
     except (ConfigError, RuntimeError, OSError, ValueError) as err:
-        return {**row, "state": "unknown", "error": str(err).splitlines()[0]}
+        return {**row, "state": RunState.unknown, "error": str(err).splitlines()[0]}
     latest = status.get("latest") or {}
     row.update(step=status["step"], loss=latest.get("loss"), mfu=latest.get("mfu"),
                val_loss=status.get("val_loss"), steps=_steps(run_dir))
-    if "job_id" in status:
-        row.update(job_id=status["job_id"], state=_slurm_state(status, run_dir))
+    if "job_id" in status:  # the scheduler's word, already a RunState
+        row.update(job_id=status["job_id"], state=status["state"])
     else:
-        row["state"] = _local_state(status, attempt, run_dir, runner_alive=runner_alive)
+        row["state"] = state_after_exit(run_dir, exit_status=attempt.get("exit_status"),
+                                        launcher_alive=runner_alive)
     return row
 
 
 def _steps(run_dir: Path) -> int | None:
     try:
-        return json.loads((run_dir / "spec.json").read_text())["training"]["steps"]
+        return json.loads(RunDir(run_dir).spec_file.read_text())["training"]["steps"]
     except (OSError, ValueError, KeyError):
         return None
 
 
-def _slurm_state(status: dict, run_dir: Path) -> str:
-    state = SLURM_STATES.get(status["state"], "failed")
-    if state == "completed" and not (run_dir / "summary.json").exists():
-        return "stopped"  # the job ended cleanly before the last step (e.g. out of requeues)
-    if state == "failed" and _looks_oom(status.get("log_tail", "")):
-        return "out of memory"
-    return state
-
-
-def _local_state(status: dict, attempt: dict, run_dir: Path, *, runner_alive: bool) -> str:
-    if status["state"] == "completed":
-        return "completed"
-    exit_status = attempt.get("exit_status")
-    if exit_status is None:
-        return "running" if runner_alive else "failed"  # the runner died under it
-    if exit_status in (0, 130):
-        return "stopped"
-    if exit_status in (-9, 137) or _looks_oom(_tail(run_dir)):
-        return "out of memory"
-    return "failed"
-
-
-def _tail(run_dir: Path) -> str:
-    from launcher.progress import failure_tail
-
-    return failure_tail(run_dir)
-
-
-def _looks_oom(text: str) -> bool:
-    low = text.lower()
-    return any(marker in low for marker in OOM_MARKERS)
-
-
 def counts(rows: list[dict]) -> dict[str, int]:
-    found = Counter(r["state"] for r in rows)
-    return {s: found[s] for s in STATES if found[s]}
+    found = Counter(str(r["state"]) for r in rows)
+    return {s.value: found[s.value] for s in STATES if found[s.value]}
 
 
 def status_table(rows: list[dict], *, title: str) -> Table:
@@ -127,7 +91,7 @@ def status_table(rows: list[dict], *, title: str) -> Table:
         step = (f"{r['step']}/{r['steps']}" if r.get("steps")
                 else str(r["step"]) if r["step"] else "-")
         table.add_row(str(r["index"]), *[r["values"].get(k, "") for k in keys],
-                      f"[{STYLES.get(r['state'], 'red')}]{r['state']}[/]", step,
+                      f"[{STYLES.get(str(r['state']), 'red')}]{r['state']}[/]", step,
                       f"{r['loss']:.4f}" if r.get("loss") is not None else "-",
                       f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-",
                       Path(r["run_dir"]).name if r.get("run_dir") else "-")

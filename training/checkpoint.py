@@ -5,7 +5,7 @@ A save is collective. Every rank writes into `step_N.tmp/` (DCP shards for model
 plus `rank_<R>.pt` with its RNG states and the caller's `extra`); after all ranks agree that
 they succeeded, rank 0 writes `meta.json` and renames the folder to `step_N` (atomic on one
 filesystem). Only folders named `step_N` holding `meta.json` and DCP's `.metadata` count as
-complete (see `training.checkpoint_paths`). Works without a process group (one process).
+complete (the rule lives in `conf.rundir`). Works without a process group (one process).
 The checkpoint root must be one filesystem that every rank sees (shared across nodes).
 """
 from __future__ import annotations
@@ -27,10 +27,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                      set_state_dict)
 
-from training.checkpoint_paths import (META_FILENAME, checkpoints_beyond_newest,
-                                       is_complete_checkpoint, latest_checkpoint,
-                                       read_checkpoint_meta, replaced_step_dir, stale_dirs,
-                                       step_dir, tmp_step_dir)
+from conf.rundir import (META_FILENAME, checkpoints_beyond_newest, is_complete_checkpoint,
+                         latest_checkpoint, read_checkpoint_meta, replaced_step_dir, stale_dirs,
+                         step_dir, tmp_step_dir)
 
 __all__ = ["CheckpointError", "CheckpointMismatch", "latest_checkpoint", "load_checkpoint",
            "read_checkpoint_meta", "save_checkpoint", "capture_rng_state", "restore_rng_state"]

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from conf.schema import DataKind
+from conf.corpus import STDLIB_TOKEN_DTYPE
 from conf.spec import DataSpec, TrainingSpec
-from training.data_prep import TOKEN_DTYPE as STDLIB_DTYPE
 
 RAW_DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32}
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
@@ -326,7 +326,7 @@ def build_val_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
 
 def token_dtype(data: DataSpec) -> str:
     """Element type of raw token files: uint8 for the stdlib corpus, else data.dtype."""
-    return STDLIB_DTYPE if DataKind(data.kind) is DataKind.stdlib else data.dtype
+    return STDLIB_TOKEN_DTYPE if DataKind(data.kind) is DataKind.stdlib else data.dtype
 
 
 def _required(files: Sequence[str], field: str) -> tuple[str, ...]:

@@ -5,17 +5,16 @@ import json
 import time
 from pathlib import Path
 
+from conf.rundir import RunDir
 from conf.spec import RunSpec
 from conf.spec_io import spec_to_dict
-
-METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsFile:
     """Appends one JSON object per line; on resume drops rows of steps that will be redone."""
 
     def __init__(self, run_dir: Path, *, resume_step: int | None) -> None:
-        self.path = run_dir / METRICS_FILE
+        self.path = RunDir(run_dir).metrics_file
         if resume_step is not None and self.path.exists():
             kept = [line for line in self.path.read_text().splitlines()
                     if line.strip() and json.loads(line).get("step", 0) <= resume_step]
@@ -36,7 +35,7 @@ class RunLoggers:
         from training.wandb_logger import WandbLogger
 
         self.metrics = MetricsFile(run_dir, resume_step=resume_step)
-        run_id = (run_dir / "wandb_id.txt").read_text().strip()
+        run_id = RunDir(run_dir).wandb_id_file.read_text().strip()
         self.wandb = WandbLogger(run_dir=run_dir, mode=spec.logging.wandb_mode.value,
                                  project=spec.logging.wandb_project,
                                  entity=spec.logging.wandb_entity, run_id=run_id,

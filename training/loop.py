@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from conf.rundir import RunDir
 from training.checkpoint import save_checkpoint
 from training.dist import all_reduce_max, all_reduce_sum, barrier
 from training.export import export_hf, gather_full_state
@@ -156,7 +157,7 @@ def finish(tr: Trainer) -> None:
     if tr.spec.checkpoint.export_safetensors:
         state = gather_full_state(tr.layout)  # collective; the full weights land on rank 0
         if tr.ctx.is_main:
-            export_dir = str(export_hf(state, tr.spec.model, tr.run_dir / "export"))
+            export_dir = str(export_hf(state, tr.spec.model, RunDir(tr.run_dir).export_dir))
     if tr.loggers is not None:
         tr.loggers.event({"kind": "event", "event": "finished", "step": tr.step})
         summary = summarize(tr.run_dir, peak_source=tr.peak.source,

@@ -10,12 +10,12 @@ import os
 import sys
 from pathlib import Path
 
-from conf.spec_io import read_spec
+from conf.rundir import RunDir
 
 
 def setup_logging(run_dir: Path, rank: int) -> None:
     """Each rank logs to logs/rank<R>.log; rank 0 also to stdout (torchrun.log)."""
-    handlers: list[logging.Handler] = [logging.FileHandler(run_dir / "logs" / f"rank{rank}.log")]
+    handlers: list[logging.Handler] = [logging.FileHandler(RunDir(run_dir).rank_log(rank))]
     if rank == 0:
         handlers.append(logging.StreamHandler(sys.stdout))
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
@@ -33,7 +33,7 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     from training.loop import train
     from training.trainer import build_trainer
 
-    spec = read_spec(run_dir / "spec.json")
+    spec = RunDir(run_dir).read_spec()
     ctx = init_distributed(spec.training.device, join_timeout_s=spec.cluster.preflight_timeout_s)
     setup_logging(run_dir, ctx.rank)
     log = logging.getLogger("meshrun.main")
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     preflight_only = PREFLIGHT_ONLY in args
     args = [a for a in args if a != PREFLIGHT_ONLY]
-    if len(args) != 1 or not (Path(args[0]) / "spec.json").is_file():
+    if len(args) != 1 or not RunDir(args[0]).is_run_dir:
         sys.stderr.write("usage: python -m training <run_dir> [--preflight-only]\n")
         return 2
     record(run)(Path(args[0]).resolve(), preflight_only=preflight_only)

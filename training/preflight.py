@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from conf.rundir import RunDir
 from training.preflight_report import KIB, MIB, format_size, format_table  # noqa: F401 (re-exported)
 
 DEFAULT_SIZES_BYTES = (4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB,
@@ -198,7 +199,7 @@ def _gather_hosts(*, hostname: str, world_size: int) -> dict[int, str]:
 
 def write_report(report: dict, *, run_dir: Path) -> Path:
     """Write preflight.json atomically (temp file, then rename)."""
-    path = Path(run_dir) / "preflight.json"
+    path = RunDir(run_dir).preflight_file
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(path)

@@ -11,8 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from conf.rundir import RunDir
 from conf.spec import ClusterSpec
-from conf.spec_io import read_spec
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 
@@ -53,7 +53,7 @@ class SlurmRankTask:
         self.preflight_only = preflight_only
 
     def __call__(self) -> str:
-        spec = read_spec(Path(self.run_dir) / "spec.json")
+        spec = RunDir(self.run_dir).read_spec()
         export_rank_environment(spec.cluster)
         from training.main import run
 

@@ -5,11 +5,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from conf.rundir import RunDir, find_checkpoint, latest_checkpoint
 from conf.spec import RunSpec
 from parallel.cost.devices import PeakFlops
 from parallel.cost.flops import flops_per_token
 from training.checkpoint import load_checkpoint
-from training.checkpoint_paths import latest_checkpoint
 from training.data import build_train_batches, build_val_batches
 from training.dist import RankContext
 from training.layout import RankLayout, build_layout
@@ -18,8 +18,6 @@ from training.metrics import resolve_peak
 from training.optim import build_optimizers
 from training.precision import autocast_context, build_grad_scaler
 from training.preemption import StopRequest
-
-CHECKPOINT_DIR = "checkpoints"
 
 
 @dataclass(kw_only=True)
@@ -50,7 +48,7 @@ class Trainer:
 
     @property
     def checkpoint_root(self) -> Path:
-        return self.run_dir / CHECKPOINT_DIR
+        return RunDir(self.run_dir).checkpoints_dir
 
 
 def build_trainer(spec: RunSpec, run_dir: Path, ctx: RankContext) -> Trainer:
@@ -87,15 +85,10 @@ def checkpoint_layout(spec: RunSpec) -> dict:
             "pp_virtual_stages": p.pp_virtual_stages}
 
 
-def _checkpoint_in(source: str) -> Path | None:
-    path = Path(source)
-    return path if (path / "meta.json").is_file() else latest_checkpoint(path / CHECKPOINT_DIR)
-
-
 def restore(trainer: Trainer, *, source: str = "", allow_reshard: bool = False) -> None:
     """Load the newest complete checkpoint of this run (or of `source`, a run dir or step
     folder, resharded to this layout): weights, optimizer, data position, RNG, scaler."""
-    path = _checkpoint_in(source) if source else latest_checkpoint(trainer.checkpoint_root)
+    path = find_checkpoint(Path(source)) if source else latest_checkpoint(trainer.checkpoint_root)
     if path is None:
         raise FileNotFoundError(f"no complete checkpoint under {source or trainer.checkpoint_root}")
     extra = load_checkpoint(path, model=trainer.layout.parts, optimizer=trainer.optimizers,

@@ -28,7 +28,7 @@ from training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from training.checkpoint_paths import (
+from conf.rundir import (
     latest_checkpoint,
     read_checkpoint_meta,
     step_dir,
@@ -277,8 +277,8 @@ def test_unloadable_extra_is_refused_at_save_time(tmp_path):
     assert latest_checkpoint(tmp_path) is None
 
 
-def test_checkpoint_paths_does_not_import_torch():
-    code = ("import sys, json, training.checkpoint_paths; "
+def test_checkpoint_folder_rules_do_not_import_torch():
+    code = ("import sys, json, conf.rundir; "
             "print(json.dumps('torch' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True,
                          capture_output=True, text=True).stdout

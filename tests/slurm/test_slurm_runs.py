@@ -82,7 +82,8 @@ def test_two_node_job_matches_a_local_four_process_run(two_runs):
     assert losses(slurm_dir) == pytest.approx(losses(local_dir), rel=1e-6, abs=0)
     report = json.loads((slurm_dir / "preflight.json").read_text())
     assert report["world_size"] == 4 and report["all_reduce_check"]["passed"]
-    assert status(slurm_dir)["state"] == "COMPLETED"
+    assert status(slurm_dir)["state"] == "completed"
+    assert status(slurm_dir)["scheduler_state"] == "COMPLETED"
 
 
 def test_awkward_overrides_reach_the_ranks_exactly(two_runs):
@@ -121,7 +122,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes_one_wandb_run(slurm_clu
     record = read_runs(run_dir)
     assert record.run_id == (run_dir / "wandb_id.txt").read_text().strip()
     assert len(record.sources) == 2
-    wait_until(lambda: status(run_dir)["state"] == "COMPLETED", timeout_s=60, what="COMPLETED")
+    wait_until(lambda: status(run_dir)["state"] == "completed", timeout_s=60, what="completed")
     assert status(run_dir)["requeues"] == 1
 
 
@@ -135,12 +136,12 @@ def test_crashed_job_is_reported_failed_and_resumes_from_its_checkpoint(slurm_cl
     log = (run_dir / "logs" / "rank3.log").read_text()
     pid = int(re.search(r"pid (\d+)", log).group(1))
     os.kill(pid, signal.SIGKILL)  # a node dies: no warning, no checkpoint
-    wait_until(lambda: status(run_dir)["state"] not in ("RUNNING", "PENDING", "COMPLETING"),
+    wait_until(lambda: status(run_dir)["state"] not in ("running", "pending"),
                timeout_s=240, what="the job to fail")
     failed = status(run_dir)
-    assert failed["state"] == "FAILED", failed
+    assert (failed["state"], failed["scheduler_state"]) == ("failed", "FAILED"), failed
     assert "log_tail" in failed and failed["log_tail"].strip()
     resumed = meshrun("resume", "--wait", str(run_dir))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert sorted(losses(run_dir)) == list(range(1, 31))
-    assert status(run_dir)["state"] == "COMPLETED"
+    assert status(run_dir)["state"] == "completed"

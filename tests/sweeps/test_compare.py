@@ -95,7 +95,7 @@ def names(records) -> list[str]:
 def test_collects_points_and_diffs_only_meaningful_keys(sweep):
     records = collect_runs(paths=[sweep])
     assert names(records) == [p[0] for p in POINTS]
-    assert [r.state for r in records] == ["completed", "completed", "started", "missing"]
+    assert [r.state for r in records] == ["completed", "completed", "running", "missing"]
     assert records[0].run_dir == sweep / "runs" / "lr-1e-3"  # relative to the sweep dir
     assert records[1].run_dir == sweep / "runs" / "lr-3e-3"  # absolute
     # name, runs_dir and host.cpu_count differ too, but carry no meaning
@@ -121,7 +121,7 @@ def test_a_line_being_written_is_no_crash(tmp_path):
     with (run_dir / "metrics.jsonl").open("a") as metrics:
         metrics.write('{"kind": "train", "step": 13, "lo')  # the writer is mid-line
     (record,) = collect_runs(paths=[run_dir])
-    assert record.state in ("started", "unknown") and record.config["optim.lr"] > 0
+    assert record.state in ("running", "unknown") and record.config["optim.lr"] > 0
     assert record.train_curve[-1][0] == 12 and len(record.val_curve) == 2
 
 

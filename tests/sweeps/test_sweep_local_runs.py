@@ -117,7 +117,7 @@ def test_retry_resumes_a_point_that_stopped_with_a_checkpoint(tmp_path):
                     "optim.lr=choice(1e-3)")  # a one-point sweep
     assert first.returncode == 1, first.stdout + first.stderr
     (row,) = sweep_status(sweep_dir)["points"]
-    assert (row["state"], row["step"]) == ("stopped", 3)
+    assert (row["state"], row["step"]) == ("paused", 3)  # its own event: stop_at_step
     retried = meshrun("sweep", "retry", str(sweep_dir), "--yes")
     assert retried.returncode == 0, retried.stdout + retried.stderr
     assert "resuming from its checkpoint" in retried.stdout

@@ -9,17 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from conf.rundir import state_after_exit, state_from_files
 from conf.spec import HostSpec
+from launcher.slurm_state import state_from_scheduler
 from sweeps.expand import expand
 from sweeps.run_local import Slots
 from sweeps.spec_file import inline_sweep
-from sweeps.track import _local_state, _slurm_state
 from sweeps.validate import validate
 
 REPO = Path(__file__).resolve().parents[2]
 MINE = ("cli", "compose_cache", "expand", "naming", "preview", "run_local", "run_slurm",
         "spec_file", "state", "submit", "track", "validate")
-TORCH_FREE_TRAINING = ("training.slurm_entry", "training.checkpoint_paths")
+TORCH_FREE_TRAINING = ("training.slurm_entry",)
 TORCH_FREE_PARALLEL = "parallel.cost"  # the cost model; the rest of parallel needs torch
 
 
@@ -33,24 +34,33 @@ TORCH_FREE_PARALLEL = "parallel.cost"  # the cost model; the rest of parallel ne
     ("NODE_FAIL", "", False, "failed"),
 ])
 def test_slurm_states(tmp_path, scheduler, tail, summary, want):
+    (tmp_path / "logs").mkdir()
+    if tail:
+        (tmp_path / "logs" / "rank0.log").write_text(f"Traceback\n{tail}\n")
     if summary:
         (tmp_path / "summary.json").write_text("{}")
-    assert _slurm_state({"state": scheduler, "log_tail": tail}, tmp_path) == want
+    assert state_from_scheduler(scheduler, tmp_path) == want
 
 
 def test_local_states(tmp_path):
     (tmp_path / "logs").mkdir()
-    running = {"state": "started"}
-    assert _local_state({"state": "completed"}, {"exit_status": 0}, tmp_path,
-                        runner_alive=False) == "completed"
-    assert _local_state(running, {"exit_status": None}, tmp_path, runner_alive=True) == "running"
-    assert _local_state(running, {"exit_status": None}, tmp_path, runner_alive=False) == "failed"
-    assert _local_state(running, {"exit_status": 130}, tmp_path, runner_alive=False) == "stopped"
-    assert _local_state(running, {"exit_status": -9}, tmp_path,
-                        runner_alive=False) == "out of memory"
+
+    def state(exit_status, *, alive=False):
+        return state_after_exit(tmp_path, exit_status=exit_status, launcher_alive=alive)
+
+    assert state_from_files(tmp_path) == "created"
+    assert state(None, alive=True) == "running"
+    assert state(None) == "failed"
+    assert state(130) == "stopped"
+    assert state(-9) == "out of memory"
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "event", "event": "paused", "step": 3}\n')
+    assert state_from_files(tmp_path) == "paused" and state(0) == "paused"
+    (tmp_path / "metrics.jsonl").unlink()
     (tmp_path / "logs" / "rank0.log").write_text("Traceback\nRuntimeError: CUDA out of memory\n")
-    assert _local_state(running, {"exit_status": 1}, tmp_path,
-                        runner_alive=False) == "out of memory"
+    assert state_from_files(tmp_path) == "running"
+    assert state(1) == "out of memory"
+    (tmp_path / "summary.json").write_text("{}")
+    assert state(0) == "completed" and state_from_files(tmp_path) == "completed"
 
 
 def _specs(overrides: list[str], host: HostSpec):

@@ -1,4 +1,4 @@
-"""Corpus preparation (training/data_prep.py) and rank-side batches (training/data.py)."""
+"""Corpus preparation (launcher/data_prep.py) and rank-side batches (training/data.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +13,7 @@ import torch
 
 from conf.schema import DataKind
 from conf.spec import DataSpec, TrainingSpec
-from training import data_prep
+from launcher import data_prep
 from training.data import (
     SyntheticBatches,
     TokenDataset,
@@ -22,7 +22,7 @@ from training.data import (
     build_val_batches,
     val_batches,
 )
-from training.data_prep import expand_token_files, prepare_stdlib_corpus, stdlib_corpus_dir
+from launcher.data_prep import expand_token_files, prepare_stdlib_corpus, stdlib_corpus_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ def test_small_source_split_and_rebuild_of_broken_copy(tmp_path):
 
 def test_concurrent_preparers_agree(tmp_path):
     source = _small_source(tmp_path)
-    code = ("import sys; from pathlib import Path; from training.data_prep import "
+    code = ("import sys; from pathlib import Path; from launcher.data_prep import "
             "prepare_stdlib_corpus as p; c = p(cache_dir=Path(sys.argv[1]), val_every_nth_file=3, "
             "source_dir=Path(sys.argv[2])); print(c.directory)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "c"), str(source)],
@@ -126,7 +126,7 @@ def test_concurrent_preparers_agree(tmp_path):
 
 
 def test_data_prep_imports_neither_torch_nor_numpy():
-    code = ("import sys, training.data_prep; "
+    code = ("import sys, launcher.data_prep; "
             "assert not {'torch', 'numpy', 'hydra', 'omegaconf'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 

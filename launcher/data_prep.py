@@ -25,9 +25,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from conf.corpus import STDLIB_TOKEN_DTYPE, STDLIB_VOCAB_SIZE
+
 FORMAT_VERSION = 1
-TOKEN_DTYPE = "uint8"
-VOCAB_SIZE = 256
+TOKEN_DTYPE = STDLIB_TOKEN_DTYPE
+VOCAB_SIZE = STDLIB_VOCAB_SIZE
 SEPARATOR = b"\n"
 """Joins consecutive source files (each file usually ends in a newline already)."""
 MANIFEST_NAME = "manifest.json"

@@ -1,0 +1,366 @@
+"""The run dir, owned here: every name in it, the checkpoint folders, and the readers.
+
+Torch-free and hydra-free: the launcher, the sweeps, `meshrun status`/`compare` and the ranks
+all name the run dir's files through this module, so its layout is written down once::
+
+    <run_dir>/spec.json          the frozen RunSpec every rank reads (conf.spec_io round-trips it)
+              config.yaml        the composed Hydra config, for people
+              overrides.json     the command-line overrides (`meshrun resume` recomposes from them)
+              command.txt        the launch command
+              env.json           Python/torch versions, host, git state
+              wandb_id.txt       the W&B run id (one W&B run across resumes and requeues)
+              resumes.jsonl      one line per `meshrun resume`
+              logs/rank<R>.log   each rank's log; logs/torchrun.log, logs/launcher.log
+              metrics.jsonl      one JSON row per train step / eval / event (rank 0 appends)
+              summary.json       the final numbers (rank 0, only when the last step is done)
+              preflight.json     the preflight report (rank 0)
+              checkpoints/step_<N>/   complete checkpoints (see below)
+              export/            the safetensors export (Hugging Face layout)
+              slurm/jobs.json    the Slurm submissions (slurm/<job id>/ are submitit's folders)
+
+Under checkpoints/ (or any checkpoint root)::
+
+    step_00000100/          complete: has meta.json and DCP's .metadata
+    step_00000200.tmp/      being written, or left by a crash: never resumed from
+    step_00000200.old/      a replaced checkpoint, about to be deleted: never resumed from
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from enum import Enum
+from pathlib import Path
+
+from conf.spec import RunSpec
+from conf.spec_io import read_spec, write_spec
+
+SPEC_FILE = "spec.json"
+CONFIG_FILE = "config.yaml"
+OVERRIDES_FILE = "overrides.json"
+COMMAND_FILE = "command.txt"
+ENV_FILE = "env.json"
+WANDB_ID_FILE = "wandb_id.txt"
+RESUMES_FILE = "resumes.jsonl"
+LOGS_DIR = "logs"
+TORCHRUN_LOG = "torchrun.log"
+LAUNCHER_LOG = "launcher.log"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+PREFLIGHT_FILE = "preflight.json"
+CHECKPOINTS_DIR = "checkpoints"
+EXPORT_DIR = "export"
+SLURM_DIR = "slurm"
+JOBS_FILE = "jobs.json"
+
+META_FILENAME = "meta.json"
+DCP_METADATA_FILENAME = ".metadata"
+TMP_SUFFIX = ".tmp"
+REPLACED_SUFFIX = ".old"
+_COMPLETE_NAME = re.compile(r"^step_(\d{8,})$")
+_STALE_NAME = re.compile(r"^step_\d{8,}\.(tmp|old)$")
+
+
+def rank_log_name(rank: int) -> str:
+    return f"rank{rank}.log"
+
+
+class RunDir:
+    """A run dir's paths by name: `RunDir(path).metrics_file`, `.rank_log(3)`, ..."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    spec_file = property(lambda self: self.path / SPEC_FILE)
+    config_file = property(lambda self: self.path / CONFIG_FILE)
+    overrides_file = property(lambda self: self.path / OVERRIDES_FILE)
+    command_file = property(lambda self: self.path / COMMAND_FILE)
+    env_file = property(lambda self: self.path / ENV_FILE)
+    wandb_id_file = property(lambda self: self.path / WANDB_ID_FILE)
+    resumes_file = property(lambda self: self.path / RESUMES_FILE)
+    logs_dir = property(lambda self: self.path / LOGS_DIR)
+    torchrun_log = property(lambda self: self.path / LOGS_DIR / TORCHRUN_LOG)
+    launcher_log = property(lambda self: self.path / LOGS_DIR / LAUNCHER_LOG)
+    metrics_file = property(lambda self: self.path / METRICS_FILE)
+    summary_file = property(lambda self: self.path / SUMMARY_FILE)
+    preflight_file = property(lambda self: self.path / PREFLIGHT_FILE)
+    checkpoints_dir = property(lambda self: self.path / CHECKPOINTS_DIR)
+    export_dir = property(lambda self: self.path / EXPORT_DIR)
+    slurm_dir = property(lambda self: self.path / SLURM_DIR)
+    jobs_file = property(lambda self: self.path / SLURM_DIR / JOBS_FILE)
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs_dir / rank_log_name(rank)
+
+    def rank_logs(self) -> list[Path]:
+        """The rank logs written so far, sorted by name."""
+        return sorted(self.logs_dir.glob("rank*.log"))
+
+    @property
+    def is_run_dir(self) -> bool:
+        """A folder made by the launcher: it holds spec.json."""
+        return self.spec_file.is_file()
+
+    def read_spec(self) -> RunSpec:
+        return read_spec(self.spec_file)
+
+    def write_spec(self, spec: RunSpec) -> None:
+        write_spec(spec, self.spec_file)
+
+    def read_overrides(self) -> list[str]:
+        return json.loads(self.overrides_file.read_text())
+
+    def read_rows(self) -> list[dict]:
+        return read_metrics_rows(self.metrics_file)
+
+    def read_summary(self) -> dict | None:
+        """summary.json, or None before the run has finished."""
+        path = self.summary_file
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def latest_checkpoint(self) -> Path | None:
+        return latest_checkpoint(self.checkpoints_dir)
+
+
+def read_metrics_rows(path: Path) -> list[dict]:
+    """Every complete row of a metrics.jsonl; a last line still being written is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = text.split("\n")
+    if not text.endswith("\n"):
+        lines = lines[:-1]  # the writer has not finished this line yet
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def failure_tail(run_dir: Path, lines: int = 30) -> str:
+    """The last lines of the most relevant log: a rank log with a traceback, else torchrun's."""
+    rd = RunDir(run_dir)
+    for log in rd.rank_logs():
+        text = log.read_text(errors="replace")
+        if "Traceback" in text or "Error" in text:
+            return f"{log}:\n" + "\n".join(text.splitlines()[-lines:])
+    if rd.torchrun_log.exists():
+        text = rd.torchrun_log.read_text(errors="replace")
+        return f"{rd.torchrun_log}:\n" + "\n".join(text.splitlines()[-lines:])
+    return "(no logs)"
+
+
+# --- outcomes: the numbers of summary.json, from metrics.jsonl -----------------------------------
+
+WARMUP_FRACTION = 0.1  # steps left out of the throughput means (compile, allocator, caches)
+
+
+def outcomes_from_rows(rows: list[dict]) -> dict:
+    """The final numbers a run's metrics rows give (summary.json's first keys, in its order);
+    `training.summary` adds where they came from. Compare uses it for unfinished runs too."""
+    train = [r for r in rows if r.get("kind") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    steady = train[int(len(train) * WARMUP_FRACTION):] or train
+    first_val = evals[0]["val_loss"] if evals else None
+    final_val = evals[-1]["val_loss"] if evals else None
+    return {
+        "steps_done": train[-1]["step"] if train else 0,
+        "final_loss": train[-1]["loss"] if train else None,
+        "first_val_loss": first_val,
+        "final_val_loss": final_val,
+        "best_val_loss": min(r["val_loss"] for r in evals) if evals else None,
+        "val_loss_drop": 1 - final_val / first_val if first_val else None,
+        "tokens_per_s": _mean(steady, "tokens_per_s"),
+        "tokens_per_s_per_device": _mean(steady, "tokens_per_s_per_device"),
+        "mfu": _mean(steady, "mfu"),
+        "peak_mem_gib": max((r.get("mem_peak_gib", 0.0) for r in train), default=None),
+        "wall_s": _wall_s(rows),
+    }
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    return statistics.fmean(values) if values else None
+
+
+def _wall_s(rows: list[dict]) -> float | None:
+    times = [r["time"] for r in rows if "time" in r]
+    return max(times) - min(times) if len(times) > 1 else None
+
+
+# --- run states: one vocabulary for `meshrun status`, sweep status and compare -------------------
+
+class RunState(str, Enum):
+    """Where a run stands. `str(state)` and `state.value` are the word people see."""
+
+    created = "created"
+    """The run dir is written; no rank has started."""
+    pending = "pending"
+    """Waiting: queued by the scheduler, or a sweep point not launched yet."""
+    running = "running"
+    """Ranks have started and nothing says the run ended."""
+    paused = "paused"
+    """Stopped on purpose at training.stop_at_step; `meshrun resume` continues it."""
+    requeued = "requeued"
+    """Stopped by a warning signal and requeued by Slurm; it continues by itself."""
+    stopped = "stopped"
+    """Ended before its last step (a signal, Ctrl-C, out of requeues); resumable."""
+    completed = "completed"
+    """The last step is done and summary.json is written."""
+    failed = "failed"
+    out_of_memory = "out of memory"
+    timed_out = "timed out"
+    preempted = "preempted"
+    cancelled = "cancelled"
+    missing = "missing"
+    """No run dir (or no spec.json in it) where one should be."""
+    unknown = "unknown"
+    """The scheduler or the run's files could not say."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __hash__(self) -> int:  # equal to its word, so hash like it (dict keys, Counter)
+        return str.__hash__(self)
+
+
+ACTIVE_STATES = (RunState.pending, RunState.running, RunState.unknown)
+"""A sweep waits for these."""
+FAILED_STATES = (RunState.failed, RunState.out_of_memory, RunState.timed_out, RunState.cancelled)
+"""`meshrun status` shows the log tail for these."""
+RETRYABLE_STATES = (RunState.failed, RunState.out_of_memory, RunState.timed_out,
+                    RunState.preempted, RunState.cancelled, RunState.stopped, RunState.paused,
+                    RunState.missing)
+"""`meshrun sweep retry` reruns (or resumes) these."""
+EVENT_STATES = {"paused": RunState.paused, "requeued": RunState.requeued,
+                "stopped": RunState.stopped, "finished": RunState.running}
+"""The loop's last event -> state ("finished": the summary is being written)."""
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "oom-kill")
+INTERRUPTED_EXIT = (0, 130)
+KILLED_EXIT = (-9, 137)
+
+
+def looks_oom(text: str) -> bool:
+    low = text.lower()
+    return any(marker in low for marker in OOM_MARKERS)
+
+
+def state_from_files(run_dir: Path) -> RunState:
+    """What the run dir itself says: summary.json, the loop's last event, the rank logs."""
+    rd = RunDir(run_dir)
+    if rd.summary_file.exists():
+        return RunState.completed
+    events = [r for r in rd.read_rows() if r.get("kind") == "event"]
+    if events:
+        return EVENT_STATES.get(events[-1].get("event"), RunState.unknown)
+    logs = rd.rank_logs()
+    if any("failed" in log.read_text(errors="replace") for log in logs):
+        return RunState.out_of_memory if looks_oom(failure_tail(run_dir)) else RunState.failed
+    return RunState.running if logs else RunState.created
+
+
+def state_after_exit(run_dir: Path, *, exit_status: int | None, launcher_alive: bool) -> RunState:
+    """A locally launched run's state when its launcher's exit status is known (sweeps record
+    it): None = not ended (or its launcher died under it)."""
+    files = state_from_files(run_dir)
+    if files is RunState.completed:
+        return files
+    if exit_status is None:
+        return RunState.running if launcher_alive else RunState.failed
+    if exit_status in INTERRUPTED_EXIT:
+        return files if files in (RunState.paused, RunState.requeued) else RunState.stopped
+    if exit_status in KILLED_EXIT or looks_oom(failure_tail(run_dir)):
+        return RunState.out_of_memory
+    return RunState.failed
+
+
+# --- checkpoint folders: names and the one complete-checkpoint rule -------------------------------
+
+def step_dir_name(step: int) -> str:
+    """`step_00000042` for step 42 (zero-padded so names sort like steps)."""
+    if step < 0:
+        raise ValueError(f"checkpoint step must be >= 0, got {step}")
+    return f"step_{step:08d}"
+
+
+def step_dir(root: Path, *, step: int) -> Path:
+    """Where the complete checkpoint of `step` lives."""
+    return Path(root) / step_dir_name(step)
+
+
+def tmp_step_dir(root: Path, *, step: int) -> Path:
+    """Where the checkpoint of `step` is written before it is published by a rename."""
+    return Path(root) / (step_dir_name(step) + TMP_SUFFIX)
+
+
+def replaced_step_dir(root: Path, *, step: int) -> Path:
+    """Where an existing checkpoint of `step` is moved while a new one takes its name."""
+    return Path(root) / (step_dir_name(step) + REPLACED_SUFFIX)
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step encoded in a complete-checkpoint folder name, or None for any other name."""
+    match = _COMPLETE_NAME.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    """THE rule: a published `step_N` folder (no .tmp/.old suffix) holding meta.json and DCP's
+    .metadata. Nothing else is resumed or loaded from."""
+    path = Path(path)
+    return (
+        checkpoint_step(path) is not None
+        and path.is_dir()
+        and (path / META_FILENAME).is_file()
+        and (path / DCP_METADATA_FILENAME).is_file()
+    )
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Every complete checkpoint under `root`, oldest step first (empty if root is missing)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if is_complete_checkpoint(p)]
+    return sorted(found, key=lambda p: checkpoint_step(p))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under `root`; partial or stale folders are ignored."""
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def find_checkpoint(source: Path) -> Path | None:
+    """`source` itself if it is a complete checkpoint, else the newest one of the run dir
+    `source` (checkpoint.load_from accepts either)."""
+    source = Path(source)
+    return source if is_complete_checkpoint(source) else RunDir(source).latest_checkpoint()
+
+
+def stale_dirs(root: Path) -> list[Path]:
+    """Folders left by interrupted saves (`step_N.tmp`, `step_N.old`)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and _STALE_NAME.match(p.name))
+
+
+def checkpoints_beyond_newest(root: Path, *, keep_last: int) -> list[Path]:
+    """Complete checkpoints older than the newest `keep_last` ones (those to delete)."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 (or None to keep all), got {keep_last}")
+    return complete_checkpoints(root)[:-keep_last]
+
+
+def read_checkpoint_meta(path: Path) -> dict:
+    """The contents of a checkpoint's meta.json (step, world_size, caller metadata, ...)."""
+    meta_path = Path(path) / META_FILENAME
+    if not meta_path.is_file():
+        raise FileNotFoundError(
+            f"{path} is not a complete checkpoint: {META_FILENAME} is missing "
+            "(an interrupted save?); use latest_checkpoint(root) to find a complete one"
+        )
+    return json.loads(meta_path.read_text())
