@@ -127,16 +127,46 @@ class RunDir:
         return latest_checkpoint(self.checkpoints_dir)
 
 
+RESUME_ROW_KIND = "resume"
+"""metrics.jsonl is append-only: a resumed leg first appends {"kind": "resume", "step": S}
+(the checkpoint step it continues from); rows of steps after S written before it belong to a
+leg that died before its next checkpoint, and readers drop them (each step's last row wins)."""
+
+
 def read_metrics_rows(path: Path) -> list[dict]:
-    """Every complete row of a metrics.jsonl; a last line still being written is skipped."""
+    """Every complete row of a metrics.jsonl as the run's current history: a last line still
+    being written and any line that is not a JSON object are skipped; rows superseded by a
+    later resume marker are dropped."""
     path = Path(path)
     if not path.exists():
         return []
-    text = path.read_text()
+    text = path.read_text(errors="replace")
     lines = text.split("\n")
     if not text.endswith("\n"):
         lines = lines[:-1]  # the writer has not finished this line yet
-    return [json.loads(line) for line in lines if line.strip()]
+    return history(row for row in map(parse_metrics_line, lines) if row is not None)
+
+
+def parse_metrics_line(line: str) -> dict | None:
+    """One metrics row, or None for a blank, torn or foreign line (never raises)."""
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
+def history(rows) -> list[dict]:
+    """Apply resume markers: a marker at step S drops the rows of steps after S before it."""
+    kept: list[dict] = []
+    for row in rows:
+        if row.get("kind") == RESUME_ROW_KIND:
+            step = row.get("step", 0)
+            kept = [r for r in kept if r.get("step", 0) <= step]
+        kept.append(row)
+    return kept
 
 
 def failure_tail(run_dir: Path, lines: int = 30) -> str:

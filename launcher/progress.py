@@ -1,7 +1,6 @@
 """Follow a running job through its metrics.jsonl: a live progress line, then a summary."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from conf.rundir import RunDir, failure_tail
+from conf.rundir import RunDir, failure_tail, parse_metrics_line
 from conf.spec import RunSpec
 
 POLL_S = 0.5
@@ -20,7 +19,8 @@ PLAIN_LINES = 10  # progress lines printed when the output is not a terminal
 
 
 class MetricsTail:
-    """Reads the rows appended to metrics.jsonl since the last call."""
+    """Reads the rows appended to metrics.jsonl since the last call. Survives any content:
+    lines that are not JSON objects are skipped, and a file that shrank is read again."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -30,12 +30,14 @@ class MetricsTail:
     def new_rows(self) -> list[dict]:
         if not self.path.exists():
             return []
-        with open(self.path) as f:
+        with open(self.path, errors="replace") as f:
+            if os.fstat(f.fileno()).st_size < self.offset:  # replaced or truncated
+                self.offset, self.partial = 0, ""
             f.seek(self.offset)
             text = self.partial + f.read()
             self.offset = f.tell()
         *lines, self.partial = text.split("\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        return [row for row in map(parse_metrics_line, lines) if row is not None]
 
 
 def describe(row: dict) -> str:

@@ -5,21 +5,21 @@ import json
 import time
 from pathlib import Path
 
-from conf.rundir import RunDir
+from conf.rundir import RESUME_ROW_KIND, RunDir
 from conf.spec import RunSpec
 from conf.spec_io import spec_to_dict
 
 
 class MetricsFile:
-    """Appends one JSON object per line; on resume drops rows of steps that will be redone."""
+    """Appends one JSON object per line and never rewrites the file: a resumed leg starts with
+    a resume marker (conf.rundir.RESUME_ROW_KIND); readers drop the rows it supersedes."""
 
     def __init__(self, run_dir: Path, *, resume_step: int | None) -> None:
         self.path = RunDir(run_dir).metrics_file
-        if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
         self.file = open(self.path, "a", buffering=1)
+        if resume_step is not None:
+            self.file.write(json.dumps({"kind": RESUME_ROW_KIND, "step": resume_step,
+                                        "time": round(time.time(), 3)}) + "\n")
 
     def write(self, row: dict) -> None:
         self.file.write(json.dumps({**row, "time": round(time.time(), 3)}) + "\n")
