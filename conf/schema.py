@@ -2,7 +2,8 @@
 
 Each knob is documented once, by the docstring under its field; the frozen spec sections
 (conf/spec.py) are derived from these classes, not declared again. Choices are `StrEnum`s
-(omegaconf 2.3 rejects `Literal`): they compare equal to, and print as, their values. `-1` means "auto": `resolve()` fills it in.
+(omegaconf 2.3 rejects `Literal`): they compare equal to, and print as, their values.
+`-1` means "auto": `resolve()` fills it in.
 Schema defaults equal the default group options (conf/config.yaml), so Hydra's `~group`
 (delete) falls back to the same values as the default option. Nothing here is
 validated across fields; that is `resolve()`'s job (conf/resolve.py).
