@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from conf.errors import ProblemList
 from conf.rules import divisors
-from conf.schema import RecomputeConfig, RecomputeMode
+from conf.schema import Precision, RecomputeConfig, RecomputeMode
 from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
 
 RECOMPUTE_TARGETS = ("ops", "swiglu", "norm", "attention", "ffn", "block")
@@ -17,7 +17,7 @@ def check_layout(p: ParallelSpec, *, model: ModelSpec, training: TrainingSpec,
     check_tensor_parallel(p, model=model, problems=problems)
     check_pipeline_split(p, model=model, training=training, problems=problems)
     check_sequence_split(p, seq_len=training.seq_len, problems=problems)
-    if p.tp > 1 and precision.name == "fp8":
+    if p.tp > 1 and precision.name is Precision.fp8:
         problems.add("precision", "fp8", "with parallel.tp>1 fp8 needs torchao's Float8 TP "
                      "styles, which meshrun does not apply yet", "use precision=bf16 with tp")
 
@@ -43,12 +43,12 @@ def check_tensor_parallel(p: ParallelSpec, *, model: ModelSpec, problems: Proble
 
 
 def stage_split(p: ParallelSpec, n_layers: int) -> list[int]:
-    """Blocks per stage: the explicit split, or as even as possible (earlier stages +1)."""
-    stages = p.pp * p.pp_virtual_stages
+    """Blocks per stage (p.n_stages of them): the explicit split, or as even as possible
+    (earlier stages +1). The one split every stage builder and the cost model use."""
     if p.pp_layer_split:
         return list(p.pp_layer_split)
-    base, extra = divmod(n_layers, stages)
-    return [base + (1 if s < extra else 0) for s in range(stages)]
+    base, extra = divmod(n_layers, p.n_stages)
+    return [base + (1 if s < extra else 0) for s in range(p.n_stages)]
 
 
 def check_pipeline_split(p: ParallelSpec, *, model: ModelSpec, training: TrainingSpec,
@@ -58,7 +58,7 @@ def check_pipeline_split(p: ParallelSpec, *, model: ModelSpec, training: Trainin
             problems.add("parallel.pp_layer_split", list(p.pp_layer_split),
                          "only applies with parallel.pp>1", "remove it, or set parallel.pp")
         return
-    stages = p.pp * p.pp_virtual_stages
+    stages = p.n_stages
     split = p.pp_layer_split
     if split and (len(split) != stages or sum(split) != model.n_layers or min(split) < 1):
         problems.add("parallel.pp_layer_split", list(split),

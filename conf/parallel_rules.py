@@ -5,11 +5,12 @@ live in conf/layout_rules.py.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from conf.errors import ProblemList
 from conf.schema import ParallelConfig
-from conf.spec import ParallelSpec
+from conf.spec import DEGREES, ParallelSpec, spec_from_config
 
-DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
 PP_SCHEDULES = {  # name -> needs virtual stages (more than one stage per rank)
     "gpipe": False, "1f1b": False,
     "interleaved_1f1b": True, "looped_bfs": True, "interleaved_zero_bubble": True,
@@ -34,15 +35,11 @@ def resolve_parallel(cfg: ParallelConfig, *, world_size: int, nodes: int,
                               problems=problems)
     resolved = {n: max(v, 1) for n, v in resolved.items()}
     check_zero(cfg.zero, resolved, problems)
-    check_pipeline_options(cfg, pp=resolved["pp"], problems=problems)
-    stages = resolved["pp"] * max(cfg.pp_virtual_stages, 1)
-    microbatches = stages if cfg.pp_microbatches == -1 else cfg.pp_microbatches
-    return ParallelSpec(name=cfg.name, zero=cfg.zero, sequence_parallel=cfg.sequence_parallel,
-                        loss_parallel=cfg.loss_parallel, pp_schedule=cfg.pp_schedule,
-                        pp_microbatches=max(microbatches, 1),
-                        pp_virtual_stages=max(cfg.pp_virtual_stages, 1),
-                        pp_layer_split=tuple(cfg.pp_layer_split), cp_balanced=cfg.cp_balanced,
-                        **resolved)
+    spec = spec_from_config(ParallelSpec, cfg, pp_microbatches=1,
+                            pp_virtual_stages=max(cfg.pp_virtual_stages, 1), **resolved)
+    microbatches = spec.n_stages if cfg.pp_microbatches == -1 else cfg.pp_microbatches
+    check_pipeline_options(cfg, spec, microbatches=microbatches, problems=problems)
+    return replace(spec, pp_microbatches=max(microbatches, 1))
 
 
 def _fill_auto(given: dict[str, int], autos: list[str], *, world_size: int, nodes: int,
@@ -98,7 +95,10 @@ def check_zero(zero: int, degrees: dict[str, int], problems: ProblemList) -> Non
                      "use parallel.zero=2 or 3 with parallel.dp_shard=-1 (parallel=fsdp_tp)")
 
 
-def check_pipeline_options(cfg: ParallelConfig, *, pp: int, problems: ProblemList) -> None:
+def check_pipeline_options(cfg: ParallelConfig, spec: ParallelSpec, *, microbatches: int,
+                           problems: ProblemList) -> None:
+    """Schedule, virtual stages and micro-batches as given (`cfg`; `microbatches` with auto
+    filled in) against the degrees of the spec being resolved."""
     if cfg.pp_schedule not in PP_SCHEDULES:
         problems.add("parallel.pp_schedule", cfg.pp_schedule, "is not a pipeline schedule",
                      f"use one of {', '.join(PP_SCHEDULES)}")
@@ -108,9 +108,9 @@ def check_pipeline_options(cfg: ParallelConfig, *, pp: int, problems: ProblemLis
     if cfg.pp_microbatches == 0 or cfg.pp_microbatches < -1:
         problems.add("parallel.pp_microbatches", cfg.pp_microbatches,
                      "must be positive, or -1 for auto (= number of stages)", "give a value >= 1")
-    if pp == 1 or cfg.pp_schedule not in PP_SCHEDULES or cfg.pp_virtual_stages < 1:
+    pp, virtual = spec.pp, cfg.pp_virtual_stages
+    if pp == 1 or cfg.pp_schedule not in PP_SCHEDULES or virtual < 1:
         return
-    virtual = cfg.pp_virtual_stages
     if PP_SCHEDULES[cfg.pp_schedule] and virtual < 2:
         problems.add("parallel.pp_virtual_stages", virtual,
                      f"schedule {cfg.pp_schedule} runs several stages per rank",
@@ -119,7 +119,6 @@ def check_pipeline_options(cfg: ParallelConfig, *, pp: int, problems: ProblemLis
         problems.add("parallel.pp_virtual_stages", virtual,
                      f"schedule {cfg.pp_schedule} runs one stage per rank",
                      "use parallel.pp_schedule=interleaved_1f1b, or pp_virtual_stages=1")
-    microbatches = pp * virtual if cfg.pp_microbatches == -1 else cfg.pp_microbatches
     if cfg.pp_microbatches > 0 and microbatches < pp:
         problems.add("parallel.pp_microbatches", microbatches,
                      f"must be at least parallel.pp={pp} to fill the pipeline",

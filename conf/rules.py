@@ -7,14 +7,13 @@ from typing import Callable
 from conf.errors import ProblemList
 from conf.rundir import CHECKPOINTS_DIR, META_FILENAME, RunDir, find_checkpoint
 from conf.schema import (
-    CheckpointConfig, ClusterConfig, DataConfig, OptimConfig, Precision,
-    ScheduleConfig, ScheduleKind, TrainingConfig,
+    CheckpointConfig, ClusterConfig, ClusterKind, DataConfig, DataKind, DeviceKind, OptimConfig,
+    Precision, ScheduleConfig, ScheduleKind, TrainingConfig,
 )
-from conf.spec import HostSpec, ModelSpec, TrainingSpec
+from conf.spec import TOKEN_DTYPES, HostSpec, ModelSpec, TrainingSpec
 
 FP8_MIN_CC = 8.9
 BF16_MIN_CC = 8.0
-TOKEN_DTYPES = ("uint8", "uint16", "uint32", "int32", "int64")
 
 
 def divisors(n: int) -> list[int]:
@@ -129,9 +128,9 @@ def check_optim(o: OptimConfig, problems: ProblemList) -> None:
             problems.add(f"optim.{name}", getattr(o, name), "must be >= 0", "give a value >= 0")
 
 
-def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: str,
+def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: DeviceKind,
                   problems: ProblemList) -> None:
-    if c.kind.value == "local" and c.nodes != 1:
+    if c.kind is ClusterKind.local and c.nodes != 1:
         problems.add("cluster.nodes", c.nodes, "cluster=local runs on exactly one node",
                      "use cluster=slurm or cluster=nodes for several nodes")
     elif c.nodes < 1:
@@ -139,7 +138,7 @@ def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: str,
     if procs <= 0:
         problems.add("cluster.procs_per_node", procs, "must be positive, or -1 for auto",
                      "give a value >= 1")
-    elif device == "cuda" and 0 < host.gpu_count < procs:  # no GPU at all: reported as device
+    elif device is DeviceKind.cuda and 0 < host.gpu_count < procs:  # no GPU at all: reported as device
         problems.add("cluster.procs_per_node", procs,
                      f"exceeds the {host.gpu_count} GPU(s) of this machine",
                      f"use cluster.procs_per_node<={host.gpu_count}")
@@ -150,14 +149,14 @@ SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
 
 def check_launch(c: ClusterConfig, problems: ProblemList) -> None:
     """Scheduler and rendezvous settings of slurm and nodes launches."""
-    if c.kind.value == "nodes" and not c.rdzv_host:
+    if c.kind is ClusterKind.nodes and not c.rdzv_host:
         problems.add("cluster.rdzv_host", "''", "cluster=nodes needs the rendezvous host",
                      "set cluster.rdzv_host=<address of node 0 that every node can reach>")
     if not 0 <= c.rdzv_port < 65536:
         problems.add("cluster.rdzv_port", c.rdzv_port, "must be a TCP port (0 = derived)",
                      "give 1024..65535, or 0")
     _check_single_line(c, problems)
-    if c.kind.value != "slurm":
+    if c.kind is not ClusterKind.slurm:
         return
     if c.time_limit_min <= 0:
         problems.add("cluster.time_limit_min", c.time_limit_min, "must be positive",
@@ -201,16 +200,18 @@ def _check_signal(c: ClusterConfig, problems: ProblemList) -> None:
                      "i.e. at once", "use a delay shorter than the time limit")
 
 
-def check_precision(name: Precision, device: str, host: HostSpec, problems: ProblemList) -> None:
-    if name == Precision.fp8 and (device != "cuda" or host.compute_capability < FP8_MIN_CC):
-        if device == "cpu" or host.gpu_count == 0:
-            where = "CPU" if device == "cpu" else "a machine with no CUDA GPU"
+def check_precision(name: Precision, device: DeviceKind, host: HostSpec,
+                    problems: ProblemList) -> None:
+    cuda = device is DeviceKind.cuda
+    if name is Precision.fp8 and (not cuda or host.compute_capability < FP8_MIN_CC):
+        if not cuda or host.gpu_count == 0:
+            where = "CPU" if not cuda else "a machine with no CUDA GPU"
         else:
             where = f"{host.gpu_name} (cc {host.compute_capability})"
         problems.add("precision", "fp8",
                      f"needs a CUDA GPU of compute capability >= {FP8_MIN_CC}; this run is on {where}",
                      "use precision=bf16 (or fp32 on CPU)")
-    if name == Precision.bf16 and device == "cuda" and host.compute_capability < BF16_MIN_CC:
+    if name is Precision.bf16 and cuda and host.compute_capability < BF16_MIN_CC:
         problems.add("precision", "bf16",
                      f"needs compute capability >= {BF16_MIN_CC}; {host.gpu_name} has "
                      f"{host.compute_capability}", "use precision=fp16 or fp32")
@@ -241,7 +242,7 @@ def data_files(d: DataConfig, problems: ProblemList, *, check_paths: bool,
     if d.val_every_nth_file < 2:
         problems.add("data.val_every_nth_file", d.val_every_nth_file, "must be >= 2",
                      "e.g. 50 puts every 50th file in validation")
-    if d.kind.value != "files":
+    if d.kind is not DataKind.files:
         return [], []
     if d.dtype not in TOKEN_DTYPES:
         problems.add("data.dtype", d.dtype, "unknown token dtype", f"use one of {', '.join(TOKEN_DTYPES)}")

@@ -1,7 +1,9 @@
 """Hydra-facing schema: the mutable dataclasses that YAML and overrides compose against.
 
-Each knob is documented once, by the docstring under its field. Choices are `str` Enums
-(omegaconf 2.3 rejects `Literal`). `-1` means "auto": `resolve()` fills it in.
+Each knob is documented once, by the docstring under its field; the frozen spec sections
+(conf/spec.py) are derived from these classes, not declared again. Choices are `StrEnum`s
+(omegaconf 2.3 rejects `Literal`): they compare equal to, and print as, their values.
+`-1` means "auto": `resolve()` fills it in.
 Schema defaults equal the default group options (conf/config.yaml), so Hydra's `~group`
 (delete) falls back to the same values as the default option. Nothing here is
 validated across fields; that is `resolve()`'s job (conf/resolve.py).
@@ -9,10 +11,10 @@ validated across fields; that is `resolve()`'s job (conf/resolve.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Precision(str, Enum):
+class Precision(StrEnum):
     auto = "auto"
     fp32 = "fp32"
     bf16 = "bf16"
@@ -20,51 +22,51 @@ class Precision(str, Enum):
     fp8 = "fp8"
 
 
-class DType(str, Enum):
+class DType(StrEnum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
 
 
-class RecomputeMode(str, Enum):
+class RecomputeMode(StrEnum):
     none = "none"
     full = "full"
     selective = "selective"
     offload = "offload"
 
 
-class ScheduleKind(str, Enum):
+class ScheduleKind(StrEnum):
     constant = "constant"
     linear = "linear"
     cosine = "cosine"
     wsd = "wsd"
 
 
-class DecayShape(str, Enum):
+class DecayShape(StrEnum):
     linear = "linear"
     cosine = "cosine"
     one_minus_sqrt = "one_minus_sqrt"
 
 
-class DataKind(str, Enum):
+class DataKind(StrEnum):
     stdlib = "stdlib"
     files = "files"
     synthetic = "synthetic"
 
 
-class ClusterKind(str, Enum):
+class ClusterKind(StrEnum):
     local = "local"
     slurm = "slurm"
     nodes = "nodes"
 
 
-class DeviceKind(str, Enum):
+class DeviceKind(StrEnum):
     auto = "auto"
     cpu = "cpu"
     cuda = "cuda"
 
 
-class WandbMode(str, Enum):
+class WandbMode(StrEnum):
     offline = "offline"
     online = "online"
     disabled = "disabled"
@@ -198,7 +200,7 @@ class DataConfig:
     val_files: str = ""
     """files only: path or glob of validation token files."""
     dtype: str = "uint16"
-    """files only: element type of raw .bin token files (uint8, uint16, uint32)."""
+    """files only: element type of raw .bin token files (uint8, uint16, uint32, int32, int64)."""
     cache_dir: str = "~/.cache/meshrun"
     """Where prepared corpora are cached."""
     val_every_nth_file: int = 50

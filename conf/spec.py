@@ -1,207 +1,202 @@
 """The frozen, fully resolved run spec: what the ranks read from spec.json.
 
-Every "auto" is filled in, every cross-field rule has been checked (conf/resolve.py). The knobs
-are documented once, in conf/schema.py; fields here that have no twin there say what they are.
+Every "auto" is filled in, every cross-field rule has been checked (conf/resolve.py). Each
+section is derived from its schema dataclass by `frozen_from`: the knobs are declared and
+documented once, in conf/schema.py. A section's class body declares only what resolution adds
+or changes (with a docstring saying what), plus properties.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import typing
+from typing import Callable
 
 from conf.schema import (
-    DataKind,
-    DecayShape,
-    DType,
-    RecomputeMode,
-    ScheduleKind,
-    WandbMode,
+    CheckpointConfig, ClusterConfig, DataConfig, DeviceKind, DType, LoggingConfig,
+    ModelConfig, OptimConfig, ParallelConfig, Precision, PrecisionConfig, RecomputeConfig,
+    RecomputeMode, ScheduleConfig, TrainingConfig,
 )
 
 FROZEN = dict(frozen=True, slots=True, kw_only=True)
 
+DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
+"""The parallel degrees; their product is the world size."""
 
-@dataclass(**FROZEN)
+TOKEN_DTYPES = {"uint8": 1, "uint16": 2, "uint32": 4, "int32": 4, "int64": 8}
+"""Element types of raw token files (data.dtype): name (numpy's name too) -> bytes per token.
+resolve() accepts exactly these and training/data.py reads exactly these."""
+
+
+def frozen_from(schema: type, *, defaults: tuple[str, ...] = (),
+                after: dict[str, str] | None = None) -> Callable[[type], type]:
+    """Class decorator: a frozen `slots`, `kw_only` dataclass with every field of `schema`.
+
+    Field types are the schema's, with lists as tuples (Enums stay Enums, dicts stay dicts).
+    Fields the class body annotates replace the schema's (same place) or are added (at the
+    end, or right after the field `after[name]` names). Schema defaults are kept only for
+    the fields named in `defaults`: everything else must be given, as resolve() does.
+    """
+    def build(body: type) -> type:
+        hints = typing.get_type_hints(schema)
+        own = dict(body.__dict__.get("__annotations__", {}))
+        names = list(hints)
+        for name in [n for n in own if n not in hints]:
+            place = (after or {}).get(name)
+            names.insert(names.index(place) + 1 if place else len(names), name)
+        body.__annotations__ = {n: own.get(n, _frozen_type(hints.get(n))) for n in names}
+        schema_fields = {f.name: f for f in dataclasses.fields(schema)}
+        for name in defaults:
+            setattr(body, name, _frozen_value(_default(schema_fields[name])))
+        body.__doc__ = ((body.__doc__ or "").rstrip() + "\n\n" if body.__doc__ else "") + (
+            f"Fields: {', '.join(names)}; each documented in conf.schema.{schema.__name__}"
+            " unless the class body declares it.")
+        return dataclasses.dataclass(**FROZEN)(body)
+    return build
+
+
+def _frozen_type(kind: object) -> object:
+    if typing.get_origin(kind) is list:
+        return tuple[(*typing.get_args(kind), ...)]
+    return kind
+
+
+def _frozen_value(value: object) -> object:
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value
+
+
+def _default(f: dataclasses.Field) -> object:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def spec_from_config(cls: type, config: object, **resolved: object) -> object:
+    """The spec section `cls` from its config section: every field the config has (lists as
+    tuples), overridden by, and completed with, the `resolved` values."""
+    values = {f.name: _frozen_value(getattr(config, f.name)) for f in dataclasses.fields(cls)
+              if f.name not in resolved and hasattr(config, f.name)}
+    return cls(**values, **resolved)
+
+
+@frozen_from(ModelConfig)
 class ModelSpec:
-    name: str
-    n_layers: int
-    dim: int
-    n_heads: int
     n_kv_heads: int
-    ffn_dim: int
-    vocab_size: int
-    max_seq_len: int
-    rope_theta: float
-    tie_embeddings: bool
-    norm_eps: float
-    init_std: float
+    """Resolved: never -1 (n_heads when the config said -1)."""
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
 
-@dataclass(**FROZEN)
+@frozen_from(PrecisionConfig, after={"compute_dtype": "name"})
 class PrecisionSpec:
-    name: str
+    name: Precision
     """Resolved: fp32, bf16, fp16 or fp8 (never auto)."""
     compute_dtype: DType
     """Dtype matmuls run in (autocast); fp8 matmuls keep bf16 for everything else."""
-    reduce_dtype: DType
-    loss_scale_init: float
-    optimizer_state_dtype: DType
 
     @property
     def uses_loss_scaling(self) -> bool:
-        return self.name == "fp16"
+        return self.name is Precision.fp16
 
 
-@dataclass(**FROZEN)
+@frozen_from(ParallelConfig)
 class ParallelSpec:
-    """Resolved degrees; world_size == product of all of them."""
+    """Resolved degrees (none is -1); world_size == product of all of them."""
 
-    name: str
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    cp: int
-    zero: int
-    sequence_parallel: bool
-    loss_parallel: bool
-    pp_schedule: str
     pp_microbatches: int
-    pp_virtual_stages: int
-    pp_layer_split: tuple[int, ...]
-    cp_balanced: bool
+    """Resolved: never -1 (the number of stages when the config said -1)."""
 
     @property
     def dp(self) -> int:
+        """Ranks that read different data (the batch is split over them)."""
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks that hold different tokens of a step: gradients are averaged over them."""
+        return self.dp * self.cp
 
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def n_stages(self) -> int:
+        """Pipeline stages of the whole model: pp x pp_virtual_stages."""
+        return self.pp * self.pp_virtual_stages
 
-@dataclass(**FROZEN)
+    @property
+    def uses_fsdp(self) -> bool:
+        return self.zero in (2, 3) and self.dp_shard * self.cp * self.dp_replicate > 1
+
+    @property
+    def uses_ddp(self) -> bool:
+        return self.zero in (0, 1) and self.dp_cp > 1
+
+
+@frozen_from(RecomputeConfig, defaults=("every_n_layers", "targets"))
 class RecomputeSpec:
-    mode: RecomputeMode
-    every_n_layers: int = 1
-    targets: tuple[str, ...] = ("ops",)
-
     def applies_to(self, layer: int) -> bool:
         """The policy covers block `layer` (its index in the whole model, also inside a
         pipeline stage) when layer % every_n_layers == 0: blocks 0, N, 2N, ... torchtitan's
         layer-SAC counts from 1 instead (blocks N-1, 2N-1, ...)."""
-        return self.mode != RecomputeMode.none and layer % self.every_n_layers == 0
+        return self.mode is not RecomputeMode.none and layer % self.every_n_layers == 0
 
 
-@dataclass(**FROZEN)
+@frozen_from(ScheduleConfig)
 class ScheduleSpec:
-    kind: ScheduleKind
-    warmup_steps: int
-    min_lr_ratio: float
-    decay_fraction: float
-    decay_shape: DecayShape
+    pass
 
 
-@dataclass(**FROZEN)
+@frozen_from(OptimConfig)
 class OptimSpec:
-    name: str
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    grad_clip: float
+    pass
 
 
-@dataclass(**FROZEN)
+@frozen_from(DataConfig)
 class DataSpec:
-    kind: DataKind
     train_files: tuple[str, ...]
     """Absolute paths, expanded from the glob (files) or the prepared cache (stdlib)."""
     val_files: tuple[str, ...]
-    dtype: str
-    cache_dir: str
-    """Absolute cache folder."""
-    val_every_nth_file: int
+    """Absolute paths, as train_files. (cache_dir is resolved to an absolute folder.)"""
     vocab_size: int
     """Token ids are below this (256 for byte-level data)."""
 
 
-@dataclass(**FROZEN)
+@frozen_from(TrainingConfig)
 class TrainingSpec:
-    steps: int
-    seq_len: int
-    micro_batch_size: int
     grad_accum_steps: int
+    """Resolved: never -1."""
     global_batch_size: int
-    seed: int
-    eval_every: int
-    eval_batches: int
-    log_every: int
-    device: str
-    """Resolved: cpu or cuda."""
-    compile: bool
-    stop_at_step: int
-    cpu_peak_flops: float
+    """Resolved: micro_batch_size x grad_accum_steps x dp."""
+    device: DeviceKind
+    """Resolved: cpu or cuda (never auto)."""
 
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
 
 
-@dataclass(**FROZEN)
+@frozen_from(CheckpointConfig)
 class CheckpointSpec:
-    every_steps: int
-    keep_last: int
-    export_safetensors: bool
-    resume_from: str
-    load_from: str
+    """resume_from and load_from are absolute paths (or empty)."""
 
 
-@dataclass(**FROZEN)
+@frozen_from(ClusterConfig)
 class ClusterSpec:
-    kind: str
-    nodes: int
-    procs_per_node: int
-    gpus_per_node: int
-    gpu_name: str
-    gpu_compute_capability: float
-    partition: str
-    account: str
-    qos: str
-    cpus_per_task: int
-    mem_gb: int
-    time_limit_min: int
-    constraint: str
-    exclusive: bool
-    extra_sbatch: tuple[str, ...]
-    setup: tuple[str, ...]
-    env: dict
-    container_image: str
-    container_mounts: str
-    rdzv_host: str
-    rdzv_port: int
-    warning_signal: str
-    max_requeues: int
-    preflight: bool
-    preflight_timeout_s: int
-    preflight_max_mib: int
-    python: str
+    """Resolved: procs_per_node and gpus_per_node are never -1 (gpus_per_node: what the
+    target host has)."""
 
 
-@dataclass(**FROZEN)
+@frozen_from(LoggingConfig)
 class LoggingSpec:
-    wandb_mode: WandbMode
-    wandb_project: str
-    wandb_entity: str
-    wandb_group: str
-    wandb_tags: tuple[str, ...]
-    progress: bool
+    pass
 
 
-@dataclass(**FROZEN)
+@dataclasses.dataclass(**FROZEN)
 class HostSpec:
     """What the launching machine has, probed without torch (launcher/hardware.py)."""
 
@@ -213,7 +208,7 @@ class HostSpec:
     cpu_count: int
 
 
-@dataclass(**FROZEN)
+@dataclasses.dataclass(**FROZEN)
 class RunSpec:
     name: str
     runs_dir: str

@@ -10,53 +10,56 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
-from conf.spec import ParallelSpec
+from conf.schema import ParallelConfig
+from conf.spec import DEGREES, ParallelSpec, spec_from_config
 
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+CHECKPOINT_LAYOUT_KEYS = (*DEGREES, "zero", "pp_virtual_stages")
+"""Besides the world size, what a checkpoint's layout must match for an exact resume."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+def _of_spec(name: str) -> property:
+    return property(lambda self: getattr(self.parallel, name),
+                    doc=f"`ParallelSpec.{name}` of the layout.")
+
+
+@dataclass(frozen=True, slots=True)
 class ParallelDims:
-    pp: int
-    dp_replicate: int
-    dp_shard: int
-    cp: int
-    tp: int
-    zero: int
+    """Each rank's place in the layout of `parallel`, the one source of the degrees (and of
+    the sizes derived from them, which are ParallelSpec properties)."""
+
+    parallel: ParallelSpec
+
+    pp = _of_spec("pp")
+    dp_replicate = _of_spec("dp_replicate")
+    dp_shard = _of_spec("dp_shard")
+    cp = _of_spec("cp")
+    tp = _of_spec("tp")
+    zero = _of_spec("zero")
+    dp = _of_spec("dp")
+    dp_cp = _of_spec("dp_cp")
+    world_size = _of_spec("world_size")
+    uses_fsdp = _of_spec("uses_fsdp")
+    uses_ddp = _of_spec("uses_ddp")
 
     @classmethod
     def from_spec(cls, parallel: ParallelSpec) -> "ParallelDims":
-        return cls(pp=parallel.pp, dp_replicate=parallel.dp_replicate,
-                   dp_shard=parallel.dp_shard, cp=parallel.cp, tp=parallel.tp, zero=parallel.zero)
+        return cls(parallel)
+
+    @classmethod
+    def single(cls) -> "ParallelDims":
+        """One process: every degree 1 (the schema's defaults otherwise)."""
+        config = ParallelConfig(name="single", dp_replicate=1, dp_shard=1, tp=1, pp=1, cp=1)
+        return cls(spec_from_config(ParallelSpec, config, pp_microbatches=1))
+
+    def checkpoint_layout(self) -> dict:
+        """What must match for an exact resume (per-rank files): world size and degrees."""
+        return {"world_size": self.world_size,
+                **{key: getattr(self.parallel, key) for key in CHECKPOINT_LAYOUT_KEYS}}
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(getattr(self, axis) for axis in MESH_AXES)
-
-    @property
-    def world_size(self) -> int:
-        size = 1
-        for degree in self.shape:
-            size *= degree
-        return size
-
-    @property
-    def dp(self) -> int:
-        """Ranks that read different data (the batch is split over them)."""
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def dp_cp(self) -> int:
-        """Ranks that hold different tokens of a step: gradients are averaged over them."""
-        return self.dp * self.cp
-
-    @property
-    def uses_fsdp(self) -> bool:
-        return self.zero in (2, 3) and self.dp_shard * self.cp * self.dp_replicate > 1
-
-    @property
-    def uses_ddp(self) -> bool:
-        return self.zero in (0, 1) and self.dp_cp > 1
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """{axis: index} of `rank` on every mesh axis."""

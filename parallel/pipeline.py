@@ -2,7 +2,7 @@
 
 A stage is a pruned deep copy of the whole `Transformer`: it keeps only its blocks in `layers`
 (keys unchanged, so state-dict names equal the full model's), `tok_embeddings` only on the first
-stage and `norm`/`output` only on the last. There are pp x pp_virtual_stages stages; in the loop
+stage and `norm`/`output` only on the last. There are `ParallelSpec.n_stages` stages; in the loop
 layout every supported schedule uses, pp rank r owns stages r, r + pp, r + 2 pp, ...
 
 Schedules are torch.distributed.pipelining's, built with `scale_grads=False`: the loss of each
@@ -46,11 +46,6 @@ SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved_zero_bubble"})
 # Stage layout and model split
 # ---------------------------------------------------------------------------------------------
 
-def num_stages(parallel: ParallelSpec) -> int:
-    """Stages of the whole pipeline: pp x pp_virtual_stages."""
-    return parallel.pp * parallel.pp_virtual_stages
-
-
 def stage_ids(*, parallel: ParallelSpec, pp_rank: int) -> list[int]:
     """Global stage indices `pp_rank` owns, ascending (loop layout: r, r + pp, ...)."""
     assert parallel.pp_schedule in SCHEDULE_CLASSES, parallel.pp_schedule
@@ -66,7 +61,7 @@ def is_first_stage(*, parallel: ParallelSpec, pp_rank: int) -> bool:
 
 def is_last_stage(*, parallel: ParallelSpec, pp_rank: int) -> bool:
     """Whether this rank holds the last stage (it takes the targets and computes the loss)."""
-    return num_stages(parallel) - 1 in stage_ids(parallel=parallel, pp_rank=pp_rank)
+    return parallel.n_stages - 1 in stage_ids(parallel=parallel, pp_rank=pp_rank)
 
 
 def stage_layers(*, parallel: ParallelSpec, n_layers: int, stage: int) -> list[str]:
@@ -99,7 +94,7 @@ def split_model(model: nn.Module, *, parallel: ParallelSpec, pp_rank: int) -> li
 
     `model` is left untouched; the caller drops it to free its memory.
     """
-    last = num_stages(parallel) - 1
+    last = parallel.n_stages - 1
     n_layers = len(model.layers)
     return [
         build_stage_module(model, first=s == 0, last=s == last,
@@ -138,7 +133,7 @@ def build_schedule(parts: list[nn.Module], *, parallel: ParallelSpec, pp_rank: i
     ids = stage_ids(parallel=parallel, pp_rank=pp_rank)
     if len(parts) != len(ids):
         raise ValueError(f"{len(parts)} parts for stages {ids} of pp rank {pp_rank}")
-    stages = [PipelineStage(part, stage_index=index, num_stages=num_stages(parallel),
+    stages = [PipelineStage(part, stage_index=index, num_stages=parallel.n_stages,
                             device=torch.device(device), group=pp_group)
               for part, index in zip(parts, ids)]
     assert stages[0].group_rank == pp_rank, (stages[0].group_rank, pp_rank)

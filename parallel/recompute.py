@@ -44,17 +44,16 @@ from conf.spec import RecomputeSpec
 
 def apply_recompute(model: nn.Module, *, recompute: RecomputeSpec) -> None:
     """Make the chosen blocks of `model.layers` recompute (or offload) in backward, in place."""
-    mode = RecomputeMode(recompute.mode)
-    if mode is RecomputeMode.none:
+    if recompute.mode is RecomputeMode.none:
         return
     assert not any(isinstance(m, _Swapped) for m in model.modules()), "recompute applied twice"
-    targets = block_targets(mode=mode, targets=recompute.targets)
+    targets = block_targets(mode=recompute.mode, targets=recompute.targets)
     for index, block in _indexed_blocks(model):
         if recompute.applies_to(index):
             _apply_to_block(block, targets=targets)
 
 
-def block_targets(*, mode: RecomputeMode | str, targets: tuple[str, ...] | list[str] = ("ops",),
+def block_targets(*, mode: RecomputeMode, targets: tuple[str, ...] | list[str] = ("ops",),
                   ) -> frozenset[str]:
     """What each chosen block gets, without targets that another one already covers.
 
@@ -64,7 +63,6 @@ def block_targets(*, mode: RecomputeMode | str, targets: tuple[str, ...] | list[
     nested inside the ops region would save nothing: the region's cache keeps the matmul
     outputs anyway); ffn covers swiglu.
     """
-    mode = RecomputeMode(mode)
     if mode is RecomputeMode.full:
         return frozenset({"block"})
     if mode is RecomputeMode.offload:

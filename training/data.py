@@ -18,31 +18,33 @@ import torch
 
 from conf.schema import DataKind
 from conf.corpus import STDLIB_TOKEN_DTYPE
-from conf.spec import DataSpec, TrainingSpec
+from conf.spec import TOKEN_DTYPES, DataSpec, TrainingSpec
 
-RAW_DTYPES = {"uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32}
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
 """(inputs, targets), both int64 [micro_batch_size, seq_len]."""
 
 
 def open_token_file(path: str, *, dtype: str) -> np.ndarray:
-    """Memory-map a 1-D token file: .npy (its own dtype) or raw .bin of `dtype`."""
+    """Memory-map a 1-D token file: .npy (its own dtype) or raw .bin of `dtype`, one of
+    conf.spec.TOKEN_DTYPES (the table resolve() checks data.dtype against)."""
     if path.endswith(".npy"):
         tokens = np.load(path, mmap_mode="r")
         if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
             raise ValueError(f"{path}: expected a 1-D integer array, got {tokens.ndim}-D "
                              f"{tokens.dtype}")
         return tokens
-    if dtype not in RAW_DTYPES:
-        raise ValueError(f"data.dtype={dtype!r}: raw token files need one of {sorted(RAW_DTYPES)}")
-    item_size = np.dtype(RAW_DTYPES[dtype]).itemsize
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"data.dtype={dtype!r}: raw token files need one of "
+                         f"{', '.join(TOKEN_DTYPES)}")
+    item_size = TOKEN_DTYPES[dtype]
+    assert np.dtype(dtype).itemsize == item_size, (dtype, item_size)
     size = os.path.getsize(path)
     if size % item_size:
         raise ValueError(f"{path}: {size} bytes is not a whole number of {dtype} tokens "
                          "(is data.dtype right?)")
     if size == 0:
-        return np.empty(0, dtype=RAW_DTYPES[dtype])
-    return np.memmap(path, dtype=RAW_DTYPES[dtype], mode="r")
+        return np.empty(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
 
 
 class TokenDataset:
@@ -241,6 +243,9 @@ def synthetic_samples(positions: np.ndarray, *, vocab_size: int, seq_len: int, s
 
 def check_token_ids(windows: np.ndarray, *, vocab_size: int | None,
                     files: Sequence[str]) -> np.ndarray:
+    if windows.size and int(windows.min()) < 0:  # signed token files (int32, int64)
+        raise ValueError(f"token id {int(windows.min())} in {files[0]}, ... is negative: "
+                         "check data.dtype")
     if vocab_size is not None and windows.size and int(windows.max()) >= vocab_size:
         raise ValueError(f"token id {int(windows.max())} in {files[0]}, ... is >= vocab_size "
                          f"{vocab_size}: raise model.vocab_size or check data.dtype")
@@ -307,7 +312,7 @@ def build_train_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
                   global_batch_size=training.global_batch_size,
                   micro_batch_size=training.micro_batch_size,
                   grad_accum_steps=training.grad_accum_steps, dp_rank=dp_rank, dp_size=dp_size)
-    if DataKind(data.kind) is DataKind.synthetic:
+    if data.kind is DataKind.synthetic:
         return SyntheticBatches(vocab_size=data.vocab_size, **common)
     return TrainBatches(files=_required(data.train_files, "train_files"),
                         dtype=token_dtype(data), vocab_size=data.vocab_size, **common)
@@ -318,7 +323,7 @@ def build_val_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
     """training.eval_batches validation micro-batches per dp rank, fixed across evaluations."""
     common = dict(seq_len=training.seq_len, micro_batch_size=training.micro_batch_size,
                   n_batches=training.eval_batches, dp_rank=dp_rank, dp_size=dp_size)
-    if DataKind(data.kind) is DataKind.synthetic:
+    if data.kind is DataKind.synthetic:
         return synthetic_val_batches(vocab_size=data.vocab_size, seed=training.seed, **common)
     return val_batches(files=_required(data.val_files, "val_files"), dtype=token_dtype(data),
                        vocab_size=data.vocab_size, **common)
@@ -326,7 +331,7 @@ def build_val_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
 
 def token_dtype(data: DataSpec) -> str:
     """Element type of raw token files: uint8 for the stdlib corpus, else data.dtype."""
-    return STDLIB_TOKEN_DTYPE if DataKind(data.kind) is DataKind.stdlib else data.dtype
+    return STDLIB_TOKEN_DTYPE if data.kind is DataKind.stdlib else data.dtype
 
 
 def _required(files: Sequence[str], field: str) -> tuple[str, ...]:

@@ -51,8 +51,7 @@ class RankLayout:
     @classmethod
     def single(cls, model: nn.Module) -> "RankLayout":
         """One process holding the whole `model` (references, tools, tests)."""
-        dims = ParallelDims(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1, zero=0)
-        return cls(dims=dims, rank=0, mesh=None, parts=[model])
+        return cls(dims=ParallelDims.single(), rank=0, mesh=None, parts=[model])
 
     @property
     def coords(self) -> dict[str, int]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from conf.schema import DType
 from conf.spec import OptimSpec
 
 
@@ -15,19 +16,19 @@ def param_groups(params: list[torch.Tensor], weight_decay: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: torch.nn.Module, *, optim: OptimSpec, state_dtype: str = "fp32",
+def build_optimizer(model: torch.nn.Module, *, optim: OptimSpec, state_dtype: DType = DType.fp32,
                     owned: set | None = None) -> torch.optim.Optimizer:
     """AdamW over `model`'s parameters (only those in `owned` under ZeRO-1)."""
     params = [p for p in model.parameters() if owned is None or p in owned]
     kwargs = dict(lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps)
-    if state_dtype == "bf16":
+    if state_dtype == DType.bf16:
         from training.adamw_bf16 import AdamWBf16State
 
         return AdamWBf16State(param_groups(params, optim.weight_decay), **kwargs)
     return torch.optim.AdamW(param_groups(params, optim.weight_decay), **kwargs)
 
 
-def build_optimizers(layout, *, optim: OptimSpec, state_dtype: str) -> list:
+def build_optimizers(layout, *, optim: OptimSpec, state_dtype: DType) -> list:
     """One optimizer per model part (pipeline stages), each over what this rank updates."""
     owned = layout.zero1.owned() if layout.zero1 is not None else None
     return [build_optimizer(part, optim=optim, state_dtype=state_dtype, owned=owned)

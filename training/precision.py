@@ -5,14 +5,15 @@ import contextlib
 
 import torch
 
+from conf.schema import DType, Precision
 from conf.spec import PrecisionSpec
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {DType.fp32: torch.float32, DType.bf16: torch.bfloat16, DType.fp16: torch.float16}
 
 
 def autocast_context(precision: PrecisionSpec, device: torch.device):
     """Matmuls in the compute dtype; parameters stay fp32 (the master weights)."""
-    dtype = TORCH_DTYPES[precision.compute_dtype.value]
+    dtype = TORCH_DTYPES[precision.compute_dtype]
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
@@ -22,10 +23,10 @@ def mixed_precision_policy(precision: PrecisionSpec):
     """FSDP2: compute in the compute dtype from fp32 master shards; reduce in reduce_dtype."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    compute = precision.compute_dtype.value
-    param_dtype = None if compute == "fp32" else TORCH_DTYPES[compute]
+    compute = precision.compute_dtype
+    param_dtype = None if compute is DType.fp32 else TORCH_DTYPES[compute]
     return MixedPrecisionPolicy(param_dtype=param_dtype,
-                                reduce_dtype=TORCH_DTYPES[precision.reduce_dtype.value])
+                                reduce_dtype=TORCH_DTYPES[precision.reduce_dtype])
 
 
 def build_grad_scaler(precision: PrecisionSpec):
@@ -39,7 +40,7 @@ def build_grad_scaler(precision: PrecisionSpec):
 
 def apply_fp8(model: torch.nn.Module, precision: PrecisionSpec) -> None:
     """fp8 matmuls through torchao (resolve() allows fp8 only on CUDA cc >= 8.9)."""
-    if precision.name != "fp8":
+    if precision.name is not Precision.fp8:
         return
     from torchao.float8 import convert_to_float8_training
 

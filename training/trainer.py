@@ -9,6 +9,7 @@ from conf.rundir import RunDir, find_checkpoint, latest_checkpoint
 from conf.spec import RunSpec
 from parallel.cost.devices import PeakFlops
 from parallel.cost.flops import flops_per_token
+from parallel.dims import ParallelDims
 from training.checkpoint import load_checkpoint
 from training.data import build_train_batches, build_val_batches
 from training.dist import RankContext
@@ -57,7 +58,7 @@ def build_trainer(spec: RunSpec, run_dir: Path, ctx: RankContext) -> Trainer:
     trainer = Trainer(
         spec=spec, run_dir=run_dir, ctx=ctx, layout=layout,
         optimizers=build_optimizers(layout, optim=spec.optim,
-                                    state_dtype=spec.precision.optimizer_state_dtype.value),
+                                    state_dtype=spec.precision.optimizer_state_dtype),
         train_batches=build_train_batches(spec.data, spec.training, dp_rank=dp_rank,
                                           dp_size=dp_size),
         val_batches=build_val_batches(spec.data, spec.training, dp_rank=dp_rank,
@@ -79,10 +80,7 @@ def build_trainer(spec: RunSpec, run_dir: Path, ctx: RankContext) -> Trainer:
 
 def checkpoint_layout(spec: RunSpec) -> dict:
     """What must match for an exact resume (per-rank files): world size and degrees."""
-    p = spec.parallel
-    return {"world_size": spec.world_size, "dp_replicate": p.dp_replicate,
-            "dp_shard": p.dp_shard, "tp": p.tp, "pp": p.pp, "cp": p.cp, "zero": p.zero,
-            "pp_virtual_stages": p.pp_virtual_stages}
+    return ParallelDims.from_spec(spec.parallel).checkpoint_layout()
 
 
 def restore(trainer: Trainer, *, source: str = "", allow_reshard: bool = False) -> None:

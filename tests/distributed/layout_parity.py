@@ -60,7 +60,7 @@ def reference_update(spec: RunSpec):
     model = build_model(spec.model, device=CPU, seed=spec.training.seed)
     layout = RankLayout.single(model)
     optimizer = build_optimizer(model, optim=spec.optim,
-                                state_dtype=spec.precision.optimizer_state_dtype.value)
+                                state_dtype=spec.precision.optimizer_state_dtype)
     loss = forward_backward(layout, batches, device=CPU, autocast=torch.autocast("cpu", enabled=False))
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     clip_and_step(layout, [optimizer], grad_clip=spec.optim.grad_clip)
@@ -77,7 +77,7 @@ def layout_update(spec: RunSpec, rank: int):
     layout = build_layout(spec, rank=rank, device=CPU)
     check_groups(layout)
     optimizers = build_optimizers(layout, optim=spec.optim,
-                                  state_dtype=spec.precision.optimizer_state_dtype.value)
+                                  state_dtype=spec.precision.optimizer_state_dtype)
     batches = build_train_batches(spec.data, spec.training, dp_rank=layout.dims.dp_rank(rank),
                                   dp_size=layout.dims.dp).next_step()
     loss = forward_backward(layout, batches, device=CPU,

@@ -28,7 +28,7 @@ def _setup(spec: RunSpec, rank: int):
 
     layout = build_layout(spec, rank=rank, device=CPU)
     optimizers = build_optimizers(layout, optim=spec.optim,
-                                  state_dtype=spec.precision.optimizer_state_dtype.value)
+                                  state_dtype=spec.precision.optimizer_state_dtype)
     batches = build_train_batches(spec.data, spec.training, dp_rank=rank, dp_size=2)
     return layout, optimizers, batches, autocast_context(spec.precision, CPU), \
         build_grad_scaler(spec.precision)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from conf.schema import DataKind
-from conf.spec import DataSpec, TrainingSpec
+from conf.schema import DataKind, DeviceKind
+from conf.spec import TOKEN_DTYPES, DataSpec, TrainingSpec
 from launcher import data_prep
 from training.data import (
     SyntheticBatches,
@@ -20,6 +20,7 @@ from training.data import (
     TrainBatches,
     build_train_batches,
     build_val_batches,
+    check_token_ids,
     val_batches,
 )
 from launcher.data_prep import expand_token_files, prepare_stdlib_corpus, stdlib_corpus_dir
@@ -158,6 +159,23 @@ def test_npy_and_bin_uint16_concatenate_logically(tmp_path):
     np.testing.assert_array_equal(windows, tokens.reshape(100, 10)[[33, 0, 99]])
 
 
+@pytest.mark.parametrize("dtype", list(TOKEN_DTYPES))
+def test_every_token_dtype_resolve_accepts_is_read(tmp_path, dtype):
+    """conf.spec.TOKEN_DTYPES is the one table: resolve() accepts these, the reader reads them."""
+    tokens = np.arange(40, dtype=np.int64) % 200
+    tokens.astype(dtype).tofile(tmp_path / "t.bin")
+    dataset = TokenDataset([str(tmp_path / "t.bin")], dtype=dtype, seq_len=9)
+    assert dataset.n_tokens == 40
+    np.testing.assert_array_equal(dataset.windows(np.arange(4)), tokens.reshape(4, 10))
+
+
+def test_negative_token_ids_are_reported(tmp_path):
+    np.full(20, -1, dtype=np.int32).tofile(tmp_path / "neg.bin")
+    dataset = TokenDataset([str(tmp_path / "neg.bin")], dtype="int32", seq_len=9)
+    with pytest.raises(ValueError, match="token id -1 .* is negative"):
+        check_token_ids(dataset.windows(np.arange(2)), vocab_size=256, files=dataset.files)
+
+
 def test_raw_file_with_wrong_dtype_is_reported(tmp_path):
     (tmp_path / "odd.bin").write_bytes(b"\0" * 7)
     with pytest.raises(ValueError, match="whole number of uint16"):
@@ -269,7 +287,7 @@ def _spec(kind, train, val, *, dtype="uint16") -> tuple[DataSpec, TrainingSpec]:
                     dtype=dtype, cache_dir="/tmp", val_every_nth_file=50, vocab_size=256)
     training = TrainingSpec(steps=10, seq_len=32, micro_batch_size=2, grad_accum_steps=2,
                             global_batch_size=8, seed=1, eval_every=5, eval_batches=3,
-                            log_every=1, device="cpu", compile=False, stop_at_step=0,
+                            log_every=1, device=DeviceKind.cpu, compile=False, stop_at_step=0,
                             cpu_peak_flops=0.0)
     return data, training
 

@@ -191,21 +191,21 @@ def test_every_n_layers_counts_global_layer_indices():
 
 
 def test_block_targets_drop_what_another_target_covers():
-    assert block_targets(mode="full") == {"block"}
-    assert block_targets(mode="selective", targets=["block", "ops", "norm"]) == {"block"}
-    assert block_targets(mode="selective", targets=["ops", "attention", "ffn", "norm"]) == {
+    assert block_targets(mode=RecomputeMode.full) == {"block"}
+    assert block_targets(mode=RecomputeMode.selective, targets=["block", "ops", "norm"]) == {"block"}
+    assert block_targets(mode=RecomputeMode.selective, targets=["ops", "attention", "ffn", "norm"]) == {
         "ops", "attention"}
-    assert block_targets(mode="selective", targets=["ffn", "swiglu", "norm"]) == {"ffn", "norm"}
+    assert block_targets(mode=RecomputeMode.selective, targets=["ffn", "swiglu", "norm"]) == {"ffn", "norm"}
 
 
 def test_mode_accepts_plain_strings_and_none_changes_nothing():
     model = _model(POLICIES["none"])
     assert all(type(block).__name__ == "TransformerBlock" for block in model.layers.values())
-    apply_recompute(model, recompute=RecomputeSpec(mode="selective"))
+    apply_recompute(model, recompute=RecomputeSpec(mode=RecomputeMode.selective))
     assert all(type(block).__name__ == "RecomputeTransformerBlock"
                for block in model.layers.values())
     with pytest.raises(AssertionError, match="applied twice"):
-        apply_recompute(model, recompute=RecomputeSpec(mode="selective", targets=("norm",)))
+        apply_recompute(model, recompute=RecomputeSpec(mode=RecomputeMode.selective, targets=("norm",)))
 
 
 @pytest.mark.parametrize("policy", ["ops", "swiglu_norm_attention", "offload"])
