@@ -17,7 +17,7 @@ from sweeps.track import _local_state, _slurm_state
 from sweeps.validate import validate
 
 REPO = Path(__file__).resolve().parents[2]
-MINE = ("cli", "compose_cache", "expand", "naming", "preview", "run_local", "run_slurm",
+MINE = ("cli", "expand", "naming", "preview", "run_local", "run_slurm",
         "spec_file", "state", "submit", "track", "validate")
 TORCH_FREE_TRAINING = ("training.accounting", "training.peaks", "training.slurm_entry",
                        "training.checkpoint_paths")
