@@ -13,8 +13,8 @@ A Hydra compose costs 100-300 ms here, even inside one `initialize_config_dir`, 
   the composed dataclass: no OmegaConf work per point at all.
 
 Anything unusual (a failure, a key that an interpolation reads, a Hydra without the private
-hook that `_apply_overrides` calls) falls back to `compose_config` itself, so errors carry the single-run
-message. tests/sweeps/test_sweep_validate.py compares both paths.
+hook that `_apply_overrides` calls) falls back to `compose_config` itself, so errors carry the
+single-run message. tests/sweeps/test_sweep_validate.py compares both paths.
 """
 from __future__ import annotations
 
