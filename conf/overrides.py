@@ -2,6 +2,8 @@
 
 Hydra stops at the first bad override; this module reports every unknown group option,
 unknown key and wrongly typed value at once, each with the valid choices or a close match.
+It works on overrides already parsed into plain data (`conf.compose.parse_override`);
+`conf.compose.check_overrides` parses the lines and calls `check_override` on each.
 """
 from __future__ import annotations
 
@@ -10,9 +12,13 @@ import difflib
 import typing
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conf.errors import ProblemList
 from conf.schema import RunConfig
+
+if TYPE_CHECKING:  # conf.compose imports this module: no import back at run time
+    from conf.compose.parse import ParsedOverride
 
 CONF_DIR = Path(__file__).resolve().parent
 GROUPS = ("model", "precision", "parallel", "recompute", "schedule", "optim", "data",
@@ -74,45 +80,30 @@ def _type_problem(kind: type, value: object) -> str:
     return ""
 
 
-def parse_override(parser, line: str):
-    """(the parsed override, "") or (None, the first line of Hydra's syntax error)."""
-    from hydra.errors import OverrideParseException
-
-    try:
-        (ov,) = parser.parse_overrides([line])
-    except OverrideParseException as err:
-        return None, str(err).strip().splitlines()[0]
-    return ov, ""
-
-
-def check_overrides(overrides: list[str]) -> None:
-    """Raise one ConfigError listing every override that cannot compose."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    problems = ProblemList()
-    parser = OverridesParser.create()
-    for line in overrides:
-        ov, syntax_error = parse_override(parser, line)
-        if ov is None:
-            problems.add(line, "", f"is not valid override syntax ({syntax_error})",
-                         "write key=value, group=option, +key=value or ~key")
-            continue
-        if ov.is_sweep_override():
-            problems.add(ov.key_or_group, ov.get_value_string(),
-                         "is a sweep (several values) but `run` takes one value per key",
-                         "use `meshrun sweep` for sweeps, or give a single value")
-            continue
-        _check_one(ov, problems)
-    problems.raise_if_any("Invalid overrides")
+def check_override(line: str, ov: ParsedOverride | None, syntax_error: str,
+                   problems: ProblemList) -> None:
+    """Add every reason why one override (`ov`, or None with Hydra's `syntax_error`) cannot
+    compose to `problems`."""
+    if ov is None:
+        problems.add(line, "", f"is not valid override syntax ({syntax_error})",
+                     "write key=value, group=option, +key=value or ~key")
+        return
+    if ov.is_sweep:
+        problems.add(ov.key, ov.value_text,
+                     "is a sweep (several values) but `run` takes one value per key",
+                     "use `meshrun sweep` for sweeps, or give a single value")
+        return
+    _check_one(ov, problems)
 
 
-def _check_one(ov, problems: ProblemList) -> None:
-    key = ov.key_or_group
-    value = ov.value()
-    if key in OPTIONAL_GROUPS and not ov.is_add() and not ov.is_delete():
+def _check_one(ov: ParsedOverride, problems: ProblemList) -> None:
+    key = ov.key
+    value = ov.value
+    if key in OPTIONAL_GROUPS and not ov.is_add and not ov.is_delete:
         problems.add(key, value, f"{key} is not in the defaults list",
                      f"add it with +{key}={value}")
         return
-    if key in GROUPS + OPTIONAL_GROUPS and not ov.is_delete():
+    if key in GROUPS + OPTIONAL_GROUPS and not ov.is_delete:
         options = group_options(key)
         if str(value) not in options:
             problems.add(key, value, f"unknown {key} option",
@@ -120,9 +111,9 @@ def _check_one(ov, problems: ProblemList) -> None:
         return
     path = key.split(".")
     kind, bad = _schema_field(path)
-    if ov.is_delete() or (ov.is_add() and kind is not None):
+    if ov.is_delete or (ov.is_add and kind is not None):
         return  # Hydra's own grammar: checked when composing
-    if kind is None and ov.is_add():
+    if kind is None and ov.is_add:
         problems.add(key, value, f"cannot add key '{bad}': the run schema is fixed",
                      "set an existing key (see conf/schema.py) without '+'")
         return

@@ -1,23 +1,22 @@
 """Expand a sweep definition into points: base overrides + one value per axis.
 
-Axes use Hydra's sweep grammar, parsed by Hydra's own OverridesParser: `a,b,c`, `choice(...)`,
+Axes use Hydra's sweep grammar, parsed by `conf.compose.parse_override`: `a,b,c`, `choice(...)`,
 `range(...)`, `glob(...)` over a config group's options, and (random only) `interval(lo,hi)` or
 `tag(log,interval(lo,hi))`. Expansion is deterministic: the same definition and seed give the
 same points in the same order (grid order: the first axis varies slowest, as in Hydra).
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import itertools
 import math
 import random
 from dataclasses import dataclass
 
+from conf.compose import ParsedOverride, display_value, quote_value, try_parse_override
 from conf.errors import ProblemList
-from conf.overrides import GROUPS, OPTIONAL_GROUPS, group_options, parse_override
-from sweeps.naming import (base_values, check_template, default_template, display, hydra_quote,
-                           render_name, wandb_group_and_tags)
+from conf.overrides import GROUPS, OPTIONAL_GROUPS, group_options
+from sweeps.naming import (base_values, check_template, default_template, render_name,
+                           wandb_group_and_tags)
 from sweeps.spec_file import SWEEP_TITLE, SweepDef
 
 MAX_POINTS = 100_000
@@ -51,10 +50,10 @@ class Point:
     @property
     def run_overrides(self) -> tuple[str, ...]:
         """The overrides of the point's run (its overrides.json, minus runs_dir)."""
-        extra = [f"name={hydra_quote(self.name)}"]
+        extra = [f"name={quote_value(self.name)}"]
         if self.group:
-            extra.append(f"logging.wandb_group={hydra_quote(self.group)}")
-        extra.append("logging.wandb_tags=[" + ",".join(hydra_quote(t) for t in self.tags) + "]")
+            extra.append(f"logging.wandb_group={quote_value(self.group)}")
+        extra.append("logging.wandb_tags=[" + ",".join(quote_value(t) for t in self.tags) + "]")
         return self.overrides + tuple(extra)
 
 
@@ -67,18 +66,17 @@ class _Group:
 
 def expand(sweep: SweepDef) -> list[Point]:
     """Every point of the sweep; one ConfigError lists every problem with the axes."""
-    parser = CachedParser()
     problems = ProblemList()
-    groups = [g for g in (_parse_group(entry, sweep, parser, problems) for entry in sweep.axes)
+    groups = [g for g in (_parse_group(entry, sweep, problems) for entry in sweep.axes)
               if g is not None]
     if sweep.points:
-        groups.insert(0, _list_group(sweep.points, parser, problems))
+        groups.insert(0, _list_group(sweep.points, problems))
     _check_keys(groups, problems)
     problems.raise_if_any(SWEEP_TITLE)
     combos = _combine(groups, sweep, problems)
     problems.raise_if_any(SWEEP_TITLE)
     keys = list(dict.fromkeys(key for combo in combos for _, key, _ in combo))
-    fixed = base_values(sweep.base, parser)
+    fixed = base_values(sweep.base)
     check_template(sweep.run_name, keys, fixed, problems)
     problems.raise_if_any(SWEEP_TITLE)
     points = []
@@ -87,56 +85,36 @@ def expand(sweep: SweepDef) -> list[Point]:
         values = {key: shown for _, key, shown in combo}
         template = sweep.run_name or default_template(list(values))
         name = render_name(template, values, fixed, sweep=sweep.name, index=index)
-        group, tags = wandb_group_and_tags(overrides, group=sweep.name, values=values,
-                                           parser=parser)
+        group, tags = wandb_group_and_tags(overrides, group=sweep.name, values=values)
         points.append(Point(index=index, overrides=overrides, values=values, name=name,
                             group=group, tags=tags))
     return points
 
 
-class CachedParser:
-    """Hydra's OverridesParser, parsing each distinct line once (a parse costs ~1 ms)."""
-
-    def __init__(self) -> None:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        self.parser = OverridesParser.create()
-        self.seen: dict[str, object] = {}
-
-    def parse_overrides(self, lines: list[str]) -> list:
-        out = []
-        for line in lines:
-            if line not in self.seen:
-                (self.seen[line],) = self.parser.parse_overrides([line])
-            out.append(self.seen[line])
-        return out
-
-
-def _parse_group(entry: tuple[str, ...], sweep: SweepDef, parser,
+def _parse_group(entry: tuple[str, ...], sweep: SweepDef,
                  problems: ProblemList) -> _Group | None:
     """One axis, or several paired axes (all the same length), as a list of choices."""
     columns, interval = [], None
     for line in entry:
-        ov, syntax_error = parse_override(parser, line)
+        ov, syntax_error = try_parse_override(line)
         if ov is None:
             problems.add(line, "", f"is not valid sweep syntax ({syntax_error})",
                          "write key=a,b,c or key=range(0,10,2) or key=choice(a,b)")
             continue
-        key, name = line.split("=", 1)[0].strip(), ov.key_or_group
-        kind = type(ov.value()).__name__
-        if kind == "IntervalSweep":
+        key, name = line.split("=", 1)[0].strip(), ov.key
+        if ov.sweep is not None and ov.sweep.kind == "interval":
             if sweep.combine != "random" or len(entry) > 1:
                 problems.add(line, "", "interval() needs combine: random and cannot be paired",
                              "use combine: random, or list values (a,b,c) / range()")
                 continue
-            low, high, log = ov.value().start, ov.value().end, "log" in ov.value().tags
+            low, high, log = ov.sweep.low, ov.sweep.high, ov.sweep.log
             if log and low <= 0:
                 problems.add(line, "", "a log interval needs a positive lower bound",
                              "e.g. tag(log,interval(1e-5,1e-2))")
             interval = (key, name, low, high, log)
             continue
         values = _axis_values(ov, name, sweep, problems, line)
-        columns.append([(f"{key}={v}", name, display(parser, name, v)) for v in values])
+        columns.append([(f"{key}={v}", name, display_value(name, v)) for v in values])
     if interval:
         return _Group(choices=[], interval=interval)
     if not columns:
@@ -149,48 +127,43 @@ def _parse_group(entry: tuple[str, ...], sweep: SweepDef, parser,
     return _Group(choices=[tuple(c) for c in zip(*columns)])
 
 
-def _axis_values(ov, name: str, sweep: SweepDef, problems: ProblemList, line: str) -> list[str]:
-    kind = type(ov.value()).__name__
-    if kind == "Glob":
+def _axis_values(ov: ParsedOverride, name: str, sweep: SweepDef, problems: ProblemList,
+                 line: str) -> list[str]:
+    if ov.sweep is None:
+        return [ov.value_str]
+    if ov.sweep.kind == "glob":
         if name not in GROUPS + OPTIONAL_GROUPS:
             problems.add(line, "", "glob() selects options of a config group",
                          f"use it with one of: {', '.join(GROUPS + OPTIONAL_GROUPS)}")
             return []
-        chosen = ov.value().filter(group_options(name))
+        chosen = ov.sweep.select(group_options(name))
         if not chosen:
             problems.add(line, "", f"matches no {name} option",
                          f"options: {', '.join(group_options(name))}")
         return chosen
-    if not ov.is_sweep_override():
-        return [ov.get_value_element_as_str()]
-    shuffle = getattr(ov.value(), "shuffle", False)
-    if shuffle:  # Hydra would shuffle with the global RNG: shuffle with the sweep's seed
-        ov = copy.copy(ov)
-        ov._value = dataclasses.replace(ov.value(), shuffle=False)
-    values = list(ov.sweep_string_iterator())
-    if shuffle:
+    values = list(ov.sweep.values)
+    if ov.sweep.shuffle:  # Hydra would shuffle with the global RNG: shuffle with the sweep's seed
         random.Random(sweep.seed).shuffle(values)
     if not values:
         problems.add(line, "", "has no values", "give at least one value")
     return values
 
 
-def _list_group(points: tuple[tuple[str, ...], ...], parser, problems: ProblemList) -> _Group:
+def _list_group(points: tuple[tuple[str, ...], ...], problems: ProblemList) -> _Group:
     choices = []
     for point in points:
         choice = []
         for line in point:
-            ov, syntax_error = parse_override(parser, line)
+            ov, syntax_error = try_parse_override(line)
             if ov is None:
                 problems.add(line, "", f"is not valid override syntax ({syntax_error})",
                              "write key=value")
                 continue
-            if ov.is_sweep_override():
+            if ov.is_sweep:
                 problems.add(line, "", "an explicit point takes one value per key",
                              "put sweeps in axes:, or list each point")
                 continue
-            choice.append((line, ov.key_or_group,
-                           display(parser, ov.key_or_group, ov.get_value_element_as_str())))
+            choice.append((line, ov.key, display_value(ov.key, ov.value_str)))
         choices.append(tuple(choice))
     return _Group(choices=choices)
 

@@ -1,26 +1,13 @@
-"""Run names from a template, W&B group and tags, and quoting values for Hydra overrides."""
+"""Run names from a template, and each point's W&B group and tags."""
 from __future__ import annotations
 
 import re
 
+from conf.compose import display_value, try_parse_override
 from conf.errors import ProblemList
 
 WANDB_TAG_MAX = 64
 FIELD = re.compile(r"\{([^{}]*)\}")
-
-
-def display(parser, key: str, value_text: str) -> str:
-    """A value as shown in tables, names and tags: quotes removed, numbers as Hydra reads them."""
-    try:
-        (ov,) = parser.parse_overrides([f"{key.lstrip('+~')}={value_text}"])
-        value = ov.value()
-    except Exception:  # noqa: BLE001 - shown as written; validation reports it properly
-        return value_text
-    if isinstance(value, bool):
-        return str(value).lower()
-    if value is None:
-        return "null"
-    return str(value) if isinstance(value, (str, int, float)) else value_text
 
 
 def default_template(keys: list[str]) -> str:
@@ -43,15 +30,13 @@ def _fields(values: dict[str, str], fixed: dict[str, str], *, sweep: str,
     return fields
 
 
-def base_values(base: tuple[str, ...], parser) -> dict[str, str]:
+def base_values(base: tuple[str, ...]) -> dict[str, str]:
+    """Key -> value as shown, of each single-value base override (template fields)."""
     out = {}
     for line in base:
-        try:
-            (ov,) = parser.parse_overrides([line])
-        except Exception:  # noqa: BLE001 - reported by validation
-            continue
-        if not ov.is_sweep_override() and not ov.is_delete():
-            out[ov.key_or_group] = display(parser, ov.key_or_group, ov.get_value_element_as_str())
+        ov, _ = try_parse_override(line)  # a syntax error is reported by validation
+        if ov is not None and not ov.is_sweep and not ov.is_delete:
+            out[ov.key] = display_value(ov.key, ov.value_str)
     return out
 
 
@@ -71,24 +56,16 @@ def render_name(template: str, values: dict[str, str], fixed: dict[str, str], *,
     return FIELD.sub(lambda m: fields.get(m.group(1), ""), template)  # list points may lack a key
 
 
-def wandb_group_and_tags(overrides: tuple[str, ...], *, group: str, values: dict[str, str],
-                         parser) -> tuple[str, tuple[str, ...]]:
+def wandb_group_and_tags(overrides: tuple[str, ...], *, group: str,
+                         values: dict[str, str]) -> tuple[str, tuple[str, ...]]:
     """The W&B group (unless the base sets one) and tags: the base's, then the varied values."""
     given = {}
     for line in overrides:
-        try:
-            (ov,) = parser.parse_overrides([line])
-        except Exception:  # noqa: BLE001 - reported by validation
-            continue
-        given[ov.key_or_group] = ov.value()
+        ov, _ = try_parse_override(line)  # a syntax error is reported by validation
+        if ov is not None:
+            given[ov.key] = ov.value
     tags = [str(t) for t in given.get("logging.wandb_tags") or []
             if isinstance(t, (str, int, float))]
     tags += [f"{key}={value}"[:WANDB_TAG_MAX] for key, value in values.items()]
     return ("" if "logging.wandb_group" in given else group), tuple(tags)
 
-
-def hydra_quote(text: str) -> str:
-    """`text` as a single-quoted Hydra string that parses back to exactly `text`."""
-    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
-    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
-    return f"'{escaped}'"

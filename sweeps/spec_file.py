@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from conf.compose import split_sweeps
 from conf.errors import ConfigError, Problem, ProblemList
 from conf.overrides import CONF_DIR
 
@@ -164,7 +165,7 @@ def check_sweep(sweep: SweepDef, problems: ProblemList) -> None:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", sweep.name):
         problems.add("name", sweep.name, "must be letters, digits, '_', '.' or '-'",
                      "it names the sweep dir and the W&B group")
-    for line in split_overrides(list(sweep.base))[1]:
+    for line in split_sweeps(list(sweep.base))[1]:
         problems.add("base", line, "takes one value per key", "move this sweep to axes:")
     for key in ("parallel", "array_parallelism"):
         if getattr(sweep, key) < 1:
@@ -173,7 +174,7 @@ def check_sweep(sweep: SweepDef, problems: ProblemList) -> None:
 
 def inline_sweep(overrides: list[str], **settings) -> SweepDef:
     """`meshrun sweep key=a,b other=x`: sweep overrides become axes, the rest the base."""
-    base, axes = split_overrides(overrides)
+    base, axes = split_sweeps(overrides)
     name = settings.pop("name", "") or default_name(base, axes)
     return _build({"name": name, "base": base, "axes": [[a] for a in axes], **settings},
                   source="", problems=None)
@@ -182,7 +183,7 @@ def inline_sweep(overrides: list[str], **settings) -> SweepDef:
 def extend(sweep: SweepDef, overrides: list[str], **settings) -> SweepDef:
     """A sweep file plus command-line overrides and flags. A single value for a swept key pins
     that axis (`cluster.nodes=1`); other single values join the base; sweeps add axes."""
-    base, axes = split_overrides(overrides)
+    base, axes = split_sweeps(overrides)
     pinned = {_key(line) for line in base}
     kept = [[a for a in group if _key(a) not in pinned] for group in sweep.axes]
     data = {**sweep.to_dict(), **{k: v for k, v in settings.items() if v is not None}}
@@ -193,20 +194,6 @@ def extend(sweep: SweepDef, overrides: list[str], **settings) -> SweepDef:
 
 def _key(line: str) -> str:
     return line.split("=", 1)[0].strip().lstrip("+~")
-
-
-def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
-    """(single-value overrides, sweep overrides); unparsable ones go to base (reported later)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from conf.overrides import parse_override
-
-    parser = OverridesParser.create()
-    base, axes = [], []
-    for line in overrides:
-        ov, _ = parse_override(parser, line)
-        (axes if ov is not None and ov.is_sweep_override() else base).append(line)
-    return base, axes
 
 
 def default_name(base: list[str], axes: list[str]) -> str:

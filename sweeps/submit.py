@@ -11,11 +11,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from conf.compose import config_yaml
+from conf.compose import config_yaml, quote_value
 from conf.errors import ConfigError, Problem
 from launcher.hardware import probe_host
 from sweeps.expand import Point, expand
-from sweeps.naming import hydra_quote
 from sweeps.preview import confirm, not_fitting, preview_table
 from sweeps.run_local import Prepared
 from sweeps.spec_file import SweepDef
@@ -135,7 +134,7 @@ def make_run_dir(state: SweepState, checked: Checked, *, backend: str) -> Prepar
     from launcher.session import launch_command, with_prepared_data
 
     runs_dir = str(state.runs_dir)
-    overrides = list(checked.point.run_overrides) + [f"runs_dir={hydra_quote(runs_dir)}"]
+    overrides = list(checked.point.run_overrides) + [f"runs_dir={quote_value(runs_dir)}"]
     spec = with_prepared_data(dataclasses.replace(checked.spec, runs_dir=runs_dir))
     config = dataclasses.replace(checked.config, runs_dir=runs_dir)
     run_dir = create_run_dir(spec, overrides=overrides, config_yaml=config_yaml(config),

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conf.compose import compose_many
 from conf.errors import ConfigError, Problem
 from conf.resolve import resolve
 from conf.schema import RunConfig
 from conf.spec import HostSpec, RunSpec
-from sweeps.compose_cache import ComposeCache
 from sweeps.expand import Point
 
 LIST_EACH_POINT_UP_TO = 20
@@ -34,19 +34,20 @@ class Checked:
 
 def validate(points: list[Point], *, host: HostSpec) -> list[Checked]:
     """Compose and resolve every point (sharing Hydra work between them)."""
-    cache = ComposeCache()
-    out = []
-    for point in points:
-        try:
-            config = cache.compose(point.overrides, settings=point.settings)
-            spec = resolve(config, host=host)
-        except ConfigError as err:
-            out.append(Checked(point=point, problems=tuple(err.problems), title=err.title))
-            continue
-        problems = _sweep_rules(spec)
-        out.append(Checked(point=point, spec=None if problems else spec, config=config,
-                           problems=tuple(problems), title="Cannot sweep"))
-    return out
+    composed = compose_many([p.overrides for p in points], settings=[p.settings for p in points])
+    return [_check(point, config, host) for point, config in zip(points, composed)]
+
+
+def _check(point: Point, config: RunConfig | ConfigError, host: HostSpec) -> Checked:
+    if isinstance(config, ConfigError):
+        return Checked(point=point, problems=tuple(config.problems), title=config.title)
+    try:
+        spec = resolve(config, host=host)
+    except ConfigError as err:
+        return Checked(point=point, problems=tuple(err.problems), title=err.title)
+    problems = _sweep_rules(spec)
+    return Checked(point=point, spec=None if problems else spec, config=config,
+                   problems=tuple(problems), title="Cannot sweep")
 
 
 def _sweep_rules(spec: RunSpec) -> list[Problem]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from conf.errors import ConfigError
+from conf.compose import parse_override, quote_value
 from conf.overrides import group_options
 from sweeps.expand import Point, expand
-from sweeps.naming import hydra_quote
 from sweeps.spec_file import SweepDef, extend, inline_sweep, load_sweep_file
 
 
@@ -129,11 +129,8 @@ def test_names_group_and_tags():
 
 @pytest.mark.parametrize("text", ["a b", "it's", "back\\slash", "x\\", "q\\'z", 'd"q',
                                   "a,b=c[]", "new\nline"])
-def test_hydra_quote_round_trips(text):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    (ov,) = OverridesParser.create().parse_overrides([f"name={hydra_quote(text)}"])
-    assert ov.value() == text
+def test_quoted_values_round_trip(text):
+    assert parse_override(f"name={quote_value(text)}").value == text
 
 
 def test_axis_problems_are_reported_together():

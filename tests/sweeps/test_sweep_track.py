@@ -18,7 +18,7 @@ from sweeps.spec_file import inline_sweep
 from sweeps.validate import validate
 
 REPO = Path(__file__).resolve().parents[2]
-MINE = ("cli", "compose_cache", "expand", "naming", "preview", "run_local", "run_slurm",
+MINE = ("cli", "expand", "naming", "preview", "run_local", "run_slurm",
         "spec_file", "state", "submit", "track", "validate")
 TORCH_FREE_TRAINING = ("training.slurm_entry",)
 TORCH_FREE_PARALLEL = "parallel.cost"  # the cost model; the rest of parallel needs torch
