@@ -25,9 +25,9 @@ def build_core(overrides: list[str]):
     from conf.compose import compose_config
     from conf.resolve import resolve
     from launcher.hardware import probe_host
-    from launcher.session import with_prepared_data
+    from launcher.commands import with_prepared_data
     from training.dist import init_distributed
-    from training.trainer import build_trainer
+    from training.train_state import build_train_state
 
     cfg = compose_config(["parallel=single", "logging=disabled", *overrides])
     spec = with_prepared_data(resolve(cfg, host=probe_host()))
@@ -35,7 +35,7 @@ def build_core(overrides: list[str]):
     (run_dir / "wandb_id.txt").write_text("bench\n")
     store = dist.FileStore(str(run_dir / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    return spec, build_trainer(spec, run_dir, init_distributed(spec.training.device))
+    return spec, build_train_state(spec, run_dir, init_distributed(spec.training.device))
 
 
 def plain_loop(spec, batch):

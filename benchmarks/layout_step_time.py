@@ -1,6 +1,6 @@
 """Step time and per-rank static memory of every layout on one small model (CPU, gloo).
 
-For each layout: build it (training.layout.build_layout), take WARMUP steps, then time STEPS
+For each layout: build it (training.parallel_model.build_parallel_model), take WARMUP steps, then time STEPS
 steps (a step's time is the slowest rank's); report the median, and the largest per-rank
 bytes of parameters + gradients + optimizer state actually held next to the plan's estimate.
 All layouts run in this one invocation (world sizes 1, 2, 4, 8 on this machine's cores), so
@@ -48,13 +48,13 @@ def measure_rank(*, rank: int, world_size: int, spec_dict: dict) -> dict:
     from conf.spec_io import spec_from_dict
     from tests.distributed.layout_parity import held_bytes, local_bytes, named_params
     from training.data import build_train_batches
-    from training.layout import build_layout
+    from training.parallel_model import build_parallel_model
     from training.optim import build_optimizers
     from training.step import clip_and_step, forward_backward
 
     spec = spec_from_dict(RunSpec, spec_dict)
     cpu = torch.device("cpu")
-    layout = build_layout(spec, rank=rank, device=cpu)
+    layout = build_parallel_model(spec, rank=rank, device=cpu)
     optimizers = build_optimizers(layout, optim=spec.optim, state_dtype="fp32")
     batches = build_train_batches(spec.data, spec.training, dp_rank=layout.dims.dp_rank(rank),
                                   dp_size=layout.dims.dp)
@@ -80,14 +80,14 @@ def measure_single(spec) -> dict:
 
     from tests.distributed.layout_parity import held_bytes, local_bytes
     from training.data import build_train_batches
-    from training.layout import RankLayout
+    from training.parallel_model import ParallelModel
     from training.model import build_model
     from training.optim import build_optimizer
     from training.step import clip_and_step, forward_backward
 
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
-    layout = RankLayout.single(build_model(spec.model, device=cpu, seed=0))
+    layout = ParallelModel.single(build_model(spec.model, device=cpu, seed=0))
     optimizers = [build_optimizer(layout.parts[0], optim=spec.optim)]
     batches = build_train_batches(spec.data, spec.training, dp_rank=0, dp_size=1)
     times = []

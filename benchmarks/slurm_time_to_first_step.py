@@ -33,7 +33,7 @@ def main() -> None:
     report = json.loads((run_dir / "preflight.json").read_text())
     print(f"submit -> first training step: {first['time'] - start:.1f} s")
     print(f"submit -> job finished (meshrun --wait returned): {time.time() - start:.1f} s")
-    from training.preflight_report import format_report
+    from conf.preflight_report import format_report
 
     print(format_report(report))
 

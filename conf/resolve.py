@@ -12,7 +12,7 @@ from pathlib import Path
 
 from conf import rules
 from conf.errors import ProblemList
-from conf.layout_rules import check_layout, check_recompute
+from conf.split_rules import check_model_split, check_recompute
 from conf.parallel_rules import resolve_parallel
 from conf.schema import (
     ClusterConfig, ClusterKind, DataKind, DeviceKind, DType, Precision, RunConfig,
@@ -46,7 +46,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunS
     rules.check_checkpoint(cfg.checkpoint, problems, check_paths=check_paths)
     data = _resolve_data(cfg, model, problems, check_paths=check_paths)
     precision = _resolve_precision(cfg, host, device, problems)
-    check_layout(parallel, model=model, training=training, precision=precision,
+    check_model_split(parallel, model=model, training=training, precision=precision,
                  problems=problems)
     check_recompute(cfg.recompute, problems)
     problems.raise_if_any()

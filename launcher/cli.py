@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from conf.errors import ConfigError
-from launcher import session
+from launcher import commands
 
 EXIT_BAD_INPUT = 2
 
@@ -61,14 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "handler", None) is not None:
             return args.handler(args, console)
         if args.command == "plan":
-            return session.plan(args.overrides, console=console)
+            return commands.plan(args.overrides, console=console)
         if args.command == "resume":
-            return session.resume(args.run_dir, args.overrides, console=console, wait=args.wait)
+            return commands.resume(args.run_dir, args.overrides, console=console, wait=args.wait)
         if args.command == "preflight":
-            return session.preflight(args.overrides, console=console)
+            return commands.preflight(args.overrides, console=console)
         if args.command == "status":
             return show_status(args.run_dir, as_json=args.json, console=console)
-        return session.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait)
+        return commands.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait)
     except ConfigError as err:
         Console(stderr=True).print(str(err), markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT

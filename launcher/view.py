@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.spec import RunSpec
-from launcher.layout_view import layout_line, rank_table
+from launcher.rank_view import layout_line, rank_table
 from parallel.cost.devices import GIB
 from parallel.cost.flops import FLOPS_CONVENTION
 from parallel.cost.plan import Plan

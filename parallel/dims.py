@@ -52,7 +52,7 @@ class ParallelDims:
         config = ParallelConfig(name="single", dp_replicate=1, dp_shard=1, tp=1, pp=1, cp=1)
         return cls(spec_from_config(ParallelSpec, config, pp_microbatches=1))
 
-    def checkpoint_layout(self) -> dict:
+    def checkpoint_degrees(self) -> dict:
         """What must match for an exact resume (per-rank files): world size and degrees."""
         return {"world_size": self.world_size,
                 **{key: getattr(self.parallel, key) for key in CHECKPOINT_LAYOUT_KEYS}}

@@ -25,7 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
-from conf.layout_rules import stage_split
+from conf.split_rules import stage_split
 from conf.spec import ParallelSpec
 from parallel.dims import pipeline_stage_ids
 

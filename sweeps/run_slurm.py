@@ -19,7 +19,7 @@ from launcher.rundir import safe_name
 from launcher.slurm import build_executor, record_job, sbatch_parameters
 from sweeps.run_local import Prepared
 from sweeps.state import SweepState
-from training.slurm_entry import SlurmRankTask
+from launcher.slurm import SlurmRankTask  # the rank entry point, as the launcher submits it
 
 ARRAYS_DIR = "arrays"
 POLL_S = 5.0

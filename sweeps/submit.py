@@ -131,7 +131,7 @@ def _backends(todo: list[Checked]) -> str:
 def make_run_dir(state: SweepState, checked: Checked, *, backend: str) -> Prepared:
     """Create the point's run dir under <sweep_dir>/runs (launcher.rundir) and record it."""
     from launcher.rundir import create_run_dir
-    from launcher.session import launch_command, with_prepared_data
+    from launcher.commands import launch_command, with_prepared_data
 
     runs_dir = str(state.runs_dir)
     overrides = list(checked.point.run_overrides) + [f"runs_dir={quote_value(runs_dir)}"]
@@ -202,7 +202,7 @@ def _checkpointed_run_dir(state: SweepState, checked: Checked) -> Path | None:
 
 def _resume(state: SweepState, resumable: list[Checked], console: Console) -> bool:
     """Points whose last run left a checkpoint continue it (same run dir, same W&B run)."""
-    from launcher import session
+    from launcher import commands
 
     ok = True
     for c in resumable:
@@ -211,7 +211,7 @@ def _resume(state: SweepState, resumable: list[Checked], console: Console) -> bo
                       "checkpoint", markup=False)
         state.add_attempt(c.point.index, run_dir, backend=c.spec.cluster.kind)
         try:
-            status = session.resume(run_dir, [], console=console)
+            status = commands.resume(run_dir, [], console=console)
         except ConfigError as err:
             console.print(str(err), markup=False, highlight=False, soft_wrap=True)
             state.finish_attempt(c.point.index, error=str(err).splitlines()[0])

@@ -339,11 +339,11 @@ def _check_layout(path: Path, *, saved: dict, current: dict, allow_reshard: bool
     return False
 
 
-def load_checkpoint(path: Path, *, model, optimizer, layout: dict | None = None,
+def load_checkpoint(path: Path, *, model, optimizer, degrees: dict | None = None,
                     allow_reshard: bool = False) -> dict:
     """Collective: restore model, optimizer and this rank's RNG states; return its `extra`.
 
-    `layout` describes how this run is split ({"world_size": ..., degrees ...}; default: the
+    `degrees` describes how this run is split ({"world_size": ..., degrees ...}; default: the
     world size). Raises CheckpointMismatch if the checkpoint's layout differs, unless
     `allow_reshard` (then DCP reshards model/optimizer and every rank takes rank 0's file).
     """
@@ -355,7 +355,7 @@ def load_checkpoint(path: Path, *, model, optimizer, layout: dict | None = None,
         )
     meta = read_checkpoint_meta(path)
     rank, world_size = _rank_and_world_size()
-    current = dict(layout or {"world_size": world_size})
+    current = dict(degrees or {"world_size": world_size})
     saved = {"world_size": meta["world_size"],
              **{k: meta["metadata"].get("layout", {}).get(k) for k in current if k != "world_size"}}
     same_layout = _check_layout(path, saved=saved, current=current, allow_reshard=allow_reshard)

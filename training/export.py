@@ -111,7 +111,7 @@ def _expected_keys(model: ModelSpec) -> set[str]:
     return keys
 
 
-def gather_full_state(layout) -> dict[str, torch.Tensor] | None:
+def gather_full_state(model) -> dict[str, torch.Tensor] | None:
     """Collective over every rank: the full, unsharded weights by name on rank 0 (CPU), None
     elsewhere. DTensor shards (FSDP, TP) are gathered within each stage; pipeline stages are
     then gathered to rank 0. Holds the whole model in rank 0's CPU memory."""
@@ -120,14 +120,14 @@ def gather_full_state(layout) -> dict[str, torch.Tensor] | None:
 
     options = StateDictOptions(full_state_dict=True)
     state = {}
-    for part in layout.parts:
+    for part in model.parts:
         for name, tensor in get_model_state_dict(part, options=options).items():
             state[name] = tensor.detach().cpu()
-    pp_group = layout.group("pp")
+    pp_group = model.group("pp")
     if pp_group is None:
-        return state if layout.rank == 0 else None
-    stages = [None] * layout.dims.pp if layout.coords["pp"] == 0 else None
+        return state if model.rank == 0 else None
+    stages = [None] * model.dims.pp if model.coords["pp"] == 0 else None
     dist.gather_object(state, stages, group=pp_group, group_dst=0)
-    if layout.rank != 0:
+    if model.rank != 0:
         return None
     return {name: tensor for stage in stages for name, tensor in stage.items()}

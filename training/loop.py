@@ -17,12 +17,12 @@ from training.preemption import requeue_job, restart_count, slurm_job_id
 from training.schedule import lr_at
 from training.step import clip_and_step, eval_loss_sum, forward_backward
 from training.summary import summarize, write_summary
-from training.trainer import Trainer, checkpoint_layout
+from training.train_state import TrainState, checkpoint_degrees
 
 log = logging.getLogger("meshrun.loop")
 
 
-def train(tr: Trainer) -> str:
+def train(tr: TrainState) -> str:
     """Run from tr.step to training.stop_at_step (or training.steps), then wrap up.
 
     Returns the outcome: "finished", "paused" (stop_at_step), "stopped" or "requeued" (a
@@ -56,7 +56,7 @@ def train(tr: Trainer) -> str:
             tr.loggers = None
 
 
-def stop_early(tr: Trainer) -> str:
+def stop_early(tr: TrainState) -> str:
     """A rank got a stop signal: checkpoint this step, then requeue (Slurm) or stop."""
     if tr.last_saved_step != tr.step:
         save(tr)
@@ -76,25 +76,25 @@ def stop_early(tr: Trainer) -> str:
     return outcome
 
 
-def train_step(tr: Trainer) -> dict:
+def train_step(tr: TrainState) -> dict:
     t, o = tr.spec.training, tr.spec.optim
     lr = lr_at(tr.step, schedule=tr.spec.schedule, peak_lr=o.lr, total_steps=t.steps)
     set_lr(tr.optimizers, lr)
-    for part in tr.layout.parts:
+    for part in tr.model.parts:
         part.train()
     micro_batches = tr.train_batches.next_step()
-    loss = forward_backward(tr.layout, micro_batches, device=tr.ctx.device,
+    loss = forward_backward(tr.model, micro_batches, device=tr.ctx.device,
                             autocast=tr.autocast, scaler=tr.scaler)
-    grad_norm = clip_and_step(tr.layout, tr.optimizers, grad_clip=o.grad_clip, scaler=tr.scaler)
+    grad_norm = clip_and_step(tr.model, tr.optimizers, grad_clip=o.grad_clip, scaler=tr.scaler)
     tr.step += 1
-    own_loss = float(loss.local_loss_sum) if tr.layout.reports_loss else 0.0
+    own_loss = float(loss.local_loss_sum) if tr.model.reports_loss else 0.0
     loss_sum, stop_votes = all_reduce_sum([own_loss, float(tr.stop.requested)], tr.ctx.device)
     tr.stop_agreed = stop_votes > 0
     return {"kind": "train", "step": tr.step, "loss": loss_sum / loss.global_tokens,
             "grad_norm": grad_norm, "lr": lr, "tokens": loss.global_tokens}
 
 
-def _after_step(tr: Trainer, row: dict, stop: int) -> None:
+def _after_step(tr: TrainState, row: dict, stop: int) -> None:
     t, c = tr.spec.training, tr.spec.checkpoint
     tokens_per_s = row.pop("tokens") / row["step_time_s"]
     per_device = tokens_per_s / tr.ctx.world_size
@@ -112,22 +112,22 @@ def _after_step(tr: Trainer, row: dict, stop: int) -> None:
         save(tr)
 
 
-def _max_memory(tr: Trainer) -> dict:
+def _max_memory(tr: TrainState) -> dict:
     stats = memory_stats(tr.ctx.device)
     keys = sorted(stats)
     return dict(zip(keys, all_reduce_max([stats[k] for k in keys], tr.ctx.device)))
 
 
 @torch.no_grad()
-def evaluate(tr: Trainer) -> float:
+def evaluate(tr: TrainState) -> float:
     """Mean token loss over the fixed validation batches of every dp rank."""
-    for part in tr.layout.parts:
+    for part in tr.model.parts:
         part.eval()
     loss_sum, tokens = 0.0, 0
     for inputs, targets in tr.val_batches:
-        batch_loss, batch_tokens = eval_loss_sum(tr.layout, inputs, targets,
+        batch_loss, batch_tokens = eval_loss_sum(tr.model, inputs, targets,
                                                  device=tr.ctx.device, autocast=tr.autocast)
-        if tr.layout.reports_loss:
+        if tr.model.reports_loss:
             loss_sum, tokens = loss_sum + batch_loss, tokens + batch_tokens
     loss_sum, tokens = all_reduce_sum([loss_sum, float(tokens)], tr.ctx.device)
     val_loss = loss_sum / tokens
@@ -137,11 +137,11 @@ def evaluate(tr: Trainer) -> float:
     return val_loss
 
 
-def save(tr: Trainer) -> None:
+def save(tr: TrainState) -> None:
     extra = {"step": tr.step, "data": tr.train_batches.state_dict(),
              "scaler": tr.scaler.state_dict() if tr.scaler is not None else {}}
-    metadata = {"world_size": tr.ctx.world_size, "layout": checkpoint_layout(tr.spec)}
-    path = save_checkpoint(tr.checkpoint_root, step=tr.step, model=tr.layout.parts,
+    metadata = {"world_size": tr.ctx.world_size, "layout": checkpoint_degrees(tr.spec)}
+    path = save_checkpoint(tr.checkpoint_root, step=tr.step, model=tr.model.parts,
                            optimizer=tr.optimizers, extra=extra, metadata=metadata,
                            keep_last=tr.spec.checkpoint.keep_last)
     tr.last_checkpoint = str(path)
@@ -149,13 +149,13 @@ def save(tr: Trainer) -> None:
     log.info("step %d: checkpoint %s", tr.step, path)
 
 
-def finish(tr: Trainer) -> None:
+def finish(tr: TrainState) -> None:
     """Final evaluation, safetensors export, summary (rank 0)."""
     started = time.perf_counter()
     evaluate(tr)
     export_dir = ""
     if tr.spec.checkpoint.export_safetensors:
-        state = gather_full_state(tr.layout)  # collective; the full weights land on rank 0
+        state = gather_full_state(tr.model)  # collective; the full weights land on rank 0
         if tr.ctx.is_main:
             export_dir = str(export_hf(state, tr.spec.model, RunDir(tr.run_dir).export_dir))
     if tr.loggers is not None:

@@ -31,7 +31,7 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
 
     from training.dist import init_distributed, node_name, teardown
     from training.loop import train
-    from training.trainer import build_trainer
+    from training.train_state import build_train_state
 
     spec = RunDir(run_dir).read_spec()
     ctx = init_distributed(spec.training.device, join_timeout_s=spec.cluster.preflight_timeout_s)
@@ -45,14 +45,14 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
         if preflight_only:
             teardown()
             return "preflight"
-        trainer = build_trainer(spec, run_dir, ctx)
-        outcome = train(trainer)
+        state = build_train_state(spec, run_dir, ctx)
+        outcome = train(state)
     except BaseException:
         log.exception("rank %d failed", ctx.rank)
         raise
     # Free DDP's reducer while the process group is alive: freeing it after destroy ran gloo's
     # destructor with the GIL held while a gloo thread waited for the GIL (a hang, seen here).
-    del trainer
+    del state
     gc.collect()
     teardown()
     return outcome

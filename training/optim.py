@@ -28,11 +28,11 @@ def build_optimizer(model: torch.nn.Module, *, optim: OptimSpec, state_dtype: DT
     return torch.optim.AdamW(param_groups(params, optim.weight_decay), **kwargs)
 
 
-def build_optimizers(layout, *, optim: OptimSpec, state_dtype: DType) -> list:
+def build_optimizers(model, *, optim: OptimSpec, state_dtype: DType) -> list:
     """One optimizer per model part (pipeline stages), each over what this rank updates."""
-    owned = layout.zero1.owned() if layout.zero1 is not None else None
+    owned = model.zero1.owned() if model.zero1 is not None else None
     return [build_optimizer(part, optim=optim, state_dtype=state_dtype, owned=owned)
-            for part in layout.parts]
+            for part in model.parts]
 
 
 def set_lr(optimizers: list, lr: float) -> None:

@@ -10,7 +10,7 @@ from torch.distributed.tensor import DTensor
 
 from parallel.data_parallel import gradient_sync
 from parallel.grad_norm import clip_grads
-from training.layout import RankLayout
+from training.parallel_model import ParallelModel
 from training.loss import IGNORE_INDEX, token_cross_entropy_sum
 
 __all__ = ["IGNORE_INDEX", "StepLoss", "clip_and_step", "eval_loss_sum", "forward_backward",
@@ -22,7 +22,7 @@ class StepLoss:
     local_loss_sum: torch.Tensor
     """Sum of token losses this rank computed (detached; 0 on pipeline stages before the
     last). Tensor-parallel peers compute the same sum: add up only the ranks whose
-    `RankLayout.reports_loss` is true to count every token once."""
+    `ParallelModel.reports_loss` is true to count every token once."""
     global_tokens: int
     """Target tokens over all ranks and micro-batches of the step."""
 
@@ -37,9 +37,9 @@ def count_global_tokens(micro_batches: list, *, device: torch.device, dp_group=N
     return int(t.item())
 
 
-def loss_context(layout: RankLayout):
-    """Cross entropy on vocabulary-sharded logits when the layout keeps them sharded."""
-    if layout.loss_parallel:
+def loss_context(model: ParallelModel):
+    """Cross entropy on vocabulary-sharded logits when the model keeps them sharded."""
+    if model.loss_parallel:
         from torch.distributed.tensor.parallel import loss_parallel
 
         return loss_parallel()
@@ -58,7 +58,7 @@ def _whole(loss_sum: torch.Tensor) -> torch.Tensor:
     return loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum
 
 
-def forward_backward(layout: RankLayout, micro_batches: list, *, device: torch.device,
+def forward_backward(model: ParallelModel, micro_batches: list, *, device: torch.device,
                      autocast, scaler=None) -> StepLoss:
     """Accumulate gradients of (sum of token losses over the global batch) / global tokens.
 
@@ -67,68 +67,68 @@ def forward_backward(layout: RankLayout, micro_batches: list, *, device: torch.d
     whole global batch. Context-parallel ranks each take their share of every sequence;
     pipeline stages run the micro-batch through the schedule.
     """
-    global_tokens = count_global_tokens(micro_batches, device=device, dp_group=layout.group("dp"))
-    scale = layout.dims.dp_cp / global_tokens
+    global_tokens = count_global_tokens(micro_batches, device=device, dp_group=model.group("dp"))
+    scale = model.dims.dp_cp / global_tokens
     total = torch.zeros((), dtype=torch.float32, device=device)
     last = len(micro_batches) - 1
     for i, (inputs, targets) in enumerate(micro_batches):
-        inputs = layout.shard_tokens(inputs.to(device, non_blocking=True))
-        targets = layout.shard_tokens(targets.to(device, non_blocking=True))
-        with gradient_sync(layout.parts, sync=i == last):
-            total += _micro_batch(layout, inputs, targets, scale=scale, autocast=autocast,
+        inputs = model.shard_tokens(inputs.to(device, non_blocking=True))
+        targets = model.shard_tokens(targets.to(device, non_blocking=True))
+        with gradient_sync(model.parts, sync=i == last):
+            total += _micro_batch(model, inputs, targets, scale=scale, autocast=autocast,
                                   scaler=scaler)
     return StepLoss(local_loss_sum=total, global_tokens=global_tokens)
 
 
-def _micro_batch(layout: RankLayout, inputs: torch.Tensor, targets: torch.Tensor, *,
+def _micro_batch(model: ParallelModel, inputs: torch.Tensor, targets: torch.Tensor, *,
                  scale: float, autocast, scaler) -> torch.Tensor:
-    if layout.schedule is not None:
+    if model.schedule is not None:
         from parallel.pipeline import pipeline_forward_backward
 
         loss_scale = scale * (scaler.scale_factor if scaler is not None else 1.0)
         return pipeline_forward_backward(
-            layout.schedule, inputs=inputs, targets=targets, is_first=layout.is_first_stage,
-            is_last=layout.is_last_stage, loss=layout.pp_loss, loss_scale=loss_scale,
+            model.schedule, inputs=inputs, targets=targets, is_first=model.is_first_stage,
+            is_last=model.is_last_stage, loss=model.pp_loss, loss_scale=loss_scale,
             autocast=autocast)
-    with loss_context(layout):
-        loss_sum = token_loss_sum(layout.parts[0], inputs, targets, autocast)
+    with loss_context(model):
+        loss_sum = token_loss_sum(model.parts[0], inputs, targets, autocast)
         scaled = loss_sum * scale
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
     return _whole(loss_sum).detach()
 
 
-def clip_and_step(layout: RankLayout, optimizers: list, *, grad_clip: float,
+def clip_and_step(model: ParallelModel, optimizers: list, *, grad_clip: float,
                   scaler=None) -> float:
     """Unscale (fp16), clip the global gradient norm, step, zero grads; return the norm."""
-    params = layout.parameters()
+    params = model.parameters()
     if scaler is not None:
         scaler.unscale_(params)
     max_norm = grad_clip if grad_clip > 0 else float("inf")
-    norm = clip_grads(params, max_norm=max_norm, pp_group=layout.group("pp"))
+    norm = clip_grads(params, max_norm=max_norm, pp_group=model.group("pp"))
     if scaler is None or scaler.update():
         for optimizer in optimizers:
             optimizer.step()
-        if layout.zero1 is not None:
-            layout.zero1.broadcast_updates()
-    for part in layout.parts:
+        if model.zero1 is not None:
+            model.zero1.broadcast_updates()
+    for part in model.parts:
         part.zero_grad(set_to_none=True)
     return norm
 
 
 @torch.no_grad()
-def eval_loss_sum(layout: RankLayout, inputs: torch.Tensor, targets: torch.Tensor, *,
+def eval_loss_sum(model: ParallelModel, inputs: torch.Tensor, targets: torch.Tensor, *,
                   device: torch.device, autocast) -> tuple[float, int]:
     """(sum of token losses, tokens) of this rank's share of one validation batch; only
-    ranks with `layout.reports_loss` hold a loss (pipeline: the last stage)."""
-    inputs = layout.shard_tokens(inputs.to(device))
-    targets = layout.shard_tokens(targets.to(device))
-    if layout.schedule is not None:
+    ranks with `model.reports_loss` hold a loss (pipeline: the last stage)."""
+    inputs = model.shard_tokens(inputs.to(device))
+    targets = model.shard_tokens(targets.to(device))
+    if model.schedule is not None:
         from parallel.pipeline import pipeline_eval_loss_sum
 
         loss_sum = pipeline_eval_loss_sum(
-            layout.schedule, inputs=inputs, targets=targets, is_first=layout.is_first_stage,
-            is_last=layout.is_last_stage, loss=layout.pp_loss, autocast=autocast)
+            model.schedule, inputs=inputs, targets=targets, is_first=model.is_first_stage,
+            is_last=model.is_last_stage, loss=model.pp_loss, autocast=autocast)
     else:
-        with loss_context(layout):
-            loss_sum = _whole(token_loss_sum(layout.parts[0], inputs, targets, autocast))
+        with loss_context(model):
+            loss_sum = _whole(token_loss_sum(model.parts[0], inputs, targets, autocast))
     return float(loss_sum), int((targets != IGNORE_INDEX).sum())

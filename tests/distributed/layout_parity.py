@@ -1,7 +1,7 @@
 """Rank-side code of the layout parity tests: one update under a layout against one process.
 
 For each spec: a single-process reference model takes one AdamW step on the whole global batch;
-then this rank builds its share under the spec's layout (training.layout.build_layout), takes
+then this rank builds its share under the spec's layout (training.parallel_model.build_parallel_model), takes
 the same step on its share of the data, and compares the loss, every gradient and every
 parameter after the step, gathered to full tensors and matched by parameter name.
 """
@@ -49,7 +49,7 @@ def named_params(layout) -> dict[str, torch.Tensor]:
 def reference_update(spec: RunSpec):
     """Loss (mean over the global batch), grads and params after one step, in one process."""
     from training.data import build_train_batches
-    from training.layout import RankLayout
+    from training.parallel_model import ParallelModel
     from training.model import build_model
     from training.optim import build_optimizer
     from training.step import clip_and_step, forward_backward
@@ -58,7 +58,7 @@ def reference_update(spec: RunSpec):
                             grad_accum_steps=1)
     batches = build_train_batches(spec.data, t, dp_rank=0, dp_size=1).next_step()
     model = build_model(spec.model, device=CPU, seed=spec.training.seed)
-    layout = RankLayout.single(model)
+    layout = ParallelModel.single(model)
     optimizer = build_optimizer(model, optim=spec.optim,
                                 state_dtype=spec.precision.optimizer_state_dtype)
     loss = forward_backward(layout, batches, device=CPU, autocast=torch.autocast("cpu", enabled=False))
@@ -70,11 +70,11 @@ def reference_update(spec: RunSpec):
 
 def layout_update(spec: RunSpec, rank: int):
     from training.data import build_train_batches
-    from training.layout import build_layout
+    from training.parallel_model import build_parallel_model
     from training.optim import build_optimizers
     from training.step import clip_and_step, forward_backward
 
-    layout = build_layout(spec, rank=rank, device=CPU)
+    layout = build_parallel_model(spec, rank=rank, device=CPU)
     check_groups(layout)
     optimizers = build_optimizers(layout, optim=spec.optim,
                                   state_dtype=spec.precision.optimizer_state_dtype)

@@ -29,12 +29,12 @@ def synthetic_spec(*overrides: str) -> RunSpec:
 
 def one_update(model, micro_batches, spec: RunSpec):
     """Loss, logits of the micro-batches, grads and post-step params of one real step."""
-    from training.layout import RankLayout
+    from training.parallel_model import ParallelModel
     from training.optim import build_optimizer
     from training.step import clip_and_step, forward_backward
 
     optimizer = build_optimizer(model, optim=spec.optim)
-    layout = RankLayout.single(model)
+    layout = ParallelModel.single(model)
     loss = forward_backward(layout, micro_batches, device=torch.device("cpu"),
                             autocast=torch.autocast("cpu", enabled=False))
     with torch.no_grad():

@@ -1,7 +1,7 @@
 """`meshrun run` under every layout gives the single-process losses for the first 5 steps.
 
 Same seed, same global batch (8 sequences of 32 tokens), fp32 on CPU; relative 1e-4. Each run
-goes through the whole path: compose -> resolve -> run dir -> torchrun -> build_layout ->
+goes through the whole path: compose -> resolve -> run dir -> torchrun -> build_parallel_model ->
 loop (train, eval, checkpoint, gathered safetensors export). Launches run one at a time:
 gloo on 2 cores with 12 processes at once once segfaulted inside a reduce-scatter.
 """

@@ -34,28 +34,28 @@ class Run:
 
     def __init__(self, spec: RunSpec, rank: int):
         from training.data import build_train_batches
-        from training.layout import build_layout
+        from training.parallel_model import build_parallel_model
         from training.optim import build_optimizers
 
         self.spec = spec
-        self.layout = build_layout(spec, rank=rank, device=CPU)
-        self.optimizers = build_optimizers(self.layout, optim=spec.optim, state_dtype="fp32")
+        self.model = build_parallel_model(spec, rank=rank, device=CPU)
+        self.optimizers = build_optimizers(self.model, optim=spec.optim, state_dtype="fp32")
         self.batches = build_train_batches(spec.data, spec.training,
-                                           dp_rank=self.layout.dims.dp_rank(rank),
-                                           dp_size=self.layout.dims.dp)
+                                           dp_rank=self.model.dims.dp_rank(rank),
+                                           dp_size=self.model.dims.dp)
 
     def step(self) -> None:
         from training.step import clip_and_step, forward_backward
 
-        forward_backward(self.layout, self.batches.next_step(), device=CPU,
+        forward_backward(self.model, self.batches.next_step(), device=CPU,
                          autocast=torch.autocast("cpu", enabled=False))
-        clip_and_step(self.layout, self.optimizers, grad_clip=self.spec.optim.grad_clip)
+        clip_and_step(self.model, self.optimizers, grad_clip=self.spec.optim.grad_clip)
 
     def params(self) -> dict[str, torch.Tensor]:
-        return {n: full(p) for n, p in named_params(self.layout).items()}
+        return {n: full(p) for n, p in named_params(self.model).items()}
 
     def moments(self) -> dict[str, torch.Tensor]:
-        by_param = {p: n for n, p in named_params(self.layout).items()}
+        by_param = {p: n for n, p in named_params(self.model).items()}
         return {by_param[p]: full(state["exp_avg_sq"]) for o in self.optimizers
                 for p, state in o.state.items()}
 
@@ -71,24 +71,24 @@ def merged(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def reshard_rank(*, rank: int, world_size: int, root: str, pairs: list) -> list[dict]:
     from training.checkpoint import CheckpointMismatch, load_checkpoint, save_checkpoint
-    from training.trainer import checkpoint_layout
+    from training.train_state import checkpoint_degrees
 
     report = []
     for index, (dict_a, dict_b) in enumerate(pairs):
         a, b = spec_from_dict(RunSpec, dict_a), spec_from_dict(RunSpec, dict_b)
         run_a = Run(a, rank)
         run_a.step()
-        path = save_checkpoint(f"{root}/pair_{index}", step=1, model=run_a.layout.parts,
+        path = save_checkpoint(f"{root}/pair_{index}", step=1, model=run_a.model.parts,
                                optimizer=run_a.optimizers,
-                               metadata={"layout": checkpoint_layout(a)})
+                               metadata={"layout": checkpoint_degrees(a)})
         moments_a = merged(run_a.moments())
         run_a.step()  # what the saving layout does next
         run_b = Run(b, rank)
         with pytest.raises(CheckpointMismatch, match="checkpoint.load_from="):
-            load_checkpoint(path, model=run_b.layout.parts, optimizer=run_b.optimizers,
-                            layout=checkpoint_layout(b))
-        load_checkpoint(path, model=run_b.layout.parts, optimizer=run_b.optimizers,
-                        layout=checkpoint_layout(b), allow_reshard=True)
+            load_checkpoint(path, model=run_b.model.parts, optimizer=run_b.optimizers,
+                            degrees=checkpoint_degrees(b))
+        load_checkpoint(path, model=run_b.model.parts, optimizer=run_b.optimizers,
+                        degrees=checkpoint_degrees(b), allow_reshard=True)
         for name, moment in run_b.moments().items():
             torch.testing.assert_close(moment, moments_a[name], atol=0, rtol=0, msg=name)
         run_b.batches.next_step()  # the data position the checkpoint recorded: after step 1

@@ -22,11 +22,11 @@ BASE = ("model=tiny", "data=synthetic", "training.seq_len=32", "training.micro_b
 
 def _setup(spec: RunSpec, rank: int):
     from training.data import build_train_batches
-    from training.layout import build_layout
+    from training.parallel_model import build_parallel_model
     from training.optim import build_optimizers
     from training.precision import autocast_context, build_grad_scaler
 
-    layout = build_layout(spec, rank=rank, device=CPU)
+    layout = build_parallel_model(spec, rank=rank, device=CPU)
     optimizers = build_optimizers(layout, optim=spec.optim,
                                   state_dtype=spec.precision.optimizer_state_dtype)
     batches = build_train_batches(spec.data, spec.training, dp_rank=rank, dp_size=2)

@@ -15,7 +15,7 @@ from parallel.cost.memory import estimate_memory
 from parallel.cost.params import param_counts, parameter_shapes, tp_local_shape
 from parallel.tp_plan import BLOCK_COLUMN_PARALLEL, BLOCK_ROW_PARALLEL, tp_split_dim
 from tests.support.specs import cpu_spec
-from training.layout import RankLayout
+from training.parallel_model import ParallelModel
 from training.model import build_model, count_params
 from training.optim import build_optimizer
 from training.step import clip_and_step, forward_backward
@@ -42,7 +42,7 @@ def test_static_memory_estimate_matches_bytes_held_after_a_step():
     model = build_model(spec.model, device=torch.device("cpu"), seed=0)
     optimizer = build_optimizer(model, optim=spec.optim)
     batch = [(torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16)))]
-    layout = RankLayout.single(model)
+    layout = ParallelModel.single(model)
     forward_backward(layout, batch, device=torch.device("cpu"),
                      autocast=torch.autocast("cpu", enabled=False))
     grads = tensor_bytes(p.grad for p in model.parameters())

@@ -6,7 +6,7 @@ import torch
 
 from tests.support.specs import cpu_spec
 from training.data import build_train_batches
-from training.layout import RankLayout
+from training.parallel_model import ParallelModel
 from training.model import build_model
 from training.optim import build_optimizer
 from training.precision import autocast_context, build_grad_scaler
@@ -22,7 +22,7 @@ def test_low_precision_training_learns_with_fp32_master_weights(precision):
     model = build_model(spec.model, device=device, seed=0)
     optimizer = build_optimizer(model, optim=spec.optim)
     scaler = build_grad_scaler(spec.precision)
-    layout = RankLayout.single(model)
+    layout = ParallelModel.single(model)
     assert (scaler is not None) == (precision == "fp16")
     batches = build_train_batches(spec.data, spec.training, dp_rank=0, dp_size=1).next_step()
     losses = []

@@ -70,7 +70,7 @@ def test_stage_count_and_checkpoint_layout_come_from_the_parallel_spec():
     assert p.n_stages == 4 and p.pp_microbatches == 4
     dims = ParallelDims.from_spec(p)
     assert (dims.pp, dims.dp, dims.world_size, dims.parallel) == (2, 1, 2, p)
-    assert dims.checkpoint_layout() == {
+    assert dims.checkpoint_degrees() == {
         "world_size": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 1, "pp": 2, "cp": 1,
         "zero": 0, "pp_virtual_stages": 2}
     single = ParallelDims.single()

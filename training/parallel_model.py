@@ -31,8 +31,8 @@ from training.precision import apply_fp8, mixed_precision_policy
 
 
 @dataclass(kw_only=True)
-class RankLayout:
-    """What this rank holds and whom it talks to. Built once by `build_layout`."""
+class ParallelModel:
+    """What this rank holds and whom it talks to. Built once by `build_parallel_model`."""
 
     dims: ParallelDims
     rank: int
@@ -49,7 +49,7 @@ class RankLayout:
     """Logits stay sharded over the vocabulary (tp); cross entropy runs under loss_parallel."""
 
     @classmethod
-    def single(cls, model: nn.Module) -> "RankLayout":
+    def single(cls, model: nn.Module) -> "ParallelModel":
         """One process holding the whole `model` (references, tools, tests)."""
         return cls(dims=ParallelDims.single(), rank=0, mesh=None, parts=[model])
 
@@ -85,10 +85,10 @@ class RankLayout:
         return shard_sequence(tensor, positions=self.cp_positions.to(tensor.device), dim=1)
 
 
-def build_layout(spec: RunSpec, *, rank: int, device: torch.device) -> RankLayout:
+def build_parallel_model(spec: RunSpec, *, rank: int, device: torch.device) -> ParallelModel:
     dims = ParallelDims.from_spec(spec.parallel)
     mesh = build_mesh(dims, device=device) if dims.world_size > 1 else None
-    layout = RankLayout(dims=dims, rank=rank, mesh=mesh, parts=[],
+    layout = ParallelModel(dims=dims, rank=rank, mesh=mesh, parts=[],
                         loss_parallel=dims.tp > 1 and spec.parallel.loss_parallel)
     model = build_model_on_meta(spec.model)
     layout.parts = _split(model, spec, layout)
@@ -104,7 +104,7 @@ def build_layout(spec: RunSpec, *, rank: int, device: torch.device) -> RankLayou
     return layout
 
 
-def _split(model: nn.Module, spec: RunSpec, layout: RankLayout) -> list[nn.Module]:
+def _split(model: nn.Module, spec: RunSpec, layout: ParallelModel) -> list[nn.Module]:
     if layout.dims.pp == 1:
         return [model]
     from parallel.pipeline import split_model
@@ -112,7 +112,7 @@ def _split(model: nn.Module, spec: RunSpec, layout: RankLayout) -> list[nn.Modul
     return split_model(model, parallel=spec.parallel, pp_rank=layout.coords["pp"])
 
 
-def _parallelize_part(part: nn.Module, spec: RunSpec, layout: RankLayout,
+def _parallelize_part(part: nn.Module, spec: RunSpec, layout: ParallelModel,
                       device: torch.device) -> None:
     dims, p = layout.dims, spec.parallel
     apply_fp8(part, spec.precision)
@@ -137,14 +137,14 @@ def _parallelize_part(part: nn.Module, spec: RunSpec, layout: RankLayout,
     _apply_ddp(part, layout, device)
 
 
-def _apply_ddp(part: nn.Module, layout: RankLayout, device: torch.device) -> None:
+def _apply_ddp(part: nn.Module, layout: ParallelModel, device: torch.device) -> None:
     dims = layout.dims
     if dims.uses_ddp:
         wrapped = apply_ddp(part, device=device, group=layout.group("dp_cp"))
         layout.parts[layout.parts.index(part)] = wrapped
 
 
-def _build_pipeline(layout: RankLayout, spec: RunSpec, device: torch.device) -> None:
+def _build_pipeline(layout: ParallelModel, spec: RunSpec, device: torch.device) -> None:
     from parallel.pipeline import PipelineLoss, build_schedule
 
     layout.pp_loss = PipelineLoss(token_cross_entropy_sum)

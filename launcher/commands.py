@@ -117,7 +117,7 @@ def preflight(overrides: list[str], *, console: Console) -> int:
 
 
 def print_preflight(run_dir: Path, console: Console) -> None:
-    from training.preflight_report import format_report
+    from conf.preflight_report import format_report
 
     console.print(format_report(json.loads(RunDir(run_dir).preflight_file.read_text())),
                   markup=False, highlight=False)

@@ -13,7 +13,7 @@ from parallel.dims import ParallelDims
 from training.checkpoint import load_checkpoint
 from training.data import build_train_batches, build_val_batches
 from training.dist import RankContext
-from training.layout import RankLayout, build_layout
+from training.parallel_model import ParallelModel, build_parallel_model
 from training.loggers import RunLoggers
 from training.metrics import resolve_peak
 from training.optim import build_optimizers
@@ -22,13 +22,14 @@ from training.preemption import StopRequest
 
 
 @dataclass(kw_only=True)
-class Trainer:
-    """Everything the loop touches. Built once per rank by `build_trainer`."""
+class TrainState:
+    """Everything the loop touches. Built once per rank by `build_train_state`."""
 
     spec: RunSpec
     run_dir: Path
     ctx: RankContext
-    layout: RankLayout
+    model: ParallelModel
+    """This rank's share of the model, its mesh and pipeline schedule."""
     optimizers: list
     train_batches: object
     val_batches: object
@@ -52,12 +53,12 @@ class Trainer:
         return RunDir(self.run_dir).checkpoints_dir
 
 
-def build_trainer(spec: RunSpec, run_dir: Path, ctx: RankContext) -> Trainer:
-    layout = build_layout(spec, rank=ctx.rank, device=ctx.device)
-    dp_rank, dp_size = layout.dims.dp_rank(ctx.rank), layout.dims.dp
-    trainer = Trainer(
-        spec=spec, run_dir=run_dir, ctx=ctx, layout=layout,
-        optimizers=build_optimizers(layout, optim=spec.optim,
+def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext) -> TrainState:
+    model = build_parallel_model(spec, rank=ctx.rank, device=ctx.device)
+    dp_rank, dp_size = model.dims.dp_rank(ctx.rank), model.dims.dp
+    state = TrainState(
+        spec=spec, run_dir=run_dir, ctx=ctx, model=model,
+        optimizers=build_optimizers(model, optim=spec.optim,
                                     state_dtype=spec.precision.optimizer_state_dtype),
         train_batches=build_train_batches(spec.data, spec.training, dp_rank=dp_rank,
                                           dp_size=dp_size),
@@ -68,34 +69,34 @@ def build_trainer(spec: RunSpec, run_dir: Path, ctx: RankContext) -> Trainer:
         flops_per_token=flops_per_token(spec.model, spec.training.seq_len),
         loggers=None,
     )
-    if latest_checkpoint(trainer.checkpoint_root) is not None:
-        restore(trainer)  # this run's own checkpoint: a resume, a requeue, or a restart
+    if latest_checkpoint(state.checkpoint_root) is not None:
+        restore(state)  # this run's own checkpoint: a resume, a requeue, or a restart
     elif spec.checkpoint.load_from:
-        restore(trainer, source=spec.checkpoint.load_from, allow_reshard=True)
-    trainer.stop.install(spec.cluster.warning_signal)
+        restore(state, source=spec.checkpoint.load_from, allow_reshard=True)
+    state.stop.install(spec.cluster.warning_signal)
     if ctx.is_main:
-        trainer.loggers = RunLoggers(spec, run_dir, resume_step=trainer.resumed_from)
-    return trainer
+        state.loggers = RunLoggers(spec, run_dir, resume_step=state.resumed_from)
+    return state
 
 
-def checkpoint_layout(spec: RunSpec) -> dict:
+def checkpoint_degrees(spec: RunSpec) -> dict:
     """What must match for an exact resume (per-rank files): world size and degrees."""
-    return ParallelDims.from_spec(spec.parallel).checkpoint_layout()
+    return ParallelDims.from_spec(spec.parallel).checkpoint_degrees()
 
 
-def restore(trainer: Trainer, *, source: str = "", allow_reshard: bool = False) -> None:
+def restore(state: TrainState, *, source: str = "", allow_reshard: bool = False) -> None:
     """Load the newest complete checkpoint of this run (or of `source`, a run dir or step
     folder, resharded to this layout): weights, optimizer, data position, RNG, scaler."""
-    path = find_checkpoint(Path(source)) if source else latest_checkpoint(trainer.checkpoint_root)
+    path = find_checkpoint(Path(source)) if source else latest_checkpoint(state.checkpoint_root)
     if path is None:
-        raise FileNotFoundError(f"no complete checkpoint under {source or trainer.checkpoint_root}")
-    extra = load_checkpoint(path, model=trainer.layout.parts, optimizer=trainer.optimizers,
-                            layout=checkpoint_layout(trainer.spec), allow_reshard=allow_reshard)
-    trainer.train_batches.load_state_dict(extra["data"])
-    if trainer.scaler is not None and extra.get("scaler"):
-        trainer.scaler.load_state_dict(extra["scaler"])
-    trainer.step = int(extra["step"])
+        raise FileNotFoundError(f"no complete checkpoint under {source or state.checkpoint_root}")
+    extra = load_checkpoint(path, model=state.model.parts, optimizer=state.optimizers,
+                            degrees=checkpoint_degrees(state.spec), allow_reshard=allow_reshard)
+    state.train_batches.load_state_dict(extra["data"])
+    if state.scaler is not None and extra.get("scaler"):
+        state.scaler.load_state_dict(extra["scaler"])
+    state.step = int(extra["step"])
     if not source:  # the same run continues (W&B resumes); a new run only starts from there
-        trainer.resumed_from = trainer.step
-    trainer.last_saved_step = trainer.step
-    trainer.last_checkpoint = str(path)
+        state.resumed_from = state.step
+    state.last_saved_step = state.step
+    state.last_checkpoint = str(path)

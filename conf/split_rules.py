@@ -12,7 +12,7 @@ from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
 RECOMPUTE_TARGETS = ("ops", "swiglu", "norm", "attention", "ffn", "block")
 
 
-def check_layout(p: ParallelSpec, *, model: ModelSpec, training: TrainingSpec,
+def check_model_split(p: ParallelSpec, *, model: ModelSpec, training: TrainingSpec,
                  precision: PrecisionSpec, problems: ProblemList) -> None:
     check_tensor_parallel(p, model=model, problems=problems)
     check_pipeline_split(p, model=model, training=training, problems=problems)

@@ -1,4 +1,4 @@
-"""Torch-free formatting of the preflight report (the launcher prints it without torch)."""
+"""Torch-free formatting of preflight.json (the launcher prints it; rank 0 logs the table)."""
 from __future__ import annotations
 
 KIB, MIB = 1 << 10, 1 << 20

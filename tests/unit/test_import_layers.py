@@ -1,0 +1,91 @@
+"""The packages stack one way (ARCHITECTURE.md): each arrow between our packages is in this
+table, and the torch-free modules never import torch. A new arrow fails here until the table
+(and the architecture page) say why it is allowed."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("conf", "parallel", "training", "launcher", "sweeps")
+
+# The torch-free part of parallel/: the layout (ParallelDims), the TP split table, the cost model.
+TORCH_FREE_PARALLEL = ("parallel.dims", "parallel.tp_plan", "parallel.cost")
+# The rank entry point the launcher hands to torchrun / submitit (it imports torch only when run).
+RANK_ENTRY = ("training.slurm_entry",)
+
+# package -> the modules of ours it may import (a prefix: "conf" allows conf.anything).
+ALLOWED = {
+    "conf": (),
+    "parallel": ("conf",),
+    "training": ("conf", "parallel"),
+    "launcher": ("conf", *TORCH_FREE_PARALLEL, *RANK_ENTRY),
+    "sweeps": ("conf", "launcher", *TORCH_FREE_PARALLEL),
+}
+# Modules that must not import torch at all (top level or inside a function).
+TORCH_FREE = ("conf", *TORCH_FREE_PARALLEL)
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """Every absolute import in the file, anywhere in it, as (line, module)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names
+                      if node.module in PACKAGES]  # `from parallel import cost`
+    return found
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts)
+
+
+def under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def wrong_arrows() -> list[str]:
+    wrong = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for line, module in imported_modules(path):
+                top = module.split(".")[0]
+                if top not in PACKAGES or top == package or module in PACKAGES:
+                    continue
+                if not under(module, ALLOWED[package]):
+                    wrong.append(f"{path.relative_to(REPO)}:{line} imports {module}")
+    return wrong
+
+
+def torch_imports() -> list[str]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if not under(module_name(path), TORCH_FREE):
+                continue
+            found += [f"{path.relative_to(REPO)}:{line} imports {module}"
+                      for line, module in imported_modules(path)
+                      if module.split(".")[0] == "torch"]
+    return found
+
+
+def test_every_arrow_between_packages_is_in_the_table():
+    assert sum(1 for p in PACKAGES for _ in (REPO / p).rglob("*.py")) > 50  # the walk found them
+    assert wrong_arrows() == []
+
+
+def test_the_torch_free_modules_never_import_torch():
+    assert torch_imports() == []
+
+
+def test_the_check_sees_a_wrong_arrow():
+    """The walk really reports an arrow that is not in the table (a module added on the fly)."""
+    bad = REPO / "conf" / "_wrong_arrow_probe.py"
+    bad.write_text("def f():\n    from training.model import Transformer\n")
+    try:
+        assert "conf/_wrong_arrow_probe.py:2 imports training.model" in wrong_arrows()
+    finally:
+        bad.unlink()
