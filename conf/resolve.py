@@ -53,14 +53,16 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunS
     return RunSpec(
         name=cfg.name, runs_dir=_absolute(cfg.runs_dir), model=model, precision=precision,
         parallel=parallel, recompute=spec_from_config(RecomputeSpec, cfg.recompute),
-        schedule=spec_from_config(ScheduleSpec, cfg.schedule),
+        schedule=spec_from_config(ScheduleSpec, cfg.schedule,
+                                  warmup_steps=rules.warmup_steps(cfg.schedule, training.steps)),
         optim=spec_from_config(OptimSpec, cfg.optim), data=data, training=training,
         checkpoint=spec_from_config(
             CheckpointSpec, cfg.checkpoint,
             resume_from=_absolute_or_empty(cfg.checkpoint.resume_from),
             load_from=_absolute_or_empty(cfg.checkpoint.load_from)),
         cluster=spec_from_config(ClusterSpec, cfg.cluster, procs_per_node=procs,
-                                 gpus_per_node=host.gpu_count),
+                                 gpus_per_node=host.gpu_count,
+                                 **rules.slurm_resources(cfg.cluster, gpus_per_node=host.gpu_count)),
         logging=spec_from_config(LoggingSpec, cfg.logging), host=host,
     )
 

@@ -94,13 +94,26 @@ def check_training(t: TrainingSpec, model: ModelSpec, problems: ProblemList) -> 
                      "give a value >= 0")
 
 
+AUTO_WARMUP_MAX_STEPS = 10
+
+
+def warmup_steps(s: ScheduleConfig, steps: int) -> int:
+    """schedule.warmup_steps with -1 (auto) filled: min(10, steps // 10)."""
+    if s.warmup_steps == -1:
+        return min(AUTO_WARMUP_MAX_STEPS, max(steps, 0) // 10)
+    return s.warmup_steps
+
+
 def check_schedule(s: ScheduleConfig, steps: int, problems: ProblemList) -> None:
-    if s.warmup_steps < 0:
-        problems.add("schedule.warmup_steps", s.warmup_steps, "must be >= 0", "give a value >= 0")
-    elif s.warmup_steps > steps > 0:
+    warmup = warmup_steps(s, steps)
+    suggested = f"schedule.warmup_steps={min(AUTO_WARMUP_MAX_STEPS, max(steps, 0) // 10)}"
+    if warmup < 0:
+        problems.add("schedule.warmup_steps", s.warmup_steps, "must be >= 0, or -1 for auto",
+                     "give a value >= 0, or -1 (auto: min(10, training.steps // 10))")
+    elif warmup > steps > 0:
         problems.add("schedule.warmup_steps", s.warmup_steps,
                      f"exceeds training.steps={steps}",
-                     f"use schedule.warmup_steps<={steps} or raise training.steps")
+                     f"set {suggested} (or -1 for auto), or raise training.steps to at least {warmup}")
     if not 0.0 <= s.min_lr_ratio <= 1.0:
         problems.add("schedule.min_lr_ratio", s.min_lr_ratio, "must be within [0, 1]",
                      "e.g. 0.1 ends at a tenth of the peak LR")
@@ -108,11 +121,13 @@ def check_schedule(s: ScheduleConfig, steps: int, problems: ProblemList) -> None
         if not 0.0 < s.decay_fraction <= 1.0:
             problems.add("schedule.decay_fraction", s.decay_fraction, "must be within (0, 1]",
                          "e.g. 0.2 decays over the last 20% of steps")
-        elif s.warmup_steps + round(s.decay_fraction * steps) > steps > 0:
+        elif 0 <= warmup <= steps and warmup + round(s.decay_fraction * steps) > steps > 0:
+            decay = round(s.decay_fraction * steps)
             problems.add("schedule.decay_fraction", s.decay_fraction,
-                         f"warmup ({s.warmup_steps}) + decay ({round(s.decay_fraction * steps)}) "
-                         f"steps exceed training.steps={steps}",
-                         "shorten warmup or decay_fraction")
+                         f"warmup ({warmup}) + decay ({decay}) steps exceed training.steps={steps}",
+                         f"shorten warmup or decay_fraction: e.g. schedule.warmup_steps="
+                         f"{max(steps - decay, 0)}, or schedule.decay_fraction="
+                         f"{round((steps - warmup) / steps, 3)}")
 
 
 def check_optim(o: OptimConfig, problems: ProblemList) -> None:
@@ -168,9 +183,26 @@ def check_launch(c: ClusterConfig, problems: ProblemList) -> None:
         if not option.startswith("--") or len(option) < 3:
             problems.add("cluster.extra_sbatch", option, "each entry must be a long sbatch option",
                          "write it as --name=value, e.g. --reservation=big")
-    if c.cpus_per_task < 0 or c.mem_gb < 0:
-        problems.add("cluster.cpus_per_task/mem_gb", f"{c.cpus_per_task}/{c.mem_gb}",
-                     "must be >= 0 (0 = Slurm's default)", "give a value >= 0")
+    if c.cpus_per_task < -1:
+        problems.add("cluster.cpus_per_task", c.cpus_per_task,
+                     "must be >= 0 (0 = Slurm's default), or -1 for auto",
+                     "give CPUs per rank, e.g. 8, or -1")
+    if c.mem_gb < -1:
+        problems.add("cluster.mem_gb", c.mem_gb,
+                     "must be >= 0 (0 = all of the node's memory), or -1 = the partition's default",
+                     "give GB per node, 0 or -1")
+
+
+GPU_NODE_CPUS_PER_RANK = 8
+
+
+def slurm_resources(c: ClusterConfig, *, gpus_per_node: int) -> dict:
+    """cluster.cpus_per_task and cluster.exclusive with their autos filled (see the schema)."""
+    cpus = c.cpus_per_task
+    if cpus == -1:
+        cpus = GPU_NODE_CPUS_PER_RANK if gpus_per_node > 0 else 0
+    exclusive = c.exclusive if c.exclusive is not None else gpus_per_node >= 2
+    return {"cpus_per_task": cpus, "exclusive": exclusive}
 
 
 SINGLE_LINE_KEYS = ("partition", "account", "qos", "constraint", "container_image",

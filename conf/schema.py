@@ -163,8 +163,9 @@ class RecomputeConfig:
 class ScheduleConfig:
     kind: ScheduleKind = ScheduleKind.cosine
     """LR schedule after warmup: constant, linear, cosine, wsd (warmup-stable-decay)."""
-    warmup_steps: int = 10
-    """Linear warmup steps from 0 to the peak LR."""
+    warmup_steps: int = -1
+    """Linear warmup steps from 0 to the peak LR. -1 = auto: min(10, training.steps // 10),
+    so a 1-step smoke test has no warmup and runs of 100 steps or more warm up for 10."""
     min_lr_ratio: float = 0.1
     """Final LR as a fraction of the peak LR (linear, cosine, wsd)."""
     decay_fraction: float = 0.2
@@ -273,16 +274,21 @@ class ClusterConfig:
     """slurm: account to charge (empty = your default)."""
     qos: str = ""
     """slurm: quality of service (empty = default)."""
-    cpus_per_task: int = 0
-    """slurm: CPUs per rank (0 = Slurm's default)."""
-    mem_gb: int = 0
-    """slurm: memory per node in GB (0 = Slurm's default)."""
+    cpus_per_task: int = -1
+    """slurm: CPUs per rank (--cpus-per-task). -1 = auto: 8 per rank on GPU nodes (every
+    common 8-GPU node has 64 or more CPUs, so 8 each leaves room for the system; without it
+    Slurm gives a rank 1 CPU, which starves data loading and the CPU side of the step),
+    Slurm's default on CPU-only nodes (gpus_per_node=0). 0 = Slurm's default (no option)."""
+    mem_gb: int = -1
+    """slurm: memory per node in GB (--mem). -1 = let the partition decide (no option);
+    0 = all of the node's memory (--mem=0, what Slurm means by 0; usual with exclusive nodes)."""
     time_limit_min: int = 60
     """slurm: time limit of one job leg in minutes."""
     constraint: str = ""
     """slurm: node feature constraint (e.g. h100)."""
-    exclusive: bool = False
-    """slurm: allocate whole nodes."""
+    exclusive: bool | None = None
+    """slurm: allocate whole nodes (--exclusive). null = auto: true on nodes with 2 or more
+    GPUs (a multi-GPU job shares its nodes' NICs and PCIe switches badly), false otherwise."""
     extra_sbatch: list[str] = field(default_factory=list)
     """slurm: extra sbatch options, e.g. ['--reservation=big', '--mail-type=END']."""
     setup: list[str] = field(default_factory=list)

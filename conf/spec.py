@@ -148,7 +148,7 @@ class RecomputeSpec:
 
 @frozen_from(ScheduleConfig)
 class ScheduleSpec:
-    pass
+    """Resolved: warmup_steps is never -1 (auto)."""
 
 
 @frozen_from(OptimConfig)
@@ -187,8 +187,10 @@ class CheckpointSpec:
 
 @frozen_from(ClusterConfig)
 class ClusterSpec:
-    """Resolved: procs_per_node and gpus_per_node are never -1 (gpus_per_node: what the
-    target host has)."""
+    """Resolved: procs_per_node, gpus_per_node and cpus_per_task are never -1 (gpus_per_node:
+    what the target host has), exclusive is never null."""
+
+    exclusive: bool
 
 
 @frozen_from(LoggingConfig)

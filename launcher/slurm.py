@@ -26,7 +26,7 @@ def sbatch_parameters(spec: RunSpec, *, job_name: str) -> dict:
         params["setup"] = list(c.setup)
     optional = {"partition": c.partition, "account": c.account, "qos": c.qos,
                 "constraint": c.constraint, "cpus_per_task": c.cpus_per_task,
-                "gpus_per_node": c.gpus_per_node, "mem": f"{c.mem_gb}GB" if c.mem_gb else ""}
+                "gpus_per_node": c.gpus_per_node, "mem": _mem(c.mem_gb)}
     params.update({k: v for k, v in optional.items() if v})
     if c.exclusive:
         params["exclusive"] = True
@@ -34,6 +34,13 @@ def sbatch_parameters(spec: RunSpec, *, job_name: str) -> dict:
     if srun_args:
         params["srun_args"] = srun_args
     return params
+
+
+def _mem(mem_gb: int) -> str:
+    """--mem's value: -1 = none (the partition decides), 0 = all of the node's memory."""
+    if mem_gb < 0:
+        return ""
+    return "0" if mem_gb == 0 else f"{mem_gb}GB"
 
 
 def _additional(c: ClusterSpec) -> dict:
