@@ -1,8 +1,10 @@
 """What each `meshrun` command does, from overrides to a finished (or refused) run."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corp
 from launcher.hardware import probe_host
 from launcher.local import RUN_DIR_PLACEHOLDER, launch_local, node_commands, torchrun_command
 from launcher.progress import print_failure, watch_run
-from launcher.slurm import render_sbatch, submit
+from launcher.slurm import SubmissionFailed, render_sbatch, submit
 from launcher.slurm_state import SlurmJobHandle
 from launcher.rundir import create_run_dir, new_run_dir_path, render_command
 from launcher.summary import print_summary
@@ -50,7 +52,8 @@ def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = F
     spec = with_prepared_data(spec)
     run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text, command=command)
     console.print(f"run dir: {run_dir}", markup=False)
-    return _launch(spec, run_dir, console=console, wait=wait)
+    with removed_if_not_submitted(run_dir, console=console):
+        return _launch(spec, run_dir, console=console, wait=wait)
 
 
 def launch_command(spec: RunSpec) -> list[str]:
@@ -113,7 +116,19 @@ def preflight(overrides: list[str], *, console: Console) -> int:
     run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text,
                              command=launch_command(spec))
     console.print(f"preflight run dir: {run_dir}", markup=False)
-    return _launch(spec, run_dir, console=console, wait=True, preflight_only=True)
+    with removed_if_not_submitted(run_dir, console=console):
+        return _launch(spec, run_dir, console=console, wait=True, preflight_only=True)
+
+
+@contextlib.contextmanager
+def removed_if_not_submitted(run_dir: Path, *, console: Console):
+    """A run dir made for a submission sbatch refused is removed: nothing is left behind."""
+    try:
+        yield
+    except SubmissionFailed:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        console.print(f"removed {run_dir} (nothing was submitted)", markup=False)
+        raise
 
 
 def print_preflight(run_dir: Path, console: Console) -> None:

@@ -7,11 +7,14 @@ unless cluster.rdzv_host says otherwise.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shlex
 import time
 from pathlib import Path
 
+from conf.errors import ConfigError, Problem
 from conf.rundir import RunDir
 from conf.spec import ClusterSpec, RunSpec
 from training.slurm_entry import SlurmRankTask
@@ -75,17 +78,54 @@ def build_executor(spec: RunSpec, run_dir: Path):
 
 def render_sbatch(spec: RunSpec, run_dir: Path) -> str:
     """The exact sbatch script `submit` would hand to Slurm (nothing is submitted)."""
-    executor = build_executor(spec, run_dir)
+    return submitit_sbatch_text(build_executor(spec, run_dir))
+
+
+def submitit_sbatch_text(executor) -> str:
+    """The sbatch script submitit writes for `executor`'s next single-job submission.
+
+    submitit 1.5 has no public way to render it: this is the one place meshrun reaches into
+    its private API (`_make_submission_file_text`, `_submitit_command_str`, the same two calls
+    `SlurmExecutor._submit_command` makes). tests/unit/test_slurm_submit.py fails with a
+    pointer here if a submitit upgrade renames them.
+    """
     return executor._make_submission_file_text(executor._submitit_command_str, uid="dry-run")
 
 
+class SubmissionFailed(ConfigError):
+    """sbatch refused the job (most often: unknown partition or account)."""
+
+
 def submit(spec: RunSpec, run_dir: Path, *, preflight_only: bool = False) -> str:
-    """Submit the run; record the job id and its log paths in <run_dir>/slurm/jobs.json."""
+    """Submit the run; record the job id and its log paths in <run_dir>/slurm/jobs.json.
+
+    Raises SubmissionFailed, carrying sbatch's own words, when sbatch refuses the job.
+    """
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
     task = SlurmRankTask(str(run_dir), preflight_only=preflight_only)
-    job = build_executor(spec, run_dir).submit(task)
+    executor = build_executor(spec, run_dir)
+    echoed = io.StringIO()  # submitit prints sbatch's stderr itself; it goes in our message
+    try:
+        with contextlib.redirect_stderr(echoed):
+            job = executor.submit(task)
+    except (FailedJobError, FailedSubmissionError) as err:
+        raise submission_failed(spec, str(err) or echoed.getvalue()) from None
     record_job(run_dir, {"job_id": job.job_id, "submitted": time.strftime("%Y-%m-%dT%H:%M:%S"),
                          "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr)})
     return job.job_id
+
+
+def submission_failed(spec: RunSpec, sbatch_error: str) -> SubmissionFailed:
+    c = spec.cluster
+    said = "; ".join(line.strip() for line in sbatch_error.strip().splitlines() if line.strip())
+    where = (f"partition {c.partition or '(the default)'}, account {c.account or '(your default)'}"
+             + (f", qos {c.qos}" if c.qos else ""))
+    return SubmissionFailed([Problem(
+        "sbatch", "", f"refused the job for {where}: {said or 'no message'}",
+        "check cluster.partition / cluster.account / cluster.qos: `sinfo -s` lists partitions, "
+        "`sacctmgr show assoc user=$USER format=account,partition,qos` what you may use")],
+        "Slurm submission failed")
 
 
 def record_job(run_dir: Path, job: dict) -> None:
