@@ -6,6 +6,7 @@ translation is the name table below.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -99,7 +100,30 @@ def export_hf(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Pa
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = hf_config(model, dtype=dtype)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in ("model.safetensors", "config.json"):
+        make_shareable(out_dir / name)
     return out_dir
+
+
+def make_shareable(path: Path) -> None:
+    """Give `path` the mode a plain new file gets (0644 under the usual umask 022).
+
+    safetensors writes 0600 (it saves through a private temporary file), so an exported model
+    would be unreadable to the teammates and inference jobs it is exported for."""
+    path.chmod(0o666 & ~current_umask())
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (Linux), else set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _expected_keys(model: ModelSpec) -> set[str]:

@@ -160,3 +160,20 @@ def test_export_loads_in_transformers_with_identical_logits(tmp_path, tied):
         expected = hf_model(tokens).logits
         actual = model(tokens)
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640)])
+def test_export_files_are_readable_as_the_umask_allows(tmp_path, umask, mode):
+    """safetensors alone writes 0600: teammates and inference jobs could not read the export."""
+    import os
+    import stat
+
+    spec = tiny_model_spec()
+    model = build_model(spec, device=CPU, seed=3)
+    saved = os.umask(umask)
+    try:
+        out_dir = export_hf(model.state_dict(), spec, tmp_path / "hf")
+    finally:
+        os.umask(saved)
+    for name in ("model.safetensors", "config.json"):
+        assert stat.S_IMODE((out_dir / name).stat().st_mode) == mode, name
