@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.errors import ConfigError, Problem
-from conf.rundir import FAILED_STATES, RunDir, failure_tail, state_from_files
+from conf.rundir import FAILED_STATES, RunDir, RunState, failure_tail, state_from_files
 from launcher.slurm import recorded_jobs
 from launcher.slurm_state import job_state, state_from_scheduler
 
@@ -60,6 +60,9 @@ def print_status(status: dict, console: Console) -> None:
     for what, value in rows:
         table.add_row(what, value)
     console.print(table)
+    if status["state"] in (RunState.paused, RunState.stopped):
+        console.print(f"{status['state']} at step {status['step']}; continue with: "
+                      f"meshrun resume {status['run_dir']}", markup=False, soft_wrap=True)
     if "log_tail" in status:
         console.print(status["log_tail"], markup=False, highlight=False, soft_wrap=True)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from conf.rundir import SUMMARY_FILE, RunDir
+from conf.rundir import SUMMARY_FILE, RunDir, RunState, state_from_files
 
 ROWS = (
     ("final train loss", "final_loss", "{:.4f}"),
@@ -38,7 +38,7 @@ def _relative(path: Path, run_dir: Path) -> str:
 def print_summary(run_dir: Path, console: Console) -> None:
     summary = RunDir(run_dir).read_summary()
     if summary is None:
-        console.print(f"run finished; no {SUMMARY_FILE} in {run_dir}", markup=False)
+        console.print(unfinished_line(run_dir), markup=False, soft_wrap=True)
         return
     table = Table(title=f"Summary: {run_dir}", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
@@ -51,3 +51,17 @@ def print_summary(run_dir: Path, console: Console) -> None:
             value = _relative(Path(value), run_dir)
         table.add_row(label, fmt.format(value))
     console.print(table)
+
+
+RESUMABLE = {RunState.paused: "paused", RunState.stopped: "stopped"}
+
+
+def unfinished_line(run_dir: Path) -> str:
+    """What to say when the ranks exited cleanly without a summary.json: a run paused at
+    training.stop_at_step (or stopped early) names its step and how to go on."""
+    state = state_from_files(run_dir)
+    if state in RESUMABLE:
+        events = [r for r in RunDir(run_dir).read_rows() if r.get("kind") == "event"]
+        step = events[-1].get("step", "?") if events else "?"
+        return f"{RESUMABLE[state]} at step {step}; continue with: meshrun resume {run_dir}"
+    return f"run finished; no {SUMMARY_FILE} in {run_dir}"
