@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Column
+from rich.text import Text
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from conf.rundir import RunDir, failure_tail, parse_metrics_line
@@ -73,10 +75,36 @@ def watch_run(proc, *, run_dir: Path, spec: RunSpec, show_progress: bool) -> int
     return proc.returncode
 
 
+NARROW_COLUMNS = 100
+"""Below this terminal width the bar is BAR_WIDTH_NARROW characters, else BAR_WIDTH."""
+BAR_WIDTH, BAR_WIDTH_NARROW = 20, 10
+
+
+def progress_columns(*, terminal_columns: int) -> tuple:
+    """step, a fixed-width bar, times, then the metrics. rich's default bar (40) collapsed to
+    5 characters at 80 columns; now the metrics text is what gets cut (with an ellipsis)."""
+    bar = BAR_WIDTH_NARROW if terminal_columns < NARROW_COLUMNS else BAR_WIDTH
+    fixed = dict(no_wrap=True)
+    return (TextColumn("step {task.completed}/{task.total}", table_column=Column(**fixed)),
+            BarColumn(bar_width=bar, table_column=Column(min_width=bar, **fixed)),
+            TimeElapsedColumn(table_column=Column(**fixed)),
+            TimeRemainingColumn(table_column=Column(**fixed)),
+            MetricsColumn("{task.description}", table_column=Column(no_wrap=False)))
+
+
+class MetricsColumn(TextColumn):
+    """The metrics text on one line, cut with an ellipsis when the terminal is narrow (its
+    column is the only one rich may shrink)."""
+
+    def render(self, task) -> Text:
+        text = super().render(task)
+        text.no_wrap, text.overflow = True, "ellipsis"
+        return text
+
+
 def _follow_live(proc, tail: MetricsTail, spec: RunSpec, console: Console) -> None:
-    columns = (TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-               TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
     last_val = {}
+    columns = progress_columns(terminal_columns=console.width)
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("starting ranks...", total=spec.training.steps)
         while proc.poll() is None:
