@@ -41,7 +41,9 @@ def write_run(run_dir: Path, *, overrides: list[str], val_losses: list[float], s
               finished: bool, cpu_count: int = 2) -> None:
     """A run dir as the launcher and the training loop leave it."""
     (run_dir / "logs").mkdir(parents=True)
-    spec = cpu_spec("model=tiny", f"runs_dir={run_dir.parent}", *overrides)
+    # A fixed warmup: auto warmup follows training.steps, and would differ as a second key.
+    spec = cpu_spec("model=tiny", "schedule.warmup_steps=2", f"runs_dir={run_dir.parent}",
+                    *overrides)
     spec = dataclasses.replace(spec, host=HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0,
                                                    cpu_count=cpu_count))
     write_spec(spec, run_dir / "spec.json")
