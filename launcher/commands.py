@@ -31,9 +31,9 @@ def compose_spec(overrides: list[str]) -> tuple[RunSpec, str]:
     return resolve(cfg, host=probe_host()), config_yaml(cfg)
 
 
-def plan(overrides: list[str], *, console: Console) -> int:
+def plan(overrides: list[str], *, console: Console, attention: str = "full") -> int:
     spec, _ = compose_spec(overrides)
-    print_plan(spec, make_plan(spec), console)
+    print_plan(spec, make_plan(spec, attention=attention), console)
     return 0
 
 

@@ -7,7 +7,6 @@ from rich.table import Table
 from conf.spec import RunSpec
 from launcher.rank_view import layout_line, rank_table
 from parallel.cost.devices import GIB
-from parallel.cost.flops import FLOPS_CONVENTION
 from parallel.cost.plan import Plan
 from parallel.cost.step_time import ASSUMED_MFU, estimate_time
 
@@ -44,7 +43,7 @@ def plan_table(spec: RunSpec, plan: Plan) -> Table:
         ("tokens in run", f"{plan.total_tokens:,} ({t.steps} steps)"),
         ("parameters", f"{plan.params.total:,} total, {plan.params.non_embedding:,} "
                        f"without embeddings"),
-        ("FLOPs per token", f"{human(plan.flops_per_token)}  [{FLOPS_CONVENTION}]"),
+        ("FLOPs per token", f"{human(plan.flops_per_token)}  [{plan.flops_convention}]"),
         ("FLOPs per step", human(plan.flops_per_step)),
     ]
     rows += _memory_rows(plan)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from parallel.cost.devices import GIB, gpu_memory_bytes, gpu_peak
+from parallel.cost.flops import ATTENTION_TERMS, flops_per_token
 from parallel.cost.memory import estimate_memory
 from parallel.cost.params import param_counts, parameter_shapes, tp_local_shape
 from parallel.tp_plan import BLOCK_COLUMN_PARALLEL, BLOCK_ROW_PARALLEL, tp_split_dim
@@ -30,6 +31,27 @@ def test_param_counts_match_the_built_model(tied):
     total, embedding = count_params(model)
     counts = param_counts(spec.model)
     assert (counts.total, counts.embedding) == (total, embedding)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_flops_per_token_counts_every_matmul_the_model_runs(tied):
+    """The matmuls (aten.mm, forward + backward) of a real step are 6N - 6*(norm weights) per
+    token: with tied embeddings the output head still runs its vocab x dim matmul."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = cpu_spec("model=debug", f"model.tie_embeddings={str(tied).lower()}")
+    model = build_model(spec.model, device=torch.device("cpu"), seed=0)
+    batch, seq = 2, 32
+    tokens = torch.randint(0, spec.model.vocab_size, (batch, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(tokens).float().sum().backward()
+    m = spec.model
+    attention = ATTENTION_TERMS["full"] * m.n_layers * m.n_heads * m.head_dim * seq
+    norms = sum(p.numel() for p in model.parameters() if p.ndim == 1)
+    want = (flops_per_token(m, seq) - attention - 6 * norms) * batch * seq
+    assert counter.get_total_flops() == want
+    causal = flops_per_token(m, seq, attention="causal")
+    assert flops_per_token(m, seq) - causal == attention // 2
 
 
 def tensor_bytes(tensors) -> int:
