@@ -46,7 +46,7 @@ def plan_table(spec: RunSpec, plan: Plan) -> Table:
         ("FLOPs per token", f"{human(plan.flops_per_token)}  [{plan.flops_convention}]"),
         ("FLOPs per step", human(plan.flops_per_step)),
     ]
-    rows += _memory_rows(plan)
+    rows += _memory_rows(spec, plan)
     rows += _time_rows(spec, plan)
     for what, value in rows:
         table.add_row(what, value)
@@ -59,14 +59,26 @@ def _device_line(spec: RunSpec) -> str:
     return f"cpu ({spec.host.cpu_count} cores)"
 
 
-def _memory_rows(plan: Plan) -> list[tuple[str, str]]:
+def _weight_copies_note(spec: RunSpec) -> str:
+    p, dtype = spec.parallel, spec.precision.compute_dtype.value
+    if p.uses_fsdp and p.zero == 2:
+        return f"FSDP zero=2: every unit's gathered {dtype} weights"
+    if p.uses_fsdp:
+        return f"FSDP zero=3: the root unit's and 2 blocks' gathered {dtype} weights"
+    return f"autocast {dtype} copies of the matmul weights" if dtype in ("bf16", "fp16") \
+        else "none: fp32 compute casts nothing"
+
+
+def _memory_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
     m = plan.memory
     return [
-        ("memory per rank", f"{gib(m.total)} (the fullest rank; every rank below)"),
+        ("memory per rank", f"{gib(m.total)} (peak, the fullest rank; every rank below)"),
         ("  parameters", f"{gib(m.params)} (fp32, this rank's shards)"),
         ("  gradients", gib(m.grads)),
         ("  optimizer state", f"{gib(m.optimizer)} (AdamW: 2 moments + a step per tensor)"),
         ("  master weights", f"{gib(m.master_weights)} (parameters are the fp32 masters)"),
+        ("  weight copies", f"{gib(m.weight_copies)} ({_weight_copies_note(spec)}; "
+                            "forward to backward)"),
         ("  activations", f"{gib(m.activations)} (estimate: micro-batches in flight, "
                           "recompute policy applied)"),
     ]

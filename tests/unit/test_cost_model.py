@@ -13,7 +13,7 @@ import torch
 from parallel.cost.devices import GIB, gpu_memory_bytes, gpu_peak
 from parallel.cost.flops import ATTENTION_TERMS, flops_per_token
 from parallel.cost.memory import estimate_memory
-from parallel.cost.params import param_counts, parameter_shapes, tp_local_shape
+from parallel.cost.params import numel, param_counts, parameter_shapes, tp_local_shape
 from parallel.tp_plan import BLOCK_COLUMN_PARALLEL, BLOCK_ROW_PARALLEL, tp_split_dim
 from tests.support.specs import cpu_spec
 from training.parallel_model import ParallelModel
@@ -141,3 +141,52 @@ def test_gpu_peaks_come_from_the_device_catalogue(name, dtype, source):
 def test_gpu_memory_comes_from_the_name_or_the_device_catalogue(name, gib):
     """The table matches case-sensitively (as the sweep preview always did; gpu_peak does not)."""
     assert gpu_memory_bytes(name) == (None if gib is None else gib * GIB)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_autocast_weight_copies_match_the_bf16_weights_saved_for_backward(tied):
+    """Without FSDP, bf16 autocast saves a bf16 copy of every matmul weight (the tied head's
+    too) for backward: the weight copies term is exactly those bytes."""
+    from parallel.cost.memory import weight_copy_bytes
+
+    spec = cpu_spec("model=debug", "precision=bf16", "parallel=single",
+                    f"model.tie_embeddings={str(tied).lower()}")
+    model = build_model(spec.model, device=torch.device("cpu"), seed=0)
+    weights = [p for p in model.parameters() if p.ndim == 2]
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        is_copy = t.dtype == torch.bfloat16 and t.ndim == 2 and any(
+            c.shape == w.shape and torch.equal(c, w.detach().bfloat16())
+            for w in weights for c in (t, t.t()))
+        if is_copy:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    tokens = torch.randint(0, spec.model.vocab_size, (2, 8))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16):
+        model(tokens)
+    assert weight_copy_bytes(spec, 0) == sum(saved.values()) > 0
+    fp32 = cpu_spec("model=debug", "precision=fp32", "parallel=single")
+    assert weight_copy_bytes(fp32, 0) == 0
+
+
+def test_fsdp_weight_copies_zero2_keeps_every_unit_gathered_zero3_the_root_and_two_blocks():
+    """parallel/fsdp.py: zero=2 never reshards after forward; zero=3 does, except the root
+    unit (FSDP2 keeps the root gathered) and the block in use plus the one prefetched."""
+    from parallel.cost.memory import weight_copy_bytes
+
+    def spec(zero):
+        return cpu_spec("model=debug", "precision=bf16", "parallel=fsdp", f"parallel.zero={zero}",
+                        "cluster.procs_per_node=4")
+
+    m = spec(2).model
+    shapes = dict(parameter_shapes(m))
+    total = param_counts(m).total
+    block = sum(numel(s) for name, s in shapes.items() if name.startswith("layers.0."))
+    root = total - m.n_layers * block
+    assert weight_copy_bytes(spec(2), 0) == 2 * total
+    assert weight_copy_bytes(spec(3), 0) == 2 * (root + 2 * block)
+    z2, z3 = estimate_memory(spec(2)), estimate_memory(spec(3))
+    assert z2.total - z3.total == z2.weight_copies - z3.weight_copies > 0
