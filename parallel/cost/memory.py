@@ -140,12 +140,21 @@ def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate
 
 def representative_ranks(spec: RunSpec) -> list[int]:
     """Ranks among which the fullest is: every pipeline rank; shard 0 of FSDP (its chunks
-    are the ceil-sized ones); every ZeRO-1 owner (their shares differ)."""
+    are the ceil-sized ones); under ZeRO-1 one owner per distinct share (the first with it),
+    as ranks with equal shares hold equal bytes."""
     dims = ParallelDims.from_spec(spec.parallel)
-    shards = range(dims.dp_shard) if dims.zero == 1 else range(1)
-    return sorted({dims.rank_of({"pp": pp, "dp_replicate": 0, "dp_shard": shard, "cp": 0,
-                                 "tp": 0})
-                   for pp in range(dims.pp) for shard in shards})
+    ranks = set()
+    for pp in range(dims.pp):
+        shards = [0]
+        if dims.zero == 1 and dims.uses_ddp:
+            sizes = tuple(numel(s) for s in _tp_local_shapes(spec, pp, dims.tp))
+            first: dict[tuple[int, int], int] = {}
+            for shard, share in enumerate(zero1_shares(sizes, dims.dp_shard)):
+                first.setdefault(share, shard)
+            shards = list(first.values())
+        ranks |= {dims.rank_of({"pp": pp, "dp_replicate": 0, "dp_shard": shard, "cp": 0,
+                                "tp": 0}) for shard in shards}
+    return sorted(ranks)
 
 
 def layout_activation_bytes(spec: RunSpec, rank: int) -> int:

@@ -190,3 +190,24 @@ def test_fsdp_weight_copies_zero2_keeps_every_unit_gathered_zero3_the_root_and_t
     assert weight_copy_bytes(spec(3), 0) == 2 * (root + 2 * block)
     z2, z3 = estimate_memory(spec(2)), estimate_memory(spec(3))
     assert z2.total - z3.total == z2.weight_copies - z3.weight_copies > 0
+
+
+@pytest.mark.parametrize(("overrides", "fullest"), [
+    (("model=debug", "model.tie_embeddings=true", "cluster.procs_per_node=6"), 1),
+    (("model=tiny", "model.tie_embeddings=false", "cluster.procs_per_node=6"), 2),
+    (("model=tiny", "model.tie_embeddings=false", "cluster.procs_per_node=16"), 0),
+])
+def test_zero1_fullest_rank_is_found_without_walking_every_rank(overrides, fullest, monkeypatch):
+    """The fullest ZeRO-1 rank (not always shard 0) from one owner assignment per layout:
+    the same answer as estimating every rank."""
+    import parallel.cost.memory as memory
+
+    spec = cpu_spec("parallel=zero1", *overrides)
+    every = [memory.estimate_memory(spec, rank=r) for r in range(spec.world_size)]
+    assert max(range(len(every)), key=lambda r: every[r].total) == fullest
+    calls = []
+    monkeypatch.setattr(memory, "zero1_owners", lambda *a: calls.append(a) or
+                        __import__("parallel.dims").dims.zero1_owners(*a))
+    memory.zero1_shares.cache_clear()
+    assert memory.estimate_memory(spec) == every[fullest]
+    assert len(calls) == 1  # owners computed once for the layout, not once per rank
