@@ -13,6 +13,7 @@ from conf.errors import ConfigError, Problem
 from conf.resolve import resolve
 from conf.spec import RunSpec
 from conf.rundir import OVERRIDES_FILE, SPEC_FILE, RunDir, read_checkpoint_meta
+from launcher.advice import suggestions
 from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
 from launcher.local import RUN_DIR_PLACEHOLDER, launch_local, node_commands, torchrun_command
@@ -32,8 +33,12 @@ def compose_spec(overrides: list[str]) -> tuple[RunSpec, str]:
 
 
 def plan(overrides: list[str], *, console: Console, attention: str = "full") -> int:
+    """Print the plan of a run and, when it does not fit its devices, re-planned
+    suggestions."""
     spec, _ = compose_spec(overrides)
-    print_plan(spec, make_plan(spec, attention=attention), console)
+    the_plan = make_plan(spec, attention=attention)
+    advice = suggestions(spec, overrides) if the_plan.verdict.fits is False else []
+    print_plan(spec, the_plan, console, advice)
     return 0
 
 
@@ -43,7 +48,9 @@ def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = F
     if dry_run:
         console.rule("resolved config")
         console.print(yaml_text, markup=False, highlight=False)
-        print_plan(spec, make_plan(spec), console)
+        the_plan = make_plan(spec)
+        advice = suggestions(spec, overrides) if the_plan.verdict.fits is False else []
+        print_plan(spec, the_plan, console, advice)
         console.print(f"data: {_data_line(spec)}", markup=False, soft_wrap=True)
         print_launch(spec, new_run_dir_path(spec), command, console)
         return 0

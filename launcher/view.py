@@ -47,6 +47,7 @@ def plan_table(spec: RunSpec, plan: Plan) -> Table:
         ("FLOPs per step", human(plan.flops_per_step)),
     ]
     rows += _memory_rows(spec, plan)
+    rows.append(("fits device", plan.verdict.line))
     rows += _time_rows(spec, plan)
     for what, value in rows:
         table.add_row(what, value)
@@ -95,7 +96,27 @@ def _time_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
             ("est. run time", f"{estimate.run_hours:.2f} h; {estimate.gpu_hours:.1f} GPU-hours")]
 
 
-def print_plan(spec: RunSpec, plan: Plan, console: Console) -> None:
+def suggestion_table(suggestions: list) -> Table:
+    """launcher.advice suggestions, each re-planned: its overrides, memory and verdict."""
+    table = Table(title="Does not fit: what would (each re-planned)", title_justify="left")
+    for column in ("change", "overrides", "memory per rank", "verdict"):
+        table.add_column(column)
+    for s in suggestions:
+        v = s.plan.verdict
+        verdict = "fits" if v.fits else "does not fit" if v.fits is False else "?"
+        if v.margin_bytes is not None:
+            verdict += f" (margin {v.margin_bytes / GIB:.2f} GiB)"
+        table.add_row(s.what, " ".join(s.overrides), gib(s.plan.memory.total), verdict)
+    return table
+
+
+def print_plan(spec: RunSpec, plan: Plan, console: Console,
+               suggestions: list | None = None) -> None:
     console.print(plan_table(spec, plan))
     if spec.world_size > 1:
         console.print(rank_table(spec))
+    if suggestions:
+        console.print(suggestion_table(suggestions))
+    elif plan.verdict.fits is False:
+        console.print("Does not fit, and no single change (zero, recompute, tp, micro-batch) "
+                      "resolves for this run", markup=False)
