@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--attention-flops", choices=("full", "causal"), default="full",
                       help="FLOPs attention term: full (12*L*H*Q*T, PaLM/torchtitan, what MFU "
                            "uses) or causal (halved, FlashAttention's count)")
+    plan.add_argument("--json", action="store_true",
+                      help="print the whole plan as JSON (keys: launcher/plan_json.py)")
     plan.add_argument("overrides", nargs="*")
     resume = sub.add_parser("resume", help="continue a run dir from its latest checkpoint")
     resume.add_argument("run_dir", type=Path)
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "handler", None) is not None:
             return args.handler(args, console)
         if args.command == "plan":
-            return commands.plan(args.overrides, console=console, attention=args.attention_flops)
+            return commands.plan(args.overrides, console=console, attention=args.attention_flops,
+                                 as_json=args.json)
         if args.command == "resume":
             return commands.resume(args.run_dir, args.overrides, console=console, wait=args.wait)
         if args.command == "preflight":

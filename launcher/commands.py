@@ -17,6 +17,7 @@ from launcher.advice import suggestions
 from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
 from launcher.local import RUN_DIR_PLACEHOLDER, launch_local, node_commands, torchrun_command
+from launcher.plan_json import plan_json
 from launcher.progress import print_failure, watch_run
 from launcher.slurm import render_sbatch, submit
 from launcher.slurm_state import SlurmJobHandle
@@ -32,13 +33,17 @@ def compose_spec(overrides: list[str]) -> tuple[RunSpec, str]:
     return resolve(cfg, host=probe_host()), config_yaml(cfg)
 
 
-def plan(overrides: list[str], *, console: Console, attention: str = "full") -> int:
-    """Print the plan of a run and, when it does not fit its devices, re-planned
-    suggestions."""
+def plan(overrides: list[str], *, console: Console, attention: str = "full",
+         as_json: bool = False) -> int:
+    """Print the plan of a run (a table, or with `as_json` launcher.plan_json's JSON) and,
+    when it does not fit its devices, re-planned suggestions."""
     spec, _ = compose_spec(overrides)
     the_plan = make_plan(spec, attention=attention)
     advice = suggestions(spec, overrides) if the_plan.verdict.fits is False else []
-    print_plan(spec, the_plan, console, advice)
+    if as_json:
+        print(json.dumps(plan_json(spec, the_plan, advice), indent=2))
+    else:
+        print_plan(spec, the_plan, console, advice)
     return 0
 
 

@@ -17,6 +17,8 @@ class Plan:
     tokens_per_step: int
     params: ParamCounts
     flops_per_token: int
+    flops_attention: str
+    """The attention term: "full" (the MFU default) or "causal" (parallel.cost.flops)."""
     flops_convention: str
     """The formula flops_per_token follows (parallel.cost.flops), shown beside it."""
     flops_per_step: float
@@ -35,7 +37,7 @@ def make_plan(spec: RunSpec, *, attention: str = "full",
     tps = spec.training.tokens_per_step
     return Plan(world_size=spec.world_size, dp=spec.parallel.dp, tokens_per_step=tps,
                 params=param_counts(spec.model), flops_per_token=fpt,
-                flops_convention=flops_convention(attention),
+                flops_attention=attention, flops_convention=flops_convention(attention),
                 flops_per_step=float(fpt) * tps, memory=memory,
                 verdict=memory_verdict(spec, memory.total, device_bytes=device_bytes),
                 total_tokens=tps * spec.training.steps)
