@@ -124,6 +124,9 @@ def test_dry_run_and_plan_never_import_torch(tmp_path):
         assert 'torch' not in sys.modules, 'run --dry-run imported torch'
         assert main(['plan', 'model=llama3_8b']) == 0
         assert 'torch' not in sys.modules, 'plan imported torch'
+        assert main(['plan', '--json', 'model=llama3_8b', 'cluster=slurm',
+                     'cluster.gpus_per_node=8', 'cluster.gpu_name=H100']) == 0
+        assert 'torch' not in sys.modules, 'the verdict or its suggestions imported torch'
         print('NO-TORCH-OK')
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(),
