@@ -27,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cluster=slurm: stay attached and show progress until the job ends")
     run.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value, ...")
     plan = sub.add_parser("plan", help="print the numbers of a run (memory, FLOPs, tokens)")
+    plan.add_argument("--attention-flops", choices=("full", "causal"), default="full",
+                      help="FLOPs attention term: full (12*L*H*Q*T, PaLM/torchtitan, what MFU "
+                           "uses) or causal (halved, FlashAttention's count)")
+    plan.add_argument("--json", action="store_true",
+                      help="print the whole plan as JSON (keys: launcher/plan_json.py)")
     plan.add_argument("overrides", nargs="*")
     resume = sub.add_parser("resume", help="continue a run dir from its latest checkpoint")
     resume.add_argument("run_dir", type=Path)
@@ -61,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "handler", None) is not None:
             return args.handler(args, console)
         if args.command == "plan":
-            return commands.plan(args.overrides, console=console)
+            return commands.plan(args.overrides, console=console, attention=args.attention_flops,
+                                 as_json=args.json)
         if args.command == "resume":
             return commands.resume(args.run_dir, args.overrides, console=console, wait=args.wait)
         if args.command == "preflight":

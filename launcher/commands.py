@@ -15,9 +15,11 @@ from conf.errors import ConfigError, Problem
 from conf.resolve import resolve
 from conf.spec import RunSpec
 from conf.rundir import OVERRIDES_FILE, SPEC_FILE, RunDir, read_checkpoint_meta
+from launcher.advice import suggestions
 from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
 from launcher.local import RUN_DIR_PLACEHOLDER, launch_local, node_commands, torchrun_command
+from launcher.plan_json import plan_json
 from launcher.progress import print_failure, watch_run
 from launcher.slurm import SubmissionFailed, render_sbatch, submit
 from launcher.slurm_state import SlurmJobHandle
@@ -33,9 +35,17 @@ def compose_spec(overrides: list[str]) -> tuple[RunSpec, str]:
     return resolve(cfg, host=probe_host()), config_yaml(cfg)
 
 
-def plan(overrides: list[str], *, console: Console) -> int:
+def plan(overrides: list[str], *, console: Console, attention: str = "full",
+         as_json: bool = False) -> int:
+    """Print the plan of a run (a table, or with `as_json` launcher.plan_json's JSON) and,
+    when it does not fit its devices, re-planned suggestions."""
     spec, _ = compose_spec(overrides)
-    print_plan(spec, make_plan(spec), console)
+    the_plan = make_plan(spec, attention=attention)
+    advice = suggestions(spec, overrides) if the_plan.verdict.fits is False else []
+    if as_json:
+        print(json.dumps(plan_json(spec, the_plan, advice), indent=2))
+    else:
+        print_plan(spec, the_plan, console, advice)
     return 0
 
 
@@ -45,7 +55,9 @@ def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = F
     if dry_run:
         console.rule("resolved config")
         console.print(yaml_text, markup=False, highlight=False)
-        print_plan(spec, make_plan(spec), console)
+        the_plan = make_plan(spec)
+        advice = suggestions(spec, overrides) if the_plan.verdict.fits is False else []
+        print_plan(spec, the_plan, console, advice)
         console.print(f"data: {_data_line(spec)}", markup=False, soft_wrap=True)
         print_launch(spec, new_run_dir_path(spec), command, console)
         return 0

@@ -7,7 +7,6 @@ from rich.table import Table
 from conf.spec import RunSpec
 from launcher.rank_view import layout_line, rank_table
 from parallel.cost.devices import GIB
-from parallel.cost.flops import FLOPS_CONVENTION
 from parallel.cost.plan import Plan
 from parallel.cost.step_time import ASSUMED_MFU, estimate_time
 
@@ -44,10 +43,11 @@ def plan_table(spec: RunSpec, plan: Plan) -> Table:
         ("tokens in run", f"{plan.total_tokens:,} ({t.steps} steps)"),
         ("parameters", f"{plan.params.total:,} total, {plan.params.non_embedding:,} "
                        f"without embeddings"),
-        ("FLOPs per token", f"{human(plan.flops_per_token)}  [{FLOPS_CONVENTION}]"),
+        ("FLOPs per token", f"{human(plan.flops_per_token)}  [{plan.flops_convention}]"),
         ("FLOPs per step", human(plan.flops_per_step)),
     ]
-    rows += _memory_rows(plan)
+    rows += _memory_rows(spec, plan)
+    rows.append(("fits device", plan.verdict.line))
     rows += _time_rows(spec, plan)
     for what, value in rows:
         table.add_row(what, value)
@@ -60,14 +60,26 @@ def _device_line(spec: RunSpec) -> str:
     return f"cpu ({spec.host.cpu_count} cores)"
 
 
-def _memory_rows(plan: Plan) -> list[tuple[str, str]]:
+def _weight_copies_note(spec: RunSpec) -> str:
+    p, dtype = spec.parallel, spec.precision.compute_dtype.value
+    if p.uses_fsdp and p.zero == 2:
+        return f"FSDP zero=2: every unit's gathered {dtype} weights"
+    if p.uses_fsdp:
+        return f"FSDP zero=3: the root unit's and 2 blocks' gathered {dtype} weights"
+    return f"autocast {dtype} copies of the matmul weights" if dtype in ("bf16", "fp16") \
+        else "none: fp32 compute casts nothing"
+
+
+def _memory_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
     m = plan.memory
     return [
-        ("memory per rank", f"{gib(m.total)} (the fullest rank; every rank below)"),
+        ("memory per rank", f"{gib(m.total)} (peak, the fullest rank; every rank below)"),
         ("  parameters", f"{gib(m.params)} (fp32, this rank's shards)"),
         ("  gradients", gib(m.grads)),
         ("  optimizer state", f"{gib(m.optimizer)} (AdamW: 2 moments + a step per tensor)"),
         ("  master weights", f"{gib(m.master_weights)} (parameters are the fp32 masters)"),
+        ("  weight copies", f"{gib(m.weight_copies)} ({_weight_copies_note(spec)}; "
+                            "forward to backward)"),
         ("  activations", f"{gib(m.activations)} (estimate: micro-batches in flight, "
                           "recompute policy applied)"),
     ]
@@ -84,7 +96,27 @@ def _time_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
             ("est. run time", f"{estimate.run_hours:.2f} h; {estimate.gpu_hours:.1f} GPU-hours")]
 
 
-def print_plan(spec: RunSpec, plan: Plan, console: Console) -> None:
+def suggestion_table(suggestions: list) -> Table:
+    """launcher.advice suggestions, each re-planned: its overrides, memory and verdict."""
+    table = Table(title="Does not fit: what would (each re-planned)", title_justify="left")
+    for column in ("change", "overrides", "memory per rank", "verdict"):
+        table.add_column(column)
+    for s in suggestions:
+        v = s.plan.verdict
+        verdict = "fits" if v.fits else "does not fit" if v.fits is False else "?"
+        if v.margin_bytes is not None:
+            verdict += f" (margin {v.margin_bytes / GIB:.2f} GiB)"
+        table.add_row(s.what, " ".join(s.overrides), gib(s.plan.memory.total), verdict)
+    return table
+
+
+def print_plan(spec: RunSpec, plan: Plan, console: Console,
+               suggestions: list | None = None) -> None:
     console.print(plan_table(spec, plan))
     if spec.world_size > 1:
         console.print(rank_table(spec))
+    if suggestions:
+        console.print(suggestion_table(suggestions))
+    elif plan.verdict.fits is False:
+        console.print("Does not fit, and no single change (zero, recompute, tp, micro-batch) "
+                      "resolves for this run", markup=False)

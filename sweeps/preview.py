@@ -18,12 +18,10 @@ from rich.table import Table
 from conf.spec import RunSpec
 from launcher.view import gib, human
 from parallel.cost.devices import gpu_memory_bytes
+from parallel.cost.fit import Verdict
 from parallel.cost.plan import make_plan
 from parallel.cost.step_time import estimate_time
 from sweeps.validate import Checked
-
-FIT_FRACTION = 0.92  # leave room for the CUDA context, allocator slack and NCCL buffers
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cost:
@@ -35,24 +33,24 @@ class Cost:
     tokens: int
     gpu_hours: float | None
     """None on CPU or for a GPU with no known peak."""
+    verdict: Verdict
+    """The verdict `meshrun plan` and the dry run print (parallel.cost.fit)."""
 
     @property
     def fits(self) -> bool | None:
-        if self.device_mem is None:
-            return None
-        return self.mem_per_rank <= FIT_FRACTION * self.device_mem
+        return self.verdict.fits
 
 
 def point_cost(spec: RunSpec) -> Cost:
-    plan = make_plan(spec)
     cuda = spec.training.device == "cuda"
+    device_mem = (device_memory(spec.host.gpu_name, local=spec.cluster.kind == "local")
+                  if cuda else None)
+    plan = make_plan(spec, device_bytes=device_mem)
     estimate = estimate_time(spec, plan)
     hours = estimate.gpu_hours if estimate is not None else None
     return Cost(world_size=plan.world_size, nodes=spec.cluster.nodes,
-                mem_per_rank=plan.memory.total,
-                device_mem=device_memory(spec.host.gpu_name, local=spec.cluster.kind == "local")
-                if cuda else None,
-                tokens=plan.total_tokens, gpu_hours=hours)
+                mem_per_rank=plan.memory.total, device_mem=device_mem,
+                tokens=plan.total_tokens, gpu_hours=hours, verdict=plan.verdict)
 
 
 def device_memory(gpu_name: str, *, local: bool) -> float | None:

@@ -7,14 +7,22 @@ static bytes with what the ranks really hold. Beyond the placement rules (params
   the rank owns (parallel.dims.zero1_owners);
 - AdamW keeps two moments per element (fp32, or bf16 with optimizer_state_dtype=bf16) and a
   4-byte step count per parameter tensor. Parameters are fp32: they are the master weights.
+- weight copies, held from forward to backward (not in `static_bytes`: they are gone after
+  the step): FSDP's gathered compute-dtype weights (parallel/fsdp.py: zero=2 keeps every unit
+  gathered, reshard_after_forward=False; zero=3 keeps the root unit - embedding, final norm,
+  head - gathered, as FSDP2 never reshards the root after forward, plus the block in use and
+  the one prefetched); without FSDP, autocast's low-precision copies of every matmul weight
+  (nn.Linear weights and the tied head; saved for backward, 2 B/param in bf16/fp16).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from conf.spec import RunSpec
 from parallel.cost.activations import DTYPE_BYTES, activation_bytes, pipeline_in_flight
 from parallel.cost.params import (
+    EMBEDDING,
     fsdp_local_numel,
     held_layers,
     held_parameters,
@@ -39,19 +47,56 @@ def static_bytes(spec: RunSpec, rank: int) -> StaticBytes:
     dims = ParallelDims.from_spec(spec.parallel)
     coords = dims.coordinates(rank)
     moment_bytes = 2 if spec.precision.optimizer_state_dtype.value == "bf16" else 4
-    local = [tp_local_shape(n, s, dims.tp) for n, s in held_parameters(spec, coords["pp"])]
+    local = _tp_local_shapes(spec, coords["pp"], dims.tp)
     if dims.uses_fsdp:
         shards, index = dims.dp_shard * dims.cp, coords["dp_shard"] * dims.cp + coords["cp"]
         sizes = [fsdp_local_numel(s, shards=shards, index=index) for s in local]
     else:
         sizes = [numel(s) for s in local]
-    optimized = sizes  # AdamW keeps state for what it updates: everything held, except ZeRO-1
+    # AdamW keeps state for what it updates: everything held, except under ZeRO-1
+    optimized, tensors = sum(sizes), len(sizes)
     if dims.zero == 1 and dims.uses_ddp:
-        owners = zero1_owners(sizes, dims.dp_shard)
-        optimized = [n for n, o in zip(sizes, owners) if o == coords["dp_shard"]]
+        optimized, tensors = zero1_shares(tuple(sizes), dims.dp_shard)[coords["dp_shard"]]
     params = PARAM_BYTES * sum(sizes)
-    optimizer = 2 * moment_bytes * sum(optimized) + STEP_BYTES * len(optimized)
+    optimizer = 2 * moment_bytes * optimized + STEP_BYTES * tensors
     return StaticBytes(params=params, grads=params, optimizer=optimizer)
+
+
+def _tp_local_shapes(spec: RunSpec, pp_rank: int, tp: int) -> list[tuple[int, ...]]:
+    return [tp_local_shape(n, s, tp) for n, s in held_parameters(spec, pp_rank)]
+
+
+@lru_cache(maxsize=64)
+def zero1_shares(sizes: tuple[int, ...], n: int) -> tuple[tuple[int, int], ...]:
+    """(elements, tensors) whose AdamW state each of the `n` ZeRO-1 owners keeps; owners
+    computed once per layout (parallel.dims.zero1_owners), not once per rank."""
+    shares = [[0, 0] for _ in range(n)]
+    for size, owner in zip(sizes, zero1_owners(list(sizes), n)):
+        shares[owner][0] += size
+        shares[owner][1] += 1
+    return tuple((elements, count) for elements, count in shares)
+
+
+def weight_copy_bytes(spec: RunSpec, rank: int) -> int:
+    """Bytes of compute-dtype weight copies `rank` holds from forward to backward (above)."""
+    dims = ParallelDims.from_spec(spec.parallel)
+    compute = DTYPE_BYTES[spec.precision.compute_dtype.value]
+    held = held_parameters(spec, dims.coordinates(rank)["pp"])
+    local = {name: numel(tp_local_shape(name, shape, dims.tp)) for name, shape in held}
+    if dims.uses_fsdp:
+        if dims.zero == 2:
+            return compute * sum(local.values())
+        blocks: dict[str, int] = {}
+        for name, size in local.items():
+            if name.startswith("layers."):
+                blocks[name.split(".")[1]] = blocks.get(name.split(".")[1], 0) + size
+        root = sum(size for name, size in local.items() if not name.startswith("layers."))
+        return compute * (root + sum(sorted(blocks.values(), reverse=True)[:2]))
+    if compute >= PARAM_BYTES:
+        return 0  # fp32 compute: autocast casts nothing
+    tied = spec.model.tie_embeddings
+    return compute * sum(size for (name, shape), size in zip(held, local.values())
+                         if len(shape) == 2 and (name != EMBEDDING or tied))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,11 +107,19 @@ class MemoryEstimate:
     grads: int
     optimizer: int
     master_weights: int
+    weight_copies: int
+    """Compute-dtype copies of the weights held from forward to backward (weight_copy_bytes)."""
     activations: int
 
     @property
+    def static(self) -> int:
+        """What stays between steps: parameters, gradients, optimizer state."""
+        return self.params + self.grads + self.optimizer + self.master_weights
+
+    @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.master_weights + self.activations
+        """The peak: the static bytes, plus weight copies and activations at backward's start."""
+        return self.static + self.weight_copies + self.activations
 
 
 def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate:
@@ -81,17 +134,27 @@ def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate
                    key=lambda m: m.total)
     static = static_bytes(spec, rank)
     return MemoryEstimate(params=static.params, grads=static.grads, optimizer=static.optimizer,
-                          master_weights=0, activations=layout_activation_bytes(spec, rank))
+                          master_weights=0, weight_copies=weight_copy_bytes(spec, rank),
+                          activations=layout_activation_bytes(spec, rank))
 
 
 def representative_ranks(spec: RunSpec) -> list[int]:
     """Ranks among which the fullest is: every pipeline rank; shard 0 of FSDP (its chunks
-    are the ceil-sized ones); every ZeRO-1 owner (their shares differ)."""
+    are the ceil-sized ones); under ZeRO-1 one owner per distinct share (the first with it),
+    as ranks with equal shares hold equal bytes."""
     dims = ParallelDims.from_spec(spec.parallel)
-    shards = range(dims.dp_shard) if dims.zero == 1 else range(1)
-    return sorted({dims.rank_of({"pp": pp, "dp_replicate": 0, "dp_shard": shard, "cp": 0,
-                                 "tp": 0})
-                   for pp in range(dims.pp) for shard in shards})
+    ranks = set()
+    for pp in range(dims.pp):
+        shards = [0]
+        if dims.zero == 1 and dims.uses_ddp:
+            sizes = tuple(numel(s) for s in _tp_local_shapes(spec, pp, dims.tp))
+            first: dict[tuple[int, int], int] = {}
+            for shard, share in enumerate(zero1_shares(sizes, dims.dp_shard)):
+                first.setdefault(share, shard)
+            shards = list(first.values())
+        ranks |= {dims.rank_of({"pp": pp, "dp_replicate": 0, "dp_shard": shard, "cp": 0,
+                                "tp": 0}) for shard in shards}
+    return sorted(ranks)
 
 
 def layout_activation_bytes(spec: RunSpec, rank: int) -> int:

@@ -120,6 +120,15 @@ def test_flops_per_token_llama3_8b_at_8192():
     assert "6N + 12*L*H*Q*T" in FLOPS_CONVENTION
 
 
+def test_flops_per_token_counts_the_tied_output_head():
+    """Llama 3.2 1B ties its head to the embedding; the head's matmul still runs."""
+    model = resolve(compose_config(["model=llama3_1b", "training.seq_len=8192"]),
+                    host=CPU).model
+    block = 2048 * 2048 * 2 + 2048 * 512 * 2 + 3 * 2048 * 8192 + 2 * 2048
+    n = 16 * block + 2048 + 128256 * 2048  # blocks, final norm, the (shared) head
+    assert flops_per_token(model, 8192) == 6 * n + 12 * 16 * 32 * 64 * 8192
+
+
 # Every option of every non-model group, composed once (models are covered above). The
 # defaults (auto, ddp, none, cosine, adamw, stdlib, local, offline) are composed by every model.
 DEFAULTS = {"precision": "auto", "parallel": "ddp", "recompute": "none", "schedule": "cosine",

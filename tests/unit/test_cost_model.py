@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from parallel.cost.devices import GIB, gpu_memory_bytes, gpu_peak
+from parallel.cost.flops import ATTENTION_TERMS, flops_per_token
 from parallel.cost.memory import estimate_memory
-from parallel.cost.params import param_counts, parameter_shapes, tp_local_shape
+from parallel.cost.params import numel, param_counts, parameter_shapes, tp_local_shape
 from parallel.tp_plan import BLOCK_COLUMN_PARALLEL, BLOCK_ROW_PARALLEL, tp_split_dim
 from tests.support.specs import cpu_spec
 from training.parallel_model import ParallelModel
@@ -30,6 +31,27 @@ def test_param_counts_match_the_built_model(tied):
     total, embedding = count_params(model)
     counts = param_counts(spec.model)
     assert (counts.total, counts.embedding) == (total, embedding)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_flops_per_token_counts_every_matmul_the_model_runs(tied):
+    """The matmuls (aten.mm, forward + backward) of a real step are 6N - 6*(norm weights) per
+    token: with tied embeddings the output head still runs its vocab x dim matmul."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = cpu_spec("model=debug", f"model.tie_embeddings={str(tied).lower()}")
+    model = build_model(spec.model, device=torch.device("cpu"), seed=0)
+    batch, seq = 2, 32
+    tokens = torch.randint(0, spec.model.vocab_size, (batch, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(tokens).float().sum().backward()
+    m = spec.model
+    attention = ATTENTION_TERMS["full"] * m.n_layers * m.n_heads * m.head_dim * seq
+    norms = sum(p.numel() for p in model.parameters() if p.ndim == 1)
+    want = (flops_per_token(m, seq) - attention - 6 * norms) * batch * seq
+    assert counter.get_total_flops() == want
+    causal = flops_per_token(m, seq, attention="causal")
+    assert flops_per_token(m, seq) - causal == attention // 2
 
 
 def tensor_bytes(tensors) -> int:
@@ -56,7 +78,8 @@ def test_static_memory_estimate_matches_bytes_held_after_a_step():
 
 def test_the_cost_model_never_imports_torch():
     modules = ["parallel.tp_plan", *(f"parallel.cost.{m}" for m in
-               ("activations", "devices", "flops", "memory", "params", "plan", "step_time"))]
+               ("activations", "devices", "fit", "flops", "memory", "params", "plan",
+                "step_time"))]
     code = "import sys; " + "; ".join(f"import {m}" for m in modules) + \
            "; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
@@ -119,3 +142,73 @@ def test_gpu_peaks_come_from_the_device_catalogue(name, dtype, source):
 def test_gpu_memory_comes_from_the_name_or_the_device_catalogue(name, gib):
     """The table matches case-sensitively (as the sweep preview always did; gpu_peak does not)."""
     assert gpu_memory_bytes(name) == (None if gib is None else gib * GIB)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_autocast_weight_copies_match_the_bf16_weights_saved_for_backward(tied):
+    """Without FSDP, bf16 autocast saves a bf16 copy of every matmul weight (the tied head's
+    too) for backward: the weight copies term is exactly those bytes."""
+    from parallel.cost.memory import weight_copy_bytes
+
+    spec = cpu_spec("model=debug", "precision=bf16", "parallel=single",
+                    f"model.tie_embeddings={str(tied).lower()}")
+    model = build_model(spec.model, device=torch.device("cpu"), seed=0)
+    weights = [p for p in model.parameters() if p.ndim == 2]
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        is_copy = t.dtype == torch.bfloat16 and t.ndim == 2 and any(
+            c.shape == w.shape and torch.equal(c, w.detach().bfloat16())
+            for w in weights for c in (t, t.t()))
+        if is_copy:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    tokens = torch.randint(0, spec.model.vocab_size, (2, 8))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16):
+        model(tokens)
+    assert weight_copy_bytes(spec, 0) == sum(saved.values()) > 0
+    fp32 = cpu_spec("model=debug", "precision=fp32", "parallel=single")
+    assert weight_copy_bytes(fp32, 0) == 0
+
+
+def test_fsdp_weight_copies_zero2_keeps_every_unit_gathered_zero3_the_root_and_two_blocks():
+    """parallel/fsdp.py: zero=2 never reshards after forward; zero=3 does, except the root
+    unit (FSDP2 keeps the root gathered) and the block in use plus the one prefetched."""
+    from parallel.cost.memory import weight_copy_bytes
+
+    def spec(zero):
+        return cpu_spec("model=debug", "precision=bf16", "parallel=fsdp", f"parallel.zero={zero}",
+                        "cluster.procs_per_node=4")
+
+    m = spec(2).model
+    shapes = dict(parameter_shapes(m))
+    total = param_counts(m).total
+    block = sum(numel(s) for name, s in shapes.items() if name.startswith("layers.0."))
+    root = total - m.n_layers * block
+    assert weight_copy_bytes(spec(2), 0) == 2 * total
+    assert weight_copy_bytes(spec(3), 0) == 2 * (root + 2 * block)
+    z2, z3 = estimate_memory(spec(2)), estimate_memory(spec(3))
+    assert z2.total - z3.total == z2.weight_copies - z3.weight_copies > 0
+
+
+@pytest.mark.parametrize(("overrides", "fullest"), [
+    (("model=debug", "model.tie_embeddings=true", "cluster.procs_per_node=6"), 1),
+    (("model=tiny", "model.tie_embeddings=false", "cluster.procs_per_node=6"), 2),
+    (("model=tiny", "model.tie_embeddings=false", "cluster.procs_per_node=16"), 0),
+])
+def test_zero1_fullest_rank_is_found_without_walking_every_rank(overrides, fullest, monkeypatch):
+    """The fullest ZeRO-1 rank (not always shard 0) from one owner assignment per layout:
+    the same answer as estimating every rank."""
+    import parallel.cost.memory as memory
+
+    spec = cpu_spec("parallel=zero1", *overrides)
+    every = [memory.estimate_memory(spec, rank=r) for r in range(spec.world_size)]
+    assert max(range(len(every)), key=lambda r: every[r].total) == fullest
+    calls = []
+    monkeypatch.setattr(memory, "zero1_owners", lambda *a: calls.append(a) or
+                        __import__("parallel.dims").dims.zero1_owners(*a))
+    memory.zero1_shares.cache_clear()
+    assert memory.estimate_memory(spec) == every[fullest]
+    assert len(calls) == 1  # owners computed once for the layout, not once per rank

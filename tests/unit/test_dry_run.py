@@ -80,6 +80,21 @@ def test_prints_the_plan_numbers(dry_run):
                   "activations"):
         assert "MiB" in _row(out, f"  {label}"), label
     assert "memory per rank" in out
+    assert "weight copies" in out
+    assert "no verdict: CPU run" in _row(out, "fits device")
+
+
+def test_dry_run_says_when_a_run_does_not_fit_and_what_would(tmp_path):
+    """The README's 8B example (DDP, 8 x H100 80GB): the verdict and re-planned suggestions."""
+    args = ["run", "--dry-run", "model=llama3_8b", "precision=bf16", "cluster=slurm",
+            "cluster.nodes=1", "cluster.gpus_per_node=8", "cluster.gpu_name=H100",
+            f"runs_dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "DOES NOT FIT" in _row(proc.stdout, "fits device")
+    assert "Does not fit: what would (each re-planned)" in proc.stdout
+    assert "parallel.zero=2" in proc.stdout
 
 
 def test_prints_the_launch_command(dry_run):
@@ -109,6 +124,9 @@ def test_dry_run_and_plan_never_import_torch(tmp_path):
         assert 'torch' not in sys.modules, 'run --dry-run imported torch'
         assert main(['plan', 'model=llama3_8b']) == 0
         assert 'torch' not in sys.modules, 'plan imported torch'
+        assert main(['plan', '--json', 'model=llama3_8b', 'cluster=slurm',
+                     'cluster.gpus_per_node=8', 'cluster.gpu_name=H100']) == 0
+        assert 'torch' not in sys.modules, 'the verdict or its suggestions imported torch'
         print('NO-TORCH-OK')
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(),
