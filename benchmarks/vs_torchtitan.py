@@ -59,7 +59,9 @@ class Bench:
 
     @property
     def corpus(self) -> Path:
-        return self.peer_dir / "run/tests/assets/c4_test/data.json"
+        """torchtitan's c4_test file in the peer; without the peer, one built in `work`."""
+        peer = self.peer_dir / "run/tests/assets/c4_test/data.json"
+        return peer if peer.exists() or self.peer_dir.exists() else self.work / "c4_like.json"
 
     @property
     def tokenizer(self) -> Path:
