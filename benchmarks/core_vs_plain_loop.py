@@ -146,7 +146,8 @@ def main() -> None:
     core_tps, plain_tps = (statistics.median(results[k]) for k in ("core", "plain"))
     print(f"overrides: {' '.join(overrides)}")
     print(f"shape: {shape_line(spec)} tokens/step={tokens}")
-    print(f"params: meshrun {core_params:,}  plain {plain_params:,}  threads={torch.get_num_threads()}"
+    print(f"params: meshrun {core_params:,}  plain {plain_params:,}  "
+          f"threads={torch.get_num_threads()}"
           f"  blocks={args.blocks}x{args.steps_per_block} steps, alternating")
     print(f"plain loop: {PEER_SRC / 'plain_loop.py'} (its model, fused AdamW; meshrun: "
           f"training.model + train_step)")

@@ -130,10 +130,12 @@ def run_plain(b: Bench, nproc: int, log: Path) -> float | None:
 def meshrun_overrides(b: Bench, nproc: int, tokens: Path, runs_dir: Path, name: str) -> list[str]:
     model = [f"model.{k}={v}" for k, v in DEBUGMODEL.items()]
     return ["model=debug", "model.name=tt_debugmodel", *model, f"model.max_seq_len={b.seq_len}",
-            "precision=fp32", "recompute=none", "parallel=single" if nproc == 1 else "parallel=zero3",
+            "precision=fp32", "recompute=none",
+            "parallel=single" if nproc == 1 else "parallel=zero3",
             f"cluster.procs_per_node={nproc}", "data=files", f"data.train_files={tokens}",
             f"data.val_files={tokens}", f"training.seq_len={b.seq_len}",
-            f"training.micro_batch_size={b.batch // nproc}", f"training.global_batch_size={b.batch}",
+            f"training.micro_batch_size={b.batch // nproc}",
+            f"training.global_batch_size={b.batch}",
             f"training.steps={b.steps}", "schedule.warmup_steps=2",  # as torchtitan
             "training.eval_every=0", "training.eval_batches=1",
             "checkpoint.every_steps=0", "checkpoint.export_safetensors=false",

@@ -126,7 +126,8 @@ def _peak(spec: RunSpec, device: torch.device) -> PeakFlops:
             return peak
         return PeakFlops(flops=float("nan"), source=f"unknown device {name}: MFU not computed")
     if spec.training.cpu_peak_flops > 0:
-        return PeakFlops(flops=spec.training.cpu_peak_flops, source="user (training.cpu_peak_flops)")
+        return PeakFlops(flops=spec.training.cpu_peak_flops,
+                         source="user (training.cpu_peak_flops)")
     dtype = TORCH_DTYPES[dtype_name]
     measured = measure_cpu_peak(dtype_name, threads=torch.get_num_threads(),
                                 measure=lambda n: time_matmul_flops(n, dtype))
