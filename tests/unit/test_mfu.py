@@ -111,3 +111,18 @@ def test_the_named_attention_count_matches_the_cost_model():
     attention = flops_per_token(model, 128) - flops_per_token(model, 0)
     full = 12 * model.n_layers * model.n_heads * model.head_dim * 128
     assert attention == {"full": full, "causal": full // 2}[metrics.FLOPS_ATTENTION]
+
+
+def test_user_peak_overrides_the_measurement_and_the_log_line_names_everything(caplog,
+                                                                                monkeypatch):
+    from tests.support.specs import cpu_spec
+    from training.metrics import resolve_peak
+
+    monkeypatch.setattr(metrics, "measure_cpu_peak", lambda *a, **k: pytest.fail("measured"))
+    spec = cpu_spec("model=debug", "training.cpu_peak_flops=1.5e11")
+    with caplog.at_level(logging.INFO, logger="meshrun.metrics"):
+        peak = resolve_peak(spec, torch.device("cpu"))
+    assert peak == PeakFlops(flops=1.5e11, source="user (training.cpu_peak_flops)")
+    line = caplog.records[-1].getMessage()
+    assert "1.5e+11" in line and "user (training.cpu_peak_flops)" in line
+    assert "6N + 12*L*H*Q*T" in line and "attention counted full" in line
