@@ -46,7 +46,8 @@ def describe(row: dict) -> str:
     parts = [f"loss {row['loss']:.4f}"]
     if "val_loss" in row:
         parts.append(f"val {row['val_loss']:.4f}")
-    parts += [f"{row['tokens_per_s']:,.0f} tok/s", f"MFU {100 * row['mfu']:.1f}%"]
+    mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
+    parts += [f"{row['tokens_per_s']:,.0f} tok/s", f"MFU {mfu}"]
     return "  ".join(parts)
 
 

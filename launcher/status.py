@@ -53,7 +53,7 @@ def print_status(status: dict, console: Console) -> None:
             ("loss", f"{latest['loss']:.4f}" if "loss" in latest else "-"),
             ("val loss", f"{status['val_loss']:.4f}" if status["val_loss"] is not None else "-"),
             ("tokens/s", f"{latest['tokens_per_s']:,.0f}" if latest else "-"),
-            ("MFU", f"{latest['mfu']:.1%}" if latest else "-"),
+            ("MFU", f"{latest['mfu']:.1%}" if latest.get("mfu") is not None else "-"),
             ("requeues", str(status["requeues"]))]
     if "elapsed" in status:
         rows += [("elapsed", status["elapsed"]), ("nodes", status["nodes"])]

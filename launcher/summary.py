@@ -17,6 +17,8 @@ ROWS = (
     ("tokens/s per device", "tokens_per_s_per_device", "{:,.0f}"),
     ("MFU (after warm-up)", "mfu", "{:.2%}"),
     ("MFU peak used", "peak_flops_source", "{}"),
+    ("MFU FLOPs convention", "flops_convention", "{}"),
+    ("MFU attention FLOPs counted", "flops_attention", "{}"),
     ("peak memory (max over ranks)", "peak_mem_gib", "{:.3f} GiB"),
     ("steps", "steps_done", "{}"),
     ("wall time", "wall_s", "{:.1f} s"),

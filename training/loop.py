@@ -11,7 +11,7 @@ from conf.rundir import RunDir
 from training.checkpoint import save_checkpoint
 from training.dist import all_reduce_max, all_reduce_sum, barrier
 from training.export import export_hf, gather_full_state
-from training.metrics import StepTimer, memory_stats, mfu
+from training.metrics import StepTimer, memory_stats, mfu_fields
 from training.optim import set_lr
 from training.preemption import requeue_job, restart_count, slurm_job_id
 from training.schedule import lr_at
@@ -99,8 +99,8 @@ def _after_step(tr: TrainState, row: dict, stop: int) -> None:
     tokens_per_s = row.pop("tokens") / row["step_time_s"]
     per_device = tokens_per_s / tr.ctx.world_size
     row.update(tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_device,
-               mfu=mfu(tokens_per_s_per_device=per_device, flops_per_token=tr.flops_per_token,
-                       peak=tr.peak),
+               **mfu_fields(tokens_per_s_per_device=per_device,
+                            flops_per_token=tr.flops_per_token, peak=tr.peak),
                tokens_seen=tr.step * t.tokens_per_step)
     row.update(_max_memory(tr))
     if tr.loggers is not None and (tr.step % t.log_every == 0 or tr.step == stop):

@@ -10,12 +10,14 @@ from pathlib import Path
 
 from conf.rundir import RunDir, outcomes_from_rows
 from parallel.cost.flops import FLOPS_CONVENTION
+from training.metrics import FLOPS_ATTENTION
 
 
 def summarize(run_dir: Path, *, peak_source: str, last_checkpoint: str, export_dir: str) -> dict:
     return {
         **outcomes_from_rows(RunDir(run_dir).read_rows()),
         "flops_convention": FLOPS_CONVENTION,
+        "flops_attention": FLOPS_ATTENTION,
         "peak_flops_source": peak_source,
         "last_checkpoint": last_checkpoint,
         "export_dir": export_dir,

@@ -1,0 +1,286 @@
+"""Tokens/s of torchtitan, meshrun and a plain hand-written loop, run alternately on this CPU.
+
+Same model shape (torchtitan's llama3 debugmodel: dim 256, 6 layers, 16 heads, 16 kv heads,
+ffn 768, vocab 2048, rope theta 5e5, untied head), fp32, no recompute, causal attention, the same
+corpus and tokenizer, the same global batch and sequence length; 1 process, and 2 processes with
+FSDP / ZeRO-3 (torchtitan: data-parallel-shard-degree 2; meshrun: parallel=zero3). The plain loop
+is single-process only, so its 1-process number is the reference for both rows (each row uses all
+cores either way). Every system runs as its own fresh processes; the order rotates each round.
+
+torchtitan runs through the peer (/work/shared/peer, see its README): run its setup.sh first
+(torch==2.13.0 + torchtitan==0.3.0 in $PEER_DIR, default /tmp/meshrun-peer). Without that venv,
+torchtitan is skipped with a message and the other two still run.
+
+    python benchmarks/vs_torchtitan.py                    # debugmodel shape, 3 rounds, 20 steps
+    python benchmarks/vs_torchtitan.py --quick            # seq 256, batch 4, 6 steps, 1 round
+
+tokens/s = global tokens per step / mean step time over steps --first-timed..--steps (the
+torchtitan log's tps, the plain loop's step_time, meshrun's metrics.jsonl step_time_s), the
+median over rounds. On a shared machine the numbers are noisy: compare ratios within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+SYSTEMS = ("torchtitan", "meshrun", "plain")
+DEBUGMODEL = dict(dim=256, n_layers=6, n_heads=16, n_kv_heads=16, ffn_dim=768, vocab_size=2048,
+                  rope_theta=500000.0)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+TT_STEP = re.compile(r"step:\s+(\d+)\s+loss:\s+([\d.]+).*tps:\s+([\d,]+)")
+PLAIN_STEP = re.compile(r"^step\s+(\d+)\s+loss\s+\S+.*step_time\s+([\d.]+)s")
+
+
+@dataclass
+class Bench:
+    seq_len: int
+    batch: int  # global
+    steps: int
+    first_timed: int
+    peer_src: Path
+    peer_dir: Path
+    work: Path
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch * self.seq_len
+
+    @property
+    def corpus(self) -> Path:
+        """torchtitan's c4_test file in the peer; without the peer, one built in `work`."""
+        peer = self.peer_dir / "run/tests/assets/c4_test/data.json"
+        return peer if peer.exists() or self.peer_dir.exists() else self.work / "c4_like.json"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.peer_src / "assets/tokenizer/tokenizer.json"
+
+
+def mean_step_s(times: dict[int, float], b: Bench) -> float | None:
+    timed = [t for s, t in times.items() if b.first_timed <= s <= b.steps]
+    return statistics.fmean(timed) if timed else None
+
+
+def tail(path: Path, lines: int = 6) -> str:
+    text = ANSI.sub("", path.read_text(errors="replace")) if path.exists() else ""
+    return "\n".join("    " + line for line in text.splitlines()[-lines:])
+
+
+# --- the three systems: each returns aggregate tokens/s, or None with the reason printed ------
+
+def run_torchtitan(b: Bench, nproc: int, log: Path) -> float | None:
+    if not (b.peer_dir / "venv/bin/torchrun").exists():
+        print(f"  torchtitan: SKIPPED: no peer venv in {b.peer_dir}. Run "
+              f"{b.peer_src / 'setup.sh'} first (it pip-installs torch==2.13.0 and "
+              "torchtitan==0.3.0 there); meshrun and the plain loop still run.")
+        return None
+    args = ["--training.seq-len", str(b.seq_len), "--training.local-batch-size",
+            str(b.batch // nproc), "--training.steps", str(b.steps)]
+    if nproc > 1:
+        args += ["--parallelism.data-parallel-shard-degree", str(nproc),
+                 "--parallelism.spmd-backend", "partial_dtensor"]
+    env = dict(os.environ, PEER_DIR=str(b.peer_dir), TT_CPU_ATTN="causal")
+    subprocess.run(["bash", str(b.peer_src / "run_tt.sh"), str(nproc), str(log), *args],
+                   env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    per_step = tt_step_times(log.read_text(errors="replace"), b.tokens_per_step // nproc)
+    return _tokens_per_s(b, per_step, "torchtitan", log)
+
+
+def tt_step_times(text: str, local_tokens: int) -> dict[int, float]:
+    """Step -> seconds from a torchtitan log: its tps is per rank, so the slower rank's time."""
+    per_step: dict[int, float] = {}
+    for line in text.splitlines():
+        m = TT_STEP.search(ANSI.sub("", line))
+        if m:
+            t = local_tokens / max(float(m.group(3).replace(",", "")), 1e-9)
+            per_step[int(m.group(1))] = max(per_step.get(int(m.group(1)), 0.0), t)
+    return per_step
+
+
+def plain_step_times(text: str) -> dict[int, float]:
+    """Step -> seconds from plain_loop.py's `step N ... step_time X.XXXs` lines."""
+    return {int(m.group(1)): float(m.group(2)) for line in text.splitlines()
+            if (m := PLAIN_STEP.match(line))}
+
+
+def run_plain(b: Bench, nproc: int, log: Path) -> float | None:
+    cmd = [sys.executable, str(b.peer_src / "plain_loop.py"), "--seq-len", str(b.seq_len),
+           "--batch", str(b.batch), "--steps", str(b.steps), "--first-timed", str(b.first_timed),
+           "--threads", str(b.cores), "--attn", "causal", "--data", str(b.corpus),
+           "--tokenizer", str(b.tokenizer)]
+    with open(log, "w") as out:
+        subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False,
+                       env=dict(os.environ, OMP_NUM_THREADS=str(b.cores)))
+    per_step = plain_step_times(log.read_text(errors="replace"))
+    return _tokens_per_s(b, per_step, "plain", log)
+
+
+def meshrun_overrides(b: Bench, nproc: int, tokens: Path, runs_dir: Path, name: str) -> list[str]:
+    model = [f"model.{k}={v}" for k, v in DEBUGMODEL.items()]
+    return ["model=debug", "model.name=tt_debugmodel", *model, f"model.max_seq_len={b.seq_len}",
+            "precision=fp32", "recompute=none",
+            "parallel=single" if nproc == 1 else "parallel=zero3",
+            f"cluster.procs_per_node={nproc}", "data=files", f"data.train_files={tokens}",
+            f"data.val_files={tokens}", f"training.seq_len={b.seq_len}",
+            f"training.micro_batch_size={b.batch // nproc}",
+            f"training.global_batch_size={b.batch}",
+            f"training.steps={b.steps}", "schedule.warmup_steps=2",  # as torchtitan
+            "training.eval_every=0", "training.eval_batches=1",
+            "checkpoint.every_steps=0", "checkpoint.export_safetensors=false",
+            "logging=disabled", "logging.progress=false", f"runs_dir={runs_dir}", f"name={name}"]
+
+
+def run_meshrun(b: Bench, nproc: int, log: Path, tokens: Path) -> float | None:
+    from conf.rundir import RunDir
+
+    runs_dir = b.work / "meshrun-runs"
+    name = log.stem
+    cmd = [sys.executable, "-m", "launcher.cli", "run",
+           *meshrun_overrides(b, nproc, tokens, runs_dir, name)]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(max(1, b.cores // nproc)))
+    with open(log, "w") as out:
+        out.write(" ".join(cmd) + "\n")
+        out.flush()
+        subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+    dirs = sorted(runs_dir.glob(f"{name}-*"), key=lambda p: p.stat().st_mtime)
+    run_dir = RunDir(dirs[-1]) if dirs else None
+    rows = run_dir.read_rows() if run_dir else []
+    per_step = {r["step"]: r["step_time_s"] for r in rows if r.get("kind") == "train"}
+    if not per_step and run_dir:
+        print(tail(run_dir.torchrun_log))
+    return _tokens_per_s(b, per_step, "meshrun", log)
+
+
+def _tokens_per_s(b: Bench, per_step: dict[int, float], system: str, log: Path) -> float | None:
+    mean = mean_step_s(per_step, b)
+    if mean is None:
+        print(f"  {system}: FAILED or no steps {b.first_timed}..{b.steps} in {log}:\n{tail(log)}")
+        return None
+    return b.tokens_per_step / mean
+
+
+# --- data: the peer's corpus, tokenized once for meshrun (data=files, a .npy of token ids) -----
+
+def prepare_data(b: Bench) -> Path:
+    if not b.corpus.exists():
+        print(f"corpus {b.corpus} missing: building it with {b.peer_src / 'make_c4_like.py'}")
+        subprocess.run([sys.executable, str(b.peer_src / "make_c4_like.py"), str(b.corpus)],
+                       check=True)
+    out = b.work / f"c4_like_tokens_{b.steps * b.tokens_per_step}.npy"
+    if out.exists():
+        return out
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(b.tokenizer))
+    eos = tok.token_to_id("<|end_of_text|>") or tok.token_to_id("</s>") or 0
+    need = 4 * (b.steps + 2) * b.batch * (b.seq_len + 1)  # meshrun samples windows; leave room
+    ids: list[int] = []
+    with open(b.corpus) as fh:
+        for line in fh:
+            ids += tok.encode(json.loads(line)["text"]).ids + [eos]
+            if len(ids) >= need:
+                break
+    np.save(out, np.asarray(ids, dtype=np.uint16))
+    return out
+
+
+# --- rounds and the table ------------------------------------------------------------------------
+
+def run_all(b: Bench, rounds: int, nprocs: list[int], systems: tuple[str, ...]) -> dict:
+    tokens = prepare_data(b)
+    results = {(s, n): [] for s in systems for n in nprocs}
+    for r in range(rounds):
+        for nproc in nprocs:
+            order = systems[r % len(systems):] + systems[:r % len(systems)]
+            for system in order:
+                if system == "plain" and nproc != 1:
+                    continue  # single-process only; its 1-process number is the reference
+                log = b.work / f"{system}-r{r}-n{nproc}.log"
+                start = time.perf_counter()
+                if system == "torchtitan":
+                    tps = run_torchtitan(b, nproc, log)
+                elif system == "meshrun":
+                    tps = run_meshrun(b, nproc, log, tokens)
+                else:
+                    tps = run_plain(b, nproc, log)
+                shown = f"{tps:,.0f} tok/s" if tps else "-"
+                print(f"round {r + 1}/{rounds} nproc={nproc} {system:10s} {shown:>14s}  "
+                      f"({time.perf_counter() - start:.0f}s wall, log {log})", flush=True)
+                if tps:
+                    results[(system, nproc)].append(tps)
+    return results
+
+
+def table(results: dict, nprocs: list[int]) -> str:
+    def med(system: str, nproc: int) -> float | None:
+        values = results.get((system, nproc)) or []
+        return statistics.median(values) if values else None
+
+    def fmt(x, spec=",.0f"):
+        return "-" if x is None else format(x, spec)
+
+    plain = med("plain", 1)
+    lines = [f"{'procs':>5} {'torchtitan':>11} {'meshrun':>9} {'plain(1p)':>10} "
+             f"{'meshrun/torchtitan':>19} {'meshrun/plain':>14}   rounds (tt/mr/plain)"]
+    for nproc in nprocs:
+        tt, mr = med("torchtitan", nproc), med("meshrun", nproc)
+        counts = "/".join(str(len(results.get((s, n), []))) for s, n in
+                          (("torchtitan", nproc), ("meshrun", nproc), ("plain", 1)))
+        lines.append(f"{nproc:>5} {fmt(tt):>11} {fmt(mr):>9} {fmt(plain):>10} "
+                     f"{fmt(mr / tt if mr and tt else None, '.3f'):>19} "
+                     f"{fmt(mr / plain if mr and plain else None, '.3f'):>14}   {counts}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--nprocs", default="1,2", help="comma-separated process counts")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=8, help="global batch (sequences per step)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--first-timed", type=int, default=5)
+    p.add_argument("--quick", action="store_true",
+                   help="seq 256, batch 4, 6 steps timed from 3, 1 round: proves it runs")
+    p.add_argument("--peer-src", type=Path,
+                   default=Path(os.environ.get("MESHRUN_PEER_SRC", "/work/shared/peer")))
+    p.add_argument("--peer-dir", type=Path,
+                   default=Path(os.environ.get("PEER_DIR", "/tmp/meshrun-peer")))
+    p.add_argument("--work", type=Path, default=Path("/tmp/meshrun-vs-torchtitan"))
+    a = p.parse_args()
+    if a.quick:
+        a.seq_len, a.batch, a.steps, a.first_timed, a.rounds = 256, 4, 6, 3, 1
+    nprocs = [int(n) for n in a.nprocs.split(",")]
+    systems = tuple(s for s in a.systems.split(",") if s)
+    bad = [n for n in nprocs if a.batch % n] + [s for s in systems if s not in SYSTEMS]
+    if bad or a.first_timed > a.steps:
+        sys.exit(f"bad arguments: {bad or 'first-timed > steps'} (batch must divide by nprocs; "
+                 f"systems from {SYSTEMS})")
+    a.work.mkdir(parents=True, exist_ok=True)
+    b = Bench(seq_len=a.seq_len, batch=a.batch, steps=a.steps, first_timed=a.first_timed,
+              peer_src=a.peer_src, peer_dir=a.peer_dir, work=a.work)
+    shape = " ".join(f"{k}={v}" for k, v in DEBUGMODEL.items())
+    print(f"shape: llama3 debugmodel ({shape}) seq={b.seq_len} global_batch={b.batch} fp32 "
+          f"causal no-recompute; {b.tokens_per_step} tokens/step; steps {b.first_timed}..{b.steps} "
+          f"timed; {a.rounds} round(s); {b.cores} cores split over the processes; work {b.work}")
+    results = run_all(b, a.rounds, nprocs, systems)
+    print("\nmedian aggregate tokens/s (noisy on a shared machine; ratios are within this run)")
+    print(table(results, nprocs))
+
+
+if __name__ == "__main__":
+    main()
