@@ -30,6 +30,7 @@ CPU_DEFAULT_PROCS = 2
 def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunSpec:
     """Fill every auto value and check every rule; raise one ConfigError listing all problems."""
     problems = ProblemList()
+    cfg = rules.finite_floats(cfg, problems)
     host = target_host(cfg.cluster, local=host)
     device = _resolve_device(cfg, host, problems)
     model = _resolve_model(cfg, problems)
@@ -122,6 +123,9 @@ def _resolve_precision(cfg: RunConfig, host: HostSpec, device: DeviceKind,
             Precision.fp32 if device is DeviceKind.cpu else Precision.fp16)
     rules.check_precision(name, device, host, problems)
     compute = {Precision.fp32: DType.fp32, Precision.fp16: DType.fp16}.get(name, DType.bf16)
+    if p.loss_scale_init <= 0:
+        problems.add("precision.loss_scale_init", p.loss_scale_init, "must be positive",
+                     "e.g. 65536 (2**16)")
     if p.optimizer_state_dtype is DType.fp16:
         problems.add("precision.optimizer_state_dtype", "fp16",
                      "fp16 moments underflow (AdamW's second moment is a squared gradient)",

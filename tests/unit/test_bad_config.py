@@ -170,6 +170,34 @@ CASES = [
          "optim.beta2=1.0", "within [0, 1)", "0.95"),
     case("keep-last-zero", "checkpoint.keep_last=0",
          "checkpoint.keep_last=0", "must be >= 1", "keep at least 1"),
+    # ---- non-finite floats (nan passes `value <= 0`) and missing ranges ----
+    case("lr-inf", "optim.lr=inf", "optim.lr=inf", "must be a finite number", "default 0.003"),
+    case("lr-overflows-to-inf", "optim.lr=1e999", "optim.lr=inf", "finite number"),
+    case("lr-nan", "optim.lr=nan", "optim.lr=nan", "finite number", "finite value"),
+    case("weight-decay-nan", "optim.weight_decay=nan", "optim.weight_decay=nan", "finite"),
+    case("grad-clip-nan", "optim.grad_clip=nan", "optim.grad_clip=nan", "finite"),
+    case("grad-clip-inf", "optim.grad_clip=inf", "optim.grad_clip=inf", "finite", "default 1.0"),
+    case("beta1-nan-one-problem", "optim.beta1=nan", "optim.beta1=nan", "finite"),
+    case("eps-nan", "optim.eps=nan", "optim.eps=nan", "finite"),
+    case("eps-zero", "optim.eps=0", "optim.eps=0.0", "must be positive"),
+    case("norm-eps-nan", "model.norm_eps=nan", "model.norm_eps=nan", "finite"),
+    case("init-std-inf", "model.init_std=inf", "model.init_std=inf", "finite"),
+    case("rope-theta-nan", "model.rope_theta=nan", "model.rope_theta=nan", "finite"),
+    case("min-lr-ratio-nan", "schedule.min_lr_ratio=nan", "schedule.min_lr_ratio=nan", "finite"),
+    case("wsd-decay-fraction-inf", "schedule=wsd schedule.decay_fraction=inf",
+         "schedule.decay_fraction=inf", "finite"),
+    case("loss-scale-nan", "precision.loss_scale_init=nan", "precision.loss_scale_init=nan",
+         "finite"),
+    case("loss-scale-zero", "precision.loss_scale_init=0", "precision.loss_scale_init=0.0",
+         "must be positive", "65536"),
+    case("cpu-peak-flops-inf", "training.cpu_peak_flops=inf", "training.cpu_peak_flops=inf",
+         "finite"),
+    case("compute-capability-nan", "cluster.gpu_compute_capability=nan",
+         "cluster.gpu_compute_capability=nan", "finite"),
+    case("seed-negative", "training.seed=-1", "training.seed=-1", "must be within [0,",
+         "non-negative seed"),
+    case("many-non-finite-at-once", "optim.lr=inf optim.weight_decay=nan model.norm_eps=-inf",
+         "optim.lr=inf", "optim.weight_decay=nan", "model.norm_eps=-inf", problems=3),
     # ---- schedule ----
     case("warmup-longer-than-run", "training.steps=100 schedule.warmup_steps=150",
          "schedule.warmup_steps=150", "exceeds training.steps=100",
@@ -289,6 +317,28 @@ def test_data_glob_matching_only_a_directory_is_refused(tmp_path):
                       f"data.val_files={tmp_path}/*"], CPU)
     assert [p.key for p in err.problems] == ["data.train_files", "data.val_files"]
     assert "matches no file" in str(err)
+
+
+def test_every_float_knob_is_finite_checked_without_being_named():
+    """The finite check walks the schema: a float field nobody listed is covered too."""
+    from dataclasses import dataclass, field
+
+    from conf.errors import ProblemList
+    from conf.rules import finite_floats
+
+    @dataclass
+    class NewSection:
+        brand_new_ratio: float = 0.5
+        count: int = 3
+
+    @dataclass
+    class Cfg:
+        new: NewSection = field(default_factory=NewSection)
+
+    problems = ProblemList()
+    fixed = finite_floats(Cfg(new=NewSection(brand_new_ratio=float("nan"))), problems)
+    assert [p.key for p in problems.items] == ["new.brand_new_ratio"]
+    assert fixed.new.brand_new_ratio == 0.5 and fixed.new.count == 3
 
 
 def test_fp8_with_cuda_on_a_gpu_less_host_names_no_empty_gpu():
