@@ -172,6 +172,9 @@ def history(rows) -> list[dict]:
 def failure_tail(run_dir: Path, lines: int = 30) -> str:
     """The last lines of the most relevant log: a rank log with a traceback, else torchrun's."""
     rd = RunDir(run_dir)
+    failed = [r for r in rd.read_rows() if r.get("event") == FAILED_EVENT and "message" in r]
+    if failed:  # the loop said why it stopped: that is the tail worth showing
+        return str(failed[-1]["message"])
     for log in rd.rank_logs():
         text = log.read_text(errors="replace")
         if "Traceback" in text or "Error" in text:
@@ -264,8 +267,11 @@ RETRYABLE_STATES = (RunState.failed, RunState.out_of_memory, RunState.timed_out,
                     RunState.preempted, RunState.cancelled, RunState.stopped, RunState.paused,
                     RunState.missing)
 """`meshrun sweep retry` reruns (or resumes) these."""
+FAILED_EVENT = "failed"
+"""The loop's event when it gives up (a non-finite loss); its row carries step, loss, message."""
 EVENT_STATES = {"paused": RunState.paused, "requeued": RunState.requeued,
-                "stopped": RunState.stopped, "finished": RunState.running}
+                "stopped": RunState.stopped, "finished": RunState.running,
+                FAILED_EVENT: RunState.failed}
 """The loop's last event -> state ("finished": the summary is being written)."""
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "oom-kill")
 INTERRUPTED_EXIT = (0, 130)
