@@ -14,6 +14,7 @@ from conf import rules
 from conf.errors import ProblemList
 from conf.split_rules import check_model_split, check_recompute
 from conf.parallel_rules import resolve_parallel
+from conf.token_files import check_token_files
 from conf.schema import (
     ClusterConfig, ClusterKind, DataKind, DeviceKind, DType, Precision, RunConfig,
 )
@@ -138,6 +139,10 @@ def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
     d = cfg.data
     train, val = rules.data_files(d, problems, check_paths=check_paths, expand=_expand)
     vocab = BYTE_VOCAB if d.kind is DataKind.stdlib else model.vocab_size
+    if d.kind is DataKind.files and check_paths:
+        for key, files in (("data.train_files", train), ("data.val_files", val)):
+            check_token_files(key, files, dtype=d.dtype, seq_len=cfg.training.seq_len,
+                              vocab_size=model.vocab_size, problems=problems)
     if d.kind is DataKind.stdlib and model.vocab_size < BYTE_VOCAB:
         problems.add("model.vocab_size", model.vocab_size,
                      f"byte-level data (data=stdlib) has {BYTE_VOCAB} token ids",
