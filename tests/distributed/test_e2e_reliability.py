@@ -71,3 +71,13 @@ def test_a_resume_of_a_resume_keeps_the_later_legs_overrides(tmp_path):
     assert [leg["overrides"] for leg in status["legs"][1:]] == [
         ["training.steps=12", "training.stop_at_step=4"], []]
     assert status["state"] == "completed"
+
+
+def test_skip_step_drops_non_finite_updates_and_trains_on(tmp_path):
+    result = meshrun("run", *TINY, "training.steps=4", "optim.lr=1e30", "schedule.warmup_steps=0",
+                     "training.nonfinite=skip_step", "checkpoint.export_safetensors=false",
+                     f"runs_dir={tmp_path}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [r for r in RunDir(only_run_dir(tmp_path)).read_rows() if r.get("kind") == "train"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert not rows[0].get("nonfinite") and all(r.get("nonfinite") for r in rows[1:])
