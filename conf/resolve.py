@@ -14,6 +14,7 @@ from conf import rules
 from conf.errors import ProblemList
 from conf.split_rules import check_model_split, check_recompute
 from conf.parallel_rules import resolve_parallel
+from conf.token_files import check_token_files
 from conf.schema import (
     ClusterConfig, ClusterKind, DataKind, DeviceKind, DType, Precision, RunConfig,
 )
@@ -30,6 +31,7 @@ CPU_DEFAULT_PROCS = 2
 def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunSpec:
     """Fill every auto value and check every rule; raise one ConfigError listing all problems."""
     problems = ProblemList()
+    cfg = rules.finite_floats(cfg, problems)
     host = target_host(cfg.cluster, local=host)
     device = _resolve_device(cfg, host, problems)
     model = _resolve_model(cfg, problems)
@@ -124,6 +126,9 @@ def _resolve_precision(cfg: RunConfig, host: HostSpec, device: DeviceKind,
             Precision.fp32 if device is DeviceKind.cpu else Precision.fp16)
     rules.check_precision(name, device, host, problems)
     compute = {Precision.fp32: DType.fp32, Precision.fp16: DType.fp16}.get(name, DType.bf16)
+    if p.loss_scale_init <= 0:
+        problems.add("precision.loss_scale_init", p.loss_scale_init, "must be positive",
+                     "e.g. 65536 (2**16)")
     if p.optimizer_state_dtype is DType.fp16:
         problems.add("precision.optimizer_state_dtype", "fp16",
                      "fp16 moments underflow (AdamW's second moment is a squared gradient)",
@@ -136,6 +141,10 @@ def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
     d = cfg.data
     train, val = rules.data_files(d, problems, check_paths=check_paths, expand=_expand)
     vocab = BYTE_VOCAB if d.kind is DataKind.stdlib else model.vocab_size
+    if d.kind is DataKind.files and check_paths:
+        for key, files in (("data.train_files", train), ("data.val_files", val)):
+            check_token_files(key, files, dtype=d.dtype, seq_len=cfg.training.seq_len,
+                              vocab_size=model.vocab_size, problems=problems)
     if d.kind is DataKind.stdlib and model.vocab_size < BYTE_VOCAB:
         problems.add("model.vocab_size", model.vocab_size,
                      f"byte-level data (data=stdlib) has {BYTE_VOCAB} token ids",

@@ -1,6 +1,8 @@
 """The rules resolve() checks, one small function per section. Each adds Problems; none raises."""
 from __future__ import annotations
 
+import math
+from dataclasses import MISSING, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +27,30 @@ def _positive(problems: ProblemList, section: str, obj: object, names: tuple[str
         value = getattr(obj, name)
         if value <= 0:
             problems.add(f"{section}.{name}", value, "must be positive", "give a value > 0")
+
+
+FINITE_RULE = "must be a finite number (nan and inf are refused)"
+SEED_MAX = 2**63 - 1
+
+
+def finite_floats(cfg, problems: ProblemList, prefix: str = ""):
+    """Every float knob of every section, in one place: NaN slips through any `value <= 0`
+    test and inf through any upper-bound-free one, so each non-finite float is reported here,
+    and a copy of `cfg` comes back with those replaced by the schema default, so the other
+    rules see sane numbers (one problem per key, no overflow in their arithmetic). A float
+    field added to any schema section is covered without being named."""
+    bad = {}
+    for f in fields(cfg):
+        value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value):
+            fixed = finite_floats(value, problems, prefix=f"{key}.")
+            if fixed is not value:
+                bad[f.name] = fixed
+        elif isinstance(value, float) and not math.isfinite(value):
+            default = f.default if f.default is not MISSING else f.default_factory()
+            problems.add(key, value, FINITE_RULE, f"give a finite value, e.g. the default {default}")
+            bad[f.name] = default
+    return replace(cfg, **bad) if bad else cfg
 
 
 def check_model(m: ModelSpec, problems: ProblemList) -> None:
@@ -89,6 +115,9 @@ def check_training(t: TrainingSpec, model: ModelSpec, problems: ProblemList) -> 
         problems.add("training.stop_at_step", t.stop_at_step,
                      f"must be within [0, training.steps={t.steps}] (0 = run to the end)",
                      "give a step within the run")
+    if not 0 <= t.seed <= SEED_MAX:
+        problems.add("training.seed", t.seed, f"must be within [0, {SEED_MAX}]",
+                     "give a non-negative seed, e.g. 1234")
     if t.cpu_peak_flops < 0:
         problems.add("training.cpu_peak_flops", t.cpu_peak_flops, "must be >= 0 (0 = measure)",
                      "give a value >= 0")
@@ -150,6 +179,9 @@ def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: DeviceKi
                      "use cluster=slurm or cluster=nodes for several nodes")
     elif c.nodes < 1:
         problems.add("cluster.nodes", c.nodes, "must be positive", "give a value >= 1")
+    if c.gpu_compute_capability < 0:
+        problems.add("cluster.gpu_compute_capability", c.gpu_compute_capability,
+                     "must be >= 0 (0 = unknown)", "e.g. 9.0 for H100, 8.0 for A100")
     if procs <= 0:
         problems.add("cluster.procs_per_node", procs, "must be positive, or -1 for auto",
                      "give a value >= 1")

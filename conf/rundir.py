@@ -9,7 +9,8 @@ all name the run dir's files through this module, so its layout is written down 
               command.txt        the launch command
               env.json           Python/torch versions, host, git state
               wandb_id.txt       the W&B run id (one W&B run across resumes and requeues)
-              resumes.jsonl      one line per `meshrun resume`
+              resumes.jsonl      one line per `meshrun resume` leg: time, the overrides it
+                                 was given, the effective overrides it composed from
               logs/rank<R>.log   each rank's log; logs/torchrun.log, logs/launcher.log
               metrics.jsonl      one JSON row per train step / eval / event (rank 0 appends)
               summary.json       the final numbers (rank 0, only when the last step is done)
@@ -59,6 +60,10 @@ TMP_SUFFIX = ".tmp"
 REPLACED_SUFFIX = ".old"
 _COMPLETE_NAME = re.compile(r"^step_(\d{8,})$")
 _STALE_NAME = re.compile(r"^step_\d{8,}\.(tmp|old)$")
+
+
+LEG_UNPAUSE = "training.stop_at_step=0"
+"""stop_at_step pauses one leg of a run: a resumed leg runs on unless told again."""
 
 
 def rank_log_name(rank: int) -> str:
@@ -114,6 +119,27 @@ class RunDir:
 
     def read_overrides(self) -> list[str]:
         return json.loads(self.overrides_file.read_text())
+
+    def read_resumes(self) -> list[dict]:
+        """resumes.jsonl, one dict per resumed leg (torn or foreign lines skipped)."""
+        if not self.resumes_file.is_file():
+            return []
+        lines = self.resumes_file.read_text(errors="replace").split("\n")
+        return [row for row in map(parse_metrics_line, lines) if row is not None]
+
+    def append_resume(self, *, time: str, overrides: list[str], effective: list[str]) -> None:
+        with open(self.resumes_file, "a") as f:
+            f.write(json.dumps({"time": time, "overrides": overrides,
+                                "effective": effective}) + "\n")
+
+    def leg_overrides(self) -> list[str]:
+        """The overrides the newest leg ran with (a plain `meshrun resume` continues with
+        them): overrides.json, then each resume's, each leg un-pausing the last."""
+        effective = self.read_overrides()
+        for leg in self.read_resumes():
+            effective = leg.get("effective") or (
+                effective + [LEG_UNPAUSE] + list(leg.get("overrides", [])))
+        return effective
 
     def read_rows(self) -> list[dict]:
         return read_metrics_rows(self.metrics_file)
@@ -172,6 +198,9 @@ def history(rows) -> list[dict]:
 def failure_tail(run_dir: Path, lines: int = 30) -> str:
     """The last lines of the most relevant log: a rank log with a traceback, else torchrun's."""
     rd = RunDir(run_dir)
+    failed = [r for r in rd.read_rows() if r.get("event") == FAILED_EVENT and "message" in r]
+    if failed:  # the loop said why it stopped: that is the tail worth showing
+        return str(failed[-1]["message"])
     for log in rd.rank_logs():
         text = log.read_text(errors="replace")
         if "Traceback" in text or "Error" in text:
@@ -264,8 +293,11 @@ RETRYABLE_STATES = (RunState.failed, RunState.out_of_memory, RunState.timed_out,
                     RunState.preempted, RunState.cancelled, RunState.stopped, RunState.paused,
                     RunState.missing)
 """`meshrun sweep retry` reruns (or resumes) these."""
+FAILED_EVENT = "failed"
+"""The loop's event when it gives up (a non-finite loss); its row carries step, loss, message."""
 EVENT_STATES = {"paused": RunState.paused, "requeued": RunState.requeued,
-                "stopped": RunState.stopped, "finished": RunState.running}
+                "stopped": RunState.stopped, "finished": RunState.running,
+                FAILED_EVENT: RunState.failed}
 """The loop's last event -> state ("finished": the summary is being written)."""
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "oom-kill")
 INTERRUPTED_EXIT = (0, 130)

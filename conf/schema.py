@@ -66,6 +66,11 @@ class DeviceKind(StrEnum):
     cuda = "cuda"
 
 
+class NonFinite(StrEnum):
+    stop = "stop"
+    skip_step = "skip_step"
+
+
 class WandbMode(StrEnum):
     offline = "offline"
     online = "online"
@@ -237,6 +242,10 @@ class TrainingConfig:
     `meshrun resume`); 0 = run to training.steps."""
     cpu_peak_flops: float = 0.0
     """Peak FLOP/s per rank used for MFU on CPU; 0 = measure a matmul at start (labelled measured)."""
+    nonfinite: NonFinite = NonFinite.stop
+    """A step whose loss (or, without a loss scaler, gradient norm) is nan or inf: stop (the
+    run fails at once, saving and exporting nothing; the last checkpoint is the last finite
+    state) or skip_step (drop that step's update, log it, train on)."""
 
 
 @dataclass

@@ -166,7 +166,7 @@ class DataSpec:
     """Token ids are below this (256 for byte-level data)."""
 
 
-@frozen_from(TrainingConfig)
+@frozen_from(TrainingConfig, defaults=("nonfinite",))
 class TrainingSpec:
     grad_accum_steps: int
     """Resolved: never -1."""

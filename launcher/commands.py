@@ -11,10 +11,12 @@ from pathlib import Path
 from rich.console import Console
 
 from conf.compose import compose_config, config_yaml
-from conf.errors import ConfigError, Problem
+from conf.errors import ConfigError, Problem, ProblemList
 from conf.resolve import resolve
 from conf.spec import RunSpec
-from conf.rundir import OVERRIDES_FILE, SPEC_FILE, RunDir, read_checkpoint_meta
+from conf.rundir import (
+    LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir, checkpoint_step, read_checkpoint_meta,
+)
 from launcher.advice import suggestions
 from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
@@ -151,18 +153,17 @@ def print_preflight(run_dir: Path, console: Console) -> None:
 
 
 def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool = False) -> int:
-    """Continue `run_dir` from its newest complete checkpoint, in the same dir and W&B run."""
-    stored = _stored_overrides(run_dir)
-    # stop_at_step pauses one leg of a run; a resumed leg runs on unless told again.
-    composed = stored + ["training.stop_at_step=0"] + overrides + [
-        f"checkpoint.resume_from={run_dir}"]
-    spec, _ = compose_spec(composed)
+    """Continue `run_dir` from its newest complete checkpoint, in the same dir and W&B run,
+    with the newest leg's overrides (then these). Refused (exit 2) before anything is
+    written: spec.json and resumes.jsonl change only for a leg that launches."""
+    effective = _stored_overrides(run_dir) + [LEG_UNPAUSE] + overrides
+    spec, _ = compose_spec(effective + [f"checkpoint.resume_from={run_dir}"])
     _check_resumable(run_dir, spec)
     spec = with_prepared_data(spec)
-    RunDir(run_dir).write_spec(spec)
-    with open(RunDir(run_dir).resumes_file, "a") as f:
-        f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                            "overrides": overrides}) + "\n")
+    rd = RunDir(run_dir)
+    rd.write_spec(spec)
+    rd.append_resume(time=time.strftime("%Y-%m-%dT%H:%M:%S"), overrides=overrides,
+                     effective=effective)
     console.print(f"resuming {run_dir}", markup=False)
     return _launch(spec, run_dir, console=console, wait=wait)
 
@@ -173,7 +174,7 @@ def _stored_overrides(run_dir: Path) -> list[str]:
         raise ConfigError([Problem("run_dir", str(run_dir),
                                    f"is not a meshrun run dir (no {SPEC_FILE}/{OVERRIDES_FILE})",
                                    "pass a folder made by `meshrun run`")], "Cannot resume")
-    return rd.read_overrides()
+    return rd.leg_overrides()
 
 
 def _check_resumable(run_dir: Path, spec: RunSpec) -> None:
@@ -181,13 +182,25 @@ def _check_resumable(run_dir: Path, spec: RunSpec) -> None:
     if latest is None:
         raise ConfigError([Problem("run_dir", str(run_dir), "holds no complete checkpoint",
                                    "start a new run with `meshrun run`")], "Cannot resume")
-    saved_world = read_checkpoint_meta(latest)["world_size"]
+    problems = ProblemList()
+    meta = read_checkpoint_meta(latest)
+    saved_world, at = meta["world_size"], checkpoint_step(latest)
     if saved_world != spec.world_size:
-        raise ConfigError([Problem(
-            "cluster.procs_per_node", spec.cluster.procs_per_node,
-            f"world size {spec.world_size} differs from the checkpoint's {saved_world} "
-            f"({latest.name}); resuming across world sizes is not supported yet",
-            f"resume with the original layout (world size {saved_world})")], "Cannot resume")
+        problems.add("cluster.procs_per_node", spec.cluster.procs_per_node,
+                     f"world size {spec.world_size} differs from the checkpoint's {saved_world} "
+                     f"({latest.name}); resuming across world sizes is not supported yet",
+                     f"resume with the original layout (world size {saved_world})")
+    t = spec.training
+    if t.steps <= at:
+        done = "the run is complete" if t.steps == at else "it would end before its checkpoint"
+        problems.add("training.steps", t.steps,
+                     f"the newest checkpoint is at step {at} ({latest.name}): {done}",
+                     f"give training.steps > {at} to train on")
+    elif 0 < t.stop_at_step <= at:
+        problems.add("training.stop_at_step", t.stop_at_step,
+                     f"is not after the newest checkpoint's step {at}",
+                     f"give training.stop_at_step > {at}, or 0 to run to the end")
+    problems.raise_if_any("Cannot resume")
 
 
 def with_prepared_data(spec: RunSpec) -> RunSpec:

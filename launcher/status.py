@@ -28,7 +28,7 @@ def run_status(run_dir: Path) -> dict:
     status = {"run_dir": str(run_dir), "step": train[-1]["step"] if train else 0,
               "latest": train[-1] if train else {}, "val_loss": evals[-1]["val_loss"] if evals else None,
               "requeues": sum(1 for e in events if e.get("event") == "requeued"),
-              "state": state_from_files(run_dir)}
+              "state": state_from_files(run_dir), "legs": _legs(RunDir(run_dir))}
     jobs = recorded_jobs(run_dir)
     if jobs:
         job = job_state(jobs[-1]["job_id"])
@@ -38,6 +38,16 @@ def run_status(run_dir: Path) -> dict:
     if status["state"] in FAILED_STATES:
         status["log_tail"] = failure_tail(run_dir)
     return status
+
+
+def _legs(rd: RunDir) -> list[dict]:
+    """The run, then each `meshrun resume`: the overrides each was given."""
+    first = rd.read_overrides() if rd.overrides_file.is_file() else []
+    legs = [{"leg": 1, "command": "run", "overrides": first}]
+    for n, leg in enumerate(rd.read_resumes(), start=2):
+        legs.append({"leg": n, "command": "resume", "time": leg.get("time", ""),
+                     "overrides": leg.get("overrides", [])})
+    return legs
 
 
 def print_status(status: dict, console: Console) -> None:
@@ -57,6 +67,10 @@ def print_status(status: dict, console: Console) -> None:
             ("requeues", str(status["requeues"]))]
     if "elapsed" in status:
         rows += [("elapsed", status["elapsed"]), ("nodes", status["nodes"])]
+    for leg in status.get("legs", []):
+        when = f" {leg['time']}" if leg.get("time") else ""
+        rows.append((f"leg {leg['leg']} ({leg['command']}{when})",
+                     " ".join(leg["overrides"]) or "(no overrides)"))
     for what, value in rows:
         table.add_row(what, value)
     console.print(table)

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 
 import torch
 
-from conf.rundir import RunDir
+from conf.rundir import FAILED_EVENT, RunDir
+from conf.schema import NonFinite
 from training.checkpoint import save_checkpoint
 from training.dist import all_reduce_max, all_reduce_sum, barrier
 from training.export import export_hf, gather_full_state
@@ -26,8 +28,9 @@ def train(tr: TrainState) -> str:
     """Run from tr.step to training.stop_at_step (or training.steps), then wrap up.
 
     Returns the outcome: "finished", "paused" (stop_at_step), "stopped" or "requeued" (a
-    stop signal). W&B is always closed here, also on an error: ranks leave with os._exit,
-    so nothing may be left for interpreter-exit hooks to flush.
+    stop signal), "failed" (a non-finite loss with training.nonfinite=stop). W&B is always
+    closed here, also on an error: ranks leave with os._exit, so nothing may be left for
+    interpreter-exit hooks to flush.
     """
     t = tr.spec.training
     stop = t.stop_at_step or t.steps
@@ -40,6 +43,12 @@ def train(tr: TrainState) -> str:
             timer.begin()
             row = train_step(tr)
             row["step_time_s"] = timer.elapsed_s()
+            _add_throughput(tr, row)
+            if row.get("nonfinite"):
+                if t.nonfinite is NonFinite.stop:
+                    return fail_nonfinite(tr, row)
+                log.warning("step %d: non-finite loss %s or grad norm %s; update skipped",
+                            tr.step, row["loss"], row["grad_norm"])
             _after_step(tr, row, stop)
             if tr.stop_agreed:
                 return stop_early(tr)
@@ -76,6 +85,26 @@ def stop_early(tr: TrainState) -> str:
     return outcome
 
 
+def fail_nonfinite(tr: TrainState, row: dict) -> str:
+    """Every rank saw the same non-finite loss (it is all-reduced): stop without saving or
+    exporting, so the newest checkpoint stays the last finite state; record why."""
+    where = tr.last_checkpoint or "none was saved"
+    loss, norm = row["loss"], row["grad_norm"]
+    what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {norm} (loss {loss:.4f})"
+    message = (f"step {row['step']}: non-finite {what}; the run stopped, saving and exporting "
+               f"nothing (last finite checkpoint: {where}); lower optim.lr or check the data, "
+               "then `meshrun resume`")
+    log.error(message)
+    if tr.loggers is not None:
+        tr.loggers.log(row)
+        tr.loggers.event({"kind": "event", "event": FAILED_EVENT, "step": row["step"],
+                          "loss": row["loss"], "reason": "non-finite loss", "message": message})
+        tr.loggers.finish({"steps_done": row["step"], "failed": message}, exit_code=1)
+        tr.loggers = None
+    barrier()
+    return "failed"
+
+
 def train_step(tr: TrainState) -> dict:
     t, o = tr.spec.training, tr.spec.optim
     lr = lr_at(tr.step, schedule=tr.spec.schedule, peak_lr=o.lr, total_steps=t.steps)
@@ -85,24 +114,24 @@ def train_step(tr: TrainState) -> dict:
     micro_batches = tr.train_batches.next_step()
     loss = forward_backward(tr.model, micro_batches, device=tr.ctx.device,
                             autocast=tr.autocast, scaler=tr.scaler)
-    grad_norm = clip_and_step(tr.model, tr.optimizers, grad_clip=o.grad_clip, scaler=tr.scaler)
-    tr.step += 1
+    # The one host sync of the step's loss: reduced before the update, so a non-finite loss
+    # (the same value on every rank) is never applied to the weights.
     own_loss = float(loss.local_loss_sum) if tr.model.reports_loss else 0.0
     loss_sum, stop_votes = all_reduce_sum([own_loss, float(tr.stop.requested)], tr.ctx.device)
     tr.stop_agreed = stop_votes > 0
-    return {"kind": "train", "step": tr.step, "loss": loss_sum / loss.global_tokens,
-            "grad_norm": grad_norm, "lr": lr, "tokens": loss.global_tokens}
+    mean_loss = loss_sum / loss.global_tokens
+    grad_norm = clip_and_step(tr.model, tr.optimizers, grad_clip=o.grad_clip, scaler=tr.scaler,
+                              loss_finite=math.isfinite(mean_loss))
+    tr.step += 1
+    row = {"kind": "train", "step": tr.step, "loss": mean_loss, "grad_norm": grad_norm,
+           "lr": lr, "tokens": loss.global_tokens}
+    if not math.isfinite(mean_loss) or (tr.scaler is None and not math.isfinite(grad_norm)):
+        row["nonfinite"] = True  # no update was applied (clip_and_step)
+    return row
 
 
 def _after_step(tr: TrainState, row: dict, stop: int) -> None:
     t, c = tr.spec.training, tr.spec.checkpoint
-    tokens_per_s = row.pop("tokens") / row["step_time_s"]
-    per_device = tokens_per_s / tr.ctx.world_size
-    row.update(tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_device,
-               **mfu_fields(tokens_per_s_per_device=per_device,
-                            flops_per_token=tr.flops_per_token, peak=tr.peak),
-               tokens_seen=tr.step * t.tokens_per_step)
-    row.update(_max_memory(tr))
     if tr.loggers is not None and (tr.step % t.log_every == 0 or tr.step == stop):
         tr.loggers.log(row)
     if t.eval_every and tr.step % t.eval_every == 0 and tr.step < t.steps:
@@ -110,6 +139,18 @@ def _after_step(tr: TrainState, row: dict, stop: int) -> None:
     due = c.every_steps and tr.step % c.every_steps == 0
     if due or tr.step == stop:
         save(tr)
+
+
+def _add_throughput(tr: TrainState, row: dict) -> None:
+    """Tokens/s, MFU, tokens seen and memory (a collective: every rank calls it)."""
+    t = tr.spec.training
+    tokens_per_s = row.pop("tokens") / row["step_time_s"]
+    per_device = tokens_per_s / tr.ctx.world_size
+    row.update(tokens_per_s=tokens_per_s, tokens_per_s_per_device=per_device,
+               **mfu_fields(tokens_per_s_per_device=per_device,
+                            flops_per_token=tr.flops_per_token, peak=tr.peak),
+               tokens_seen=tr.step * t.tokens_per_step)
+    row.update(_max_memory(tr))
 
 
 def _max_memory(tr: TrainState) -> dict:

@@ -82,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or not RunDir(args[0]).is_run_dir:
         sys.stderr.write("usage: python -m training <run_dir> [--preflight-only]\n")
         return 2
-    record(run)(Path(args[0]).resolve(), preflight_only=preflight_only)
+    outcome = record(run)(Path(args[0]).resolve(), preflight_only=preflight_only)
     # Everything is written and every rank passed the final barrier: leave without running
     # interpreter-exit destructors of torch's C++ objects, which can deadlock at teardown.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(1 if outcome == "failed" else 0)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -98,14 +99,23 @@ def _micro_batch(model: ParallelModel, inputs: torch.Tensor, targets: torch.Tens
 
 
 def clip_and_step(model: ParallelModel, optimizers: list, *, grad_clip: float,
-                  scaler=None) -> float:
-    """Unscale (fp16), clip the global gradient norm, step, zero grads; return the norm."""
+                  scaler=None, loss_finite: bool = True) -> float:
+    """Unscale (fp16), clip the global gradient norm, step, zero grads; return the norm.
+
+    No update is applied when the step's loss is not finite (`loss_finite`, all-reduced, so
+    every rank agrees) or, without a loss scaler, when the global gradient norm is not."""
     params = model.parameters()
+    if not loss_finite:
+        for part in model.parts:
+            part.zero_grad(set_to_none=True)
+        return float("nan")
     if scaler is not None:
         scaler.unscale_(params)
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     norm = clip_grads(params, max_norm=max_norm, pp_group=model.group("pp"))
-    if scaler is None or scaler.update():
+    if scaler is None and not math.isfinite(norm):
+        pass  # an inf/nan gradient: stepping would write nan into every weight
+    elif scaler is None or scaler.update():
         for optimizer in optimizers:
             optimizer.step()
         if model.zero1 is not None:

@@ -173,7 +173,7 @@ def test_every_group_option_composes(group: str, option: str, tmp_path):
     host = H100 if (group, option) == ("precision", "fp8") else CPU
     if (group, option) == ("data", "files"):
         for split in ("train", "val"):
-            (tmp_path / f"{split}-000.bin").write_bytes(b"\0" * 64)
+            (tmp_path / f"{split}-000.bin").write_bytes(b"\5\0" * 300)  # 300 uint16 ids
         overrides += [f"data.train_files={tmp_path}/train-*.bin",
                       f"data.val_files={tmp_path}/val-*.bin"]
     if (group, option) == ("cluster", "nodes"):

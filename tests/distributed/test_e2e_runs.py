@@ -111,7 +111,9 @@ def test_a_failing_rank_fails_the_run_with_its_error(tmp_path):
     import numpy as np
 
     bad = tmp_path / "tokens.npy"
-    np.save(bad, np.full(4096, 999, dtype=np.int64))  # ids beyond the tiny model's vocab of 256
+    tokens = np.arange(4096, dtype=np.int64) % 200
+    tokens[1500:2500] = 999  # beyond the tiny vocab of 256, between the head and tail that
+    np.save(bad, tokens)     # resolve() samples: only a rank reading it finds them
     result = meshrun("run", *SMALL, "data=files", f"data.train_files={bad}",
                      f"data.val_files={bad}", f"runs_dir={tmp_path / 'runs'}")
     assert result.returncode != 0

@@ -87,7 +87,9 @@ def test_rerunning_the_sweep_skips_completed_points(four_points):
 def test_a_failing_point_fails_alone_and_retry_reruns_only_it(tmp_path):
     good, bad = tmp_path / "good.npy", tmp_path / "bad.npy"
     np.save(good, (np.arange(4096) % 200).astype(np.int64))
-    np.save(bad, np.full(4096, 999, dtype=np.int64))  # ids beyond the tiny model's vocab (256)
+    tokens = np.arange(4096, dtype=np.int64) % 200
+    tokens[1500:2500] = 999  # beyond the tiny vocab (256), between the head and tail that
+    np.save(bad, tokens)     # resolve() samples: only a rank reading it finds them
     sweep_dir = tmp_path / "sweep"
     first = meshrun("sweep", "--yes", "--parallel", "2", "--dir", str(sweep_dir), *TINY,
                     "data=files", f"data.val_files={good}", f"data.train_files={bad},{good}")

@@ -35,3 +35,22 @@ def test_a_failure_while_writing_leaves_no_run_dir(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         make(spec)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_leg_overrides_follow_the_newest_resume(tmp_path):
+    """A plain resume continues with the newest leg's overrides, not the first run's."""
+    import json as _json
+
+    from conf.rundir import LEG_UNPAUSE, RunDir
+
+    rd = RunDir(tmp_path)
+    rd.overrides_file.write_text(_json.dumps(["training.steps=20", "training.stop_at_step=5"]))
+    assert rd.leg_overrides() == ["training.steps=20", "training.stop_at_step=5"]
+    effective = rd.leg_overrides() + [LEG_UNPAUSE, "training.steps=40", "training.stop_at_step=10"]
+    rd.append_resume(time="t1", overrides=["training.steps=40", "training.stop_at_step=10"],
+                     effective=effective)
+    assert rd.leg_overrides() == effective
+    with open(rd.resumes_file, "a") as f:  # a line written before effective was recorded
+        f.write(_json.dumps({"time": "t2", "overrides": ["optim.lr=1e-3"]}) + "\n{torn")
+    assert rd.leg_overrides() == effective + [LEG_UNPAUSE, "optim.lr=1e-3"]
+    assert [r["time"] for r in rd.read_resumes()] == ["t1", "t2"]
