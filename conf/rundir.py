@@ -10,6 +10,7 @@ all name the run dir's files through this module, so its layout is written down 
               env.json           Python/torch versions, host, git state
               wandb_id.txt       the W&B run id (one W&B run across resumes and requeues)
               resumes.jsonl      one line per `meshrun resume`
+              launcher.lock      held (flock) by the one launcher driving the run: host, pid, start
               logs/rank<R>.log   each rank's log; logs/torchrun.log, logs/launcher.log
               metrics.jsonl      one JSON row per train step / eval / event (rank 0 appends)
               summary.json       the final numbers (rank 0, only when the last step is done)
@@ -42,6 +43,7 @@ COMMAND_FILE = "command.txt"
 ENV_FILE = "env.json"
 WANDB_ID_FILE = "wandb_id.txt"
 RESUMES_FILE = "resumes.jsonl"
+LOCK_FILE = "launcher.lock"
 LOGS_DIR = "logs"
 TORCHRUN_LOG = "torchrun.log"
 LAUNCHER_LOG = "launcher.log"
@@ -83,6 +85,7 @@ class RunDir:
     env_file = property(lambda self: self.path / ENV_FILE)
     wandb_id_file = property(lambda self: self.path / WANDB_ID_FILE)
     resumes_file = property(lambda self: self.path / RESUMES_FILE)
+    lock_file = property(lambda self: self.path / LOCK_FILE)
     logs_dir = property(lambda self: self.path / LOGS_DIR)
     torchrun_log = property(lambda self: self.path / LOGS_DIR / TORCHRUN_LOG)
     launcher_log = property(lambda self: self.path / LOGS_DIR / LAUNCHER_LOG)

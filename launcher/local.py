@@ -1,6 +1,7 @@
 """Launch a run dir on this machine: `torchrun --standalone` with one process per rank."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 from conf.rundir import RunDir
 from conf.spec import RunSpec
 from launcher.progress import watch_run
+from launcher.runlock import RunLock, acquire_run_lock
 
 RUN_DIR_PLACEHOLDER = "<run_dir>"
 
@@ -32,14 +34,21 @@ def rank_environment(spec: RunSpec) -> dict[str, str]:
 
 
 def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
-                 preflight_only: bool = False) -> int:
-    """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status."""
+                 preflight_only: bool = False, lock: RunLock | None = None) -> int:
+    """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status.
+
+    Holds the run dir's lock (`lock`, or one taken here) and hands it on to torchrun.
+    """
     command = [str(run_dir) if part == RUN_DIR_PLACEHOLDER else part
                for part in torchrun_command(spec, preflight_only=preflight_only)]
     log_path = RunDir(run_dir).torchrun_log
-    with open(log_path, "ab") as log:
+    with contextlib.ExitStack() as stack:
+        if lock is None:
+            lock = stack.enter_context(acquire_run_lock(run_dir, action="run"))
+        log = stack.enter_context(open(log_path, "ab"))
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                env=rank_environment(spec), start_new_session=True)
+                                env=rank_environment(spec), start_new_session=True,
+                                pass_fds=(lock.fd,))
         # SIGTERM/SIGHUP to the launcher act like Ctrl-C: the ranks checkpoint and stop,
         # instead of training on detached in their own session.
         for sig in (signal.SIGTERM, signal.SIGHUP):
