@@ -10,6 +10,7 @@ from pathlib import Path
 
 from conf.rundir import RunDir
 from conf.spec import RunSpec
+from launcher.lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
 from launcher.progress import watch_run
 from launcher.runlock import RunLock, acquire_run_lock
 
@@ -30,6 +31,7 @@ def rank_environment(spec: RunSpec) -> dict[str, str]:
         threads = max(1, spec.host.cpu_count // spec.cluster.procs_per_node)
         env.setdefault("OMP_NUM_THREADS", str(threads))
     env["PYTHONUNBUFFERED"] = "1"
+    env[RANK_DIES_WITH_PARENT_ENV] = "1"
     return env
 
 
@@ -37,7 +39,8 @@ def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
                  preflight_only: bool = False, lock: RunLock | None = None) -> int:
     """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status.
 
-    Holds the run dir's lock (`lock`, or one taken here) and hands it on to torchrun.
+    Holds the run dir's lock (`lock`, or one taken here) and hands it on to torchrun, which
+    dies with this process (SIGTERM: its ranks checkpoint and stop; see launcher.lifetime).
     """
     command = [str(run_dir) if part == RUN_DIR_PLACEHOLDER else part
                for part in torchrun_command(spec, preflight_only=preflight_only)]
@@ -48,7 +51,7 @@ def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
         log = stack.enter_context(open(log_path, "ab"))
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                 env=rank_environment(spec), start_new_session=True,
-                                pass_fds=(lock.fd,))
+                                pass_fds=(lock.fd,), preexec_fn=parent_death_preexec())
         # SIGTERM/SIGHUP to the launcher act like Ctrl-C: the ranks checkpoint and stop,
         # instead of training on detached in their own session.
         for sig in (signal.SIGTERM, signal.SIGHUP):
