@@ -134,3 +134,31 @@ def test_two_concurrent_resumes_one_refused_by_name_no_row_lost(tmp_path):
     steps = [r["step"] for r in rows if r.get("kind") == "train"]
     assert steps == list(range(1, 13)), steps  # every step once, none lost or doubled
     assert len((run_dir / "resumes.jsonl").read_text().splitlines()) == 1
+
+
+def rank_pid(runs: Path, rank: int) -> int:
+    for line in survivors(str(runs)):
+        pid = int(line.split(":")[0])
+        if " -m training " in line:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"RANK={rank}".encode() in env:
+                return pid
+    raise AssertionError(f"no rank {rank} process")
+
+
+def test_status_names_the_rank_that_was_killed_not_its_peer(tmp_path):
+    runs = tmp_path / "runs"
+    launcher = start(runs, tmp_path)
+    try:
+        run_dir = wait_for(lambda: training_started(runs), 180, "the first train step")
+        os.kill(rank_pid(runs, 1), signal.SIGKILL)
+        assert launcher.wait(timeout=120) not in (0, 130)
+        status = subprocess.run(meshrun("status", str(run_dir)), cwd=REPO, env=ENV,
+                                capture_output=True, text=True, timeout=120)
+        assert "rank 1 failed first (killed by SIGKILL" in status.stdout, status.stdout
+        assert "rank1.log" in status.stdout and "Connection" not in status.stdout
+        err = (tmp_path / "err.txt").read_text()
+        assert "rank 1 failed first" in err, err
+    finally:
+        for line in survivors(str(runs)):
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
