@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conf.rundir import RunDir, RunState, checkpoint_step, state_from_files
+
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -73,6 +75,14 @@ def test_sigkilled_launcher_takes_its_ranks_with_it(tmp_path):
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
         assert_nothing_survives(runs)
+        # torchrun got SIGTERM from the kernel and passed it on: the ranks saved and stopped
+        run_dir = training_started(runs)
+        assert state_from_files(run_dir) is RunState.stopped
+        step = checkpoint_step(RunDir(run_dir).latest_checkpoint())
+        resumed = subprocess.run(meshrun("resume", str(run_dir), f"training.steps={step + 2}"),
+                                 cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "taking over the stale lock" in resumed.stderr  # the killed launcher's record
     finally:
         for line in survivors(str(runs)):
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
