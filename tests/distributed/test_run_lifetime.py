@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 LONG = ["model=tiny", "training.steps=100000", "training.seq_len=32", "training.eval_every=0",
-        "checkpoint.every_steps=100000", "logging=disabled"]
+        "schedule.warmup_steps=1", "checkpoint.every_steps=100000", "logging=disabled"]
 
 
 def meshrun(*args: str) -> list[str]:
