@@ -67,11 +67,11 @@ def watch_run(proc, *, run_dir: Path, spec: RunSpec, show_progress: bool) -> int
             _follow_plain(proc, tail, spec, console, local=local)
     except (KeyboardInterrupt, BrokenPipeError) as stop:
         if not local:
-            console.print(f"[yellow]detached; the job runs on: meshrun status {run_dir}")
+            _say(console, f"[yellow]detached; the job runs on: meshrun status {run_dir}")
             return 130
         _stop_ranks(proc, console, why="output closed" if isinstance(stop, BrokenPipeError)
                     else "stopping")
-        console.print(f"[yellow]stopped; resume with: meshrun resume {run_dir}")
+        _say(console, f"[yellow]stopped; resume with: meshrun resume {run_dir}")
         return 130
     return proc.returncode
 
@@ -92,8 +92,9 @@ def _stop_ranks(proc: subprocess.Popen, console: Console, *, why: str) -> None:
     """SIGTERM torchrun (it forwards it; the ranks checkpoint and stop) and wait; a second
     SIGINT/SIGTERM/SIGHUP meanwhile SIGKILLs torchrun and every rank at once."""
     def kill_now(signum: int, frame) -> None:
-        _say(console, "[red]second signal: killing the ranks now (no checkpoint)")
-        kill_tree(proc.pid)
+        if proc.returncode is None:  # never after the wait: its pid may be another's by then
+            _say(console, "[red]second signal: killing the ranks now (no checkpoint)")
+            kill_tree(proc.pid)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, kill_now)
