@@ -11,6 +11,7 @@ all name the run dir's files through this module, so its layout is written down 
               wandb_id.txt       the W&B run id (one W&B run across resumes and requeues)
               resumes.jsonl      one line per `meshrun resume` leg: time, the overrides it
                                  was given, the effective overrides it composed from
+              launcher.lock      held (flock) by the one launcher driving the run: host, pid, start
               logs/rank<R>.log   each rank's log; logs/torchrun.log, logs/launcher.log
               metrics.jsonl      one JSON row per train step / eval / event (rank 0 appends)
               summary.json       the final numbers (rank 0, only when the last step is done)
@@ -43,6 +44,7 @@ COMMAND_FILE = "command.txt"
 ENV_FILE = "env.json"
 WANDB_ID_FILE = "wandb_id.txt"
 RESUMES_FILE = "resumes.jsonl"
+LOCK_FILE = "launcher.lock"
 LOGS_DIR = "logs"
 TORCHRUN_LOG = "torchrun.log"
 LAUNCHER_LOG = "launcher.log"
@@ -88,6 +90,7 @@ class RunDir:
     env_file = property(lambda self: self.path / ENV_FILE)
     wandb_id_file = property(lambda self: self.path / WANDB_ID_FILE)
     resumes_file = property(lambda self: self.path / RESUMES_FILE)
+    lock_file = property(lambda self: self.path / LOCK_FILE)
     logs_dir = property(lambda self: self.path / LOGS_DIR)
     torchrun_log = property(lambda self: self.path / LOGS_DIR / TORCHRUN_LOG)
     launcher_log = property(lambda self: self.path / LOGS_DIR / LAUNCHER_LOG)
@@ -195,19 +198,55 @@ def history(rows) -> list[dict]:
     return kept
 
 
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)"
+    r"[^\n]*?(?:\((SIG[A-Z0-9]+)\))?\s*\n", re.S)
+COLLATERAL_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")
+"""A rank whose error says one of these failed because a peer died first (gloo/NCCL)."""
+
+
+def first_failure(run_dir: Path) -> tuple[int, int, str] | None:
+    """torchrun's verdict from its log's last error summary: (rank, exit code, signal name or
+    "") of the "Root Cause (first observed failure)", or None where there is none."""
+    log = RunDir(run_dir).torchrun_log
+    if not log.exists():
+        return None
+    found = _ROOT_CAUSE.findall(log.read_text(errors="replace"))
+    if not found:
+        return None
+    rank, code, sig = found[-1]
+    return int(rank), int(code), sig
+
+
 def failure_tail(run_dir: Path, lines: int = 30) -> str:
-    """The last lines of the most relevant log: a rank log with a traceback, else torchrun's."""
+    """The last lines of the most relevant log: the rank torchrun reports as the first failure
+    (a SIGKILLed rank's log ends without an error, while its peers' logs hold "connection
+    closed by peer" tracebacks); else a rank log whose error is not a peer's death; else any
+    rank log with an error; else torchrun's. A run the loop itself stopped (a non-finite
+    loss) says why in its "failed" event: that message comes first."""
     rd = RunDir(run_dir)
     failed = [r for r in rd.read_rows() if r.get("event") == FAILED_EVENT and "message" in r]
     if failed:  # the loop said why it stopped: that is the tail worth showing
         return str(failed[-1]["message"])
+
+    def tail(log: Path, head: str = "") -> str:
+        text = log.read_text(errors="replace")
+        return f"{head}{log}:\n" + "\n".join(text.splitlines()[-lines:])
+
+    first = first_failure(run_dir)
+    if first is not None and rd.rank_log(first[0]).exists():
+        rank, code, sig = first
+        how = f"killed by {sig or f'signal {-code}'}" if code < 0 else f"exit code {code}"
+        return tail(rd.rank_log(rank), f"rank {rank} failed first ({how}, says torchrun); ")
+    with_errors = []
     for log in rd.rank_logs():
         text = log.read_text(errors="replace")
         if "Traceback" in text or "Error" in text:
-            return f"{log}:\n" + "\n".join(text.splitlines()[-lines:])
+            with_errors.append((any(m in text.lower() for m in COLLATERAL_MARKERS), log))
+    if with_errors:
+        return tail(min(with_errors, key=lambda item: item[0])[1])
     if rd.torchrun_log.exists():
-        text = rd.torchrun_log.read_text(errors="replace")
-        return f"{rd.torchrun_log}:\n" + "\n".join(text.splitlines()[-lines:])
+        return tail(rd.torchrun_log)
     return "(no logs)"
 
 

@@ -6,6 +6,7 @@ path imports torch.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from conf.errors import ConfigError
 from launcher import commands
 
 EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a process killed by it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         Console(stderr=True).print(str(err), markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # our reader went away (`meshrun ... | head`): no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def show_status(run_dir: Path, *, as_json: bool, console: Console) -> int:

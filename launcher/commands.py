@@ -26,6 +26,7 @@ from launcher.progress import print_failure, watch_run
 from launcher.slurm import SubmissionFailed, render_sbatch, submit
 from launcher.slurm_state import SlurmJobHandle
 from launcher.rundir import create_run_dir, new_run_dir_path, render_command
+from launcher.runlock import RunLock, acquire_run_lock
 from launcher.summary import print_summary
 from launcher.view import print_plan
 from parallel.cost.plan import make_plan
@@ -67,7 +68,8 @@ def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = F
     run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text, command=command)
     console.print(f"run dir: {run_dir}", markup=False)
     with removed_if_not_submitted(run_dir, console=console):
-        return _launch(spec, run_dir, console=console, wait=wait)
+        with acquire_run_lock(run_dir, action="run") as lock:
+            return _launch(spec, run_dir, console=console, wait=wait, lock=lock)
 
 
 def launch_command(spec: RunSpec) -> list[str]:
@@ -100,7 +102,7 @@ def print_launch(spec: RunSpec, run_dir: Path, command: list[str], console: Cons
 
 
 def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
-            preflight_only: bool = False) -> int:
+            preflight_only: bool = False, lock: RunLock | None = None) -> int:
     if spec.cluster.kind == "nodes":
         print_launch(spec, run_dir, [], console)
         console.print("start each command on its node (node_rank 0 on cluster.rdzv_host)",
@@ -116,7 +118,7 @@ def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
         status = watch_run(job, run_dir=run_dir, spec=spec, show_progress=spec.logging.progress)
     else:
         status = launch_local(spec, run_dir, show_progress=spec.logging.progress,
-                              preflight_only=preflight_only)
+                              preflight_only=preflight_only, lock=lock)
     if status == 0:
         print_preflight(run_dir, console) if preflight_only else print_summary(run_dir, console)
     elif status != 130:
@@ -155,8 +157,16 @@ def print_preflight(run_dir: Path, console: Console) -> None:
 def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool = False) -> int:
     """Continue `run_dir` from its newest complete checkpoint, in the same dir and W&B run,
     with the newest leg's overrides (then these). Refused (exit 2) before anything is
-    written: spec.json and resumes.jsonl change only for a leg that launches."""
-    effective = _stored_overrides(run_dir) + [LEG_UNPAUSE] + overrides
+    written: spec.json and resumes.jsonl change only for a leg that launches, and never while
+    another launcher holds the run dir's lock."""
+    stored = _stored_overrides(run_dir)
+    with acquire_run_lock(run_dir, action="resume") as lock:
+        return _resume_locked(run_dir, stored, overrides, lock, console=console, wait=wait)
+
+
+def _resume_locked(run_dir: Path, stored: list[str], overrides: list[str], lock: RunLock, *,
+                   console: Console, wait: bool) -> int:
+    effective = stored + [LEG_UNPAUSE] + overrides
     spec, _ = compose_spec(effective + [f"checkpoint.resume_from={run_dir}"])
     _check_resumable(run_dir, spec)
     spec = with_prepared_data(spec)
@@ -165,7 +175,7 @@ def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool 
     rd.append_resume(time=time.strftime("%Y-%m-%dT%H:%M:%S"), overrides=overrides,
                      effective=effective)
     console.print(f"resuming {run_dir}", markup=False)
-    return _launch(spec, run_dir, console=console, wait=wait)
+    return _launch(spec, run_dir, console=console, wait=wait, lock=lock)
 
 
 def _stored_overrides(run_dir: Path) -> list[str]:

@@ -1,6 +1,7 @@
 """Launch a run dir on this machine: `torchrun --standalone` with one process per rank."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,7 +10,9 @@ from pathlib import Path
 
 from conf.rundir import RunDir
 from conf.spec import RunSpec
+from launcher.lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
 from launcher.progress import watch_run
+from launcher.runlock import RunLock, acquire_run_lock
 
 RUN_DIR_PLACEHOLDER = "<run_dir>"
 
@@ -28,18 +31,27 @@ def rank_environment(spec: RunSpec) -> dict[str, str]:
         threads = max(1, spec.host.cpu_count // spec.cluster.procs_per_node)
         env.setdefault("OMP_NUM_THREADS", str(threads))
     env["PYTHONUNBUFFERED"] = "1"
+    env[RANK_DIES_WITH_PARENT_ENV] = "1"
     return env
 
 
 def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
-                 preflight_only: bool = False) -> int:
-    """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status."""
+                 preflight_only: bool = False, lock: RunLock | None = None) -> int:
+    """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status.
+
+    Holds the run dir's lock (`lock`, or one taken here) and hands it on to torchrun, which
+    dies with this process (SIGTERM: its ranks checkpoint and stop; see launcher.lifetime).
+    """
     command = [str(run_dir) if part == RUN_DIR_PLACEHOLDER else part
                for part in torchrun_command(spec, preflight_only=preflight_only)]
     log_path = RunDir(run_dir).torchrun_log
-    with open(log_path, "ab") as log:
+    with contextlib.ExitStack() as stack:
+        if lock is None:
+            lock = stack.enter_context(acquire_run_lock(run_dir, action="run"))
+        log = stack.enter_context(open(log_path, "ab"))
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                env=rank_environment(spec), start_new_session=True)
+                                env=rank_environment(spec), start_new_session=True,
+                                pass_fds=(lock.fd,), preexec_fn=parent_death_preexec())
         # SIGTERM/SIGHUP to the launcher act like Ctrl-C: the ranks checkpoint and stop,
         # instead of training on detached in their own session.
         for sig in (signal.SIGTERM, signal.SIGHUP):

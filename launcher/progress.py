@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from conf.rundir import RunDir, failure_tail, parse_metrics_line
 from conf.spec import RunSpec
+from launcher.lifetime import kill_tree, output_gone
 
 POLL_S = 0.5
 PLAIN_LINES = 10  # progress lines printed when the output is not a terminal
@@ -54,24 +55,26 @@ def describe(row: dict) -> str:
 def watch_run(proc, *, run_dir: Path, spec: RunSpec, show_progress: bool) -> int:
     """Wait for `proc` (a Popen, or anything with poll() and returncode), showing progress.
 
-    Ctrl-C stops a local job (its ranks checkpoint first); a Slurm job keeps running.
+    Ctrl-C stops a local job (its ranks checkpoint first; a second Ctrl-C kills them now);
+    so does the reader of our output going away (`meshrun run | head -1`). A Slurm job keeps
+    running.
     """
-    console = Console(stderr=True)
+    console = _Console(stderr=True)
     tail = MetricsTail(RunDir(run_dir).metrics_file)
     live = show_progress and console.is_terminal
+    local = isinstance(proc, subprocess.Popen)
     try:
         if live:
-            _follow_live(proc, tail, spec, console)
+            _follow_live(proc, tail, spec, console, local=local)
         else:
-            _follow_plain(proc, tail, spec, console)
-    except KeyboardInterrupt:
-        if not isinstance(proc, subprocess.Popen):
-            console.print(f"[yellow]detached; the job runs on: meshrun status {run_dir}")
+            _follow_plain(proc, tail, spec, console, local=local)
+    except (KeyboardInterrupt, BrokenPipeError) as stop:
+        if not local:
+            _say(console, f"[yellow]detached; the job runs on: meshrun status {run_dir}")
             return 130
-        console.print("[yellow]stopping: the ranks finish their step and save a checkpoint...")
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
-        console.print(f"[yellow]stopped; resume with: meshrun resume {run_dir}")
+        _stop_ranks(proc, console, why="output closed" if isinstance(stop, BrokenPipeError)
+                    else "stopping")
+        _say(console, f"[yellow]stopped; resume with: meshrun resume {run_dir}")
         return 130
     return proc.returncode
 
@@ -103,13 +106,58 @@ class MetricsColumn(TextColumn):
         return text
 
 
-def _follow_live(proc, tail: MetricsTail, spec: RunSpec, console: Console) -> None:
+class _Console(Console):
+    """A console whose broken pipe raises BrokenPipeError (rich's default exits the process,
+    which would leave the ranks to their parent-death signal)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.file.fileno())
+        os.close(devnull)
+        raise BrokenPipeError
+
+
+def _stop_ranks(proc: subprocess.Popen, console: Console, *, why: str) -> None:
+    """SIGTERM torchrun (it forwards it; the ranks checkpoint and stop) and wait; a second
+    SIGINT/SIGTERM/SIGHUP meanwhile SIGKILLs torchrun and every rank at once."""
+    def kill_now(signum: int, frame) -> None:
+        if proc.returncode is None:  # never after the wait: its pid may be another's by then
+            _say(console, "[red]second signal: killing the ranks now (no checkpoint)")
+            kill_tree(proc.pid)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, kill_now)
+    _say(console, f"[yellow]{why}: the ranks finish their step and save a checkpoint "
+                  "(Ctrl-C again to kill them now)...")
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _say(console: Console, text: str) -> None:
+    try:
+        console.print(text)
+    except BrokenPipeError:
+        pass
+
+
+def _check_output(local: bool) -> None:
+    if local and output_gone():
+        raise BrokenPipeError
+
+
+def _follow_live(proc, tail: MetricsTail, spec: RunSpec, console: Console, *,
+                 local: bool) -> None:
     last_val = {}
     columns = progress_columns(terminal_columns=console.width)
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("starting ranks...", total=spec.training.steps)
         while proc.poll() is None:
             time.sleep(POLL_S)
+            _check_output(local)
             for row in tail.new_rows():
                 if row.get("kind") == "eval":
                     last_val = {"val_loss": row["val_loss"]}
@@ -117,7 +165,8 @@ def _follow_live(proc, tail: MetricsTail, spec: RunSpec, console: Console) -> No
                     progress.update(task, completed=row["step"], description=describe({**row, **last_val}))
 
 
-def _follow_plain(proc, tail: MetricsTail, spec: RunSpec, console: Console) -> None:
+def _follow_plain(proc, tail: MetricsTail, spec: RunSpec, console: Console, *,
+                  local: bool) -> None:
     every = max(1, spec.training.steps // PLAIN_LINES)
     last_val = {}
     while True:
@@ -131,6 +180,7 @@ def _follow_plain(proc, tail: MetricsTail, spec: RunSpec, console: Console) -> N
                               f"{describe({**row, **last_val})}")
         if done:
             return
+        _check_output(local)
         time.sleep(POLL_S)
 
 

@@ -2,8 +2,10 @@
 
 What a run dir holds, and under which names, is `conf.rundir`'s to say; this writes one.
 
-A run dir is written whole into a temporary folder and renamed into place, so a failure while
-writing never leaves a half-made run dir, and an existing run dir is never overwritten.
+A run dir's name is claimed by an atomic mkdir, its files are written whole into a private
+temporary folder and renamed over the claimed (empty) name, so a failure while writing never
+leaves a half-made run dir, an existing run dir is never overwritten, and any number of
+processes creating run dirs of one name at once each get their own.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -32,23 +35,45 @@ def safe_name(text: str) -> str:
 
 
 def new_run_dir_path(spec: RunSpec, *, now: float | None = None) -> Path:
-    """runs_dir/<name>-<YYYYmmdd-HHMMSS>, with a numeric suffix if that already exists."""
+    """runs_dir/<name>-<YYYYmmdd-HHMMSS>, with a numeric suffix if that already exists
+    (what the next run would get; `create_run_dir` claims its name atomically)."""
+    return next(p for p in _candidate_paths(spec, now=now) if not p.exists())
+
+
+def _candidate_paths(spec: RunSpec, *, now: float | None = None):
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     base = Path(spec.runs_dir) / f"{safe_name(spec.name)}-{stamp}"
-    path, n = base, 1
-    while path.exists() or path.with_name(path.name + ".tmp").exists():
+    yield base
+    n = 1
+    while True:
         n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
+        yield base.with_name(f"{base.name}-{n}")
+
+
+def claim_run_dir_path(spec: RunSpec) -> Path:
+    """Claim the first free candidate name by creating it (mkdir is atomic: of any number of
+    processes racing for one name, exactly one gets it and the others move on to the next)."""
+    Path(spec.runs_dir).mkdir(parents=True, exist_ok=True)
+    for path in _candidate_paths(spec):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("unreachable")
 
 
 def create_run_dir(spec: RunSpec, *, overrides: list[str], config_yaml: str,
                    command: list[str]) -> Path:
-    """Write the run dir atomically; return its path. Raises FileExistsError, never overwrites."""
-    final = new_run_dir_path(spec)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(final.name + ".tmp")
-    tmp.mkdir()
+    """Write the run dir atomically; return its path. Never overwrites, never races: the name
+    is claimed as an empty folder, the files are written into a private temporary folder
+    beside it, and that is renamed over the (still empty) claimed folder in one step."""
+    final = claim_run_dir_path(spec)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    except BaseException:
+        final.rmdir()
+        raise
     try:
         rd = RunDir(tmp)
         rd.write_spec(spec)
@@ -58,11 +83,22 @@ def create_run_dir(spec: RunSpec, *, overrides: list[str], config_yaml: str,
         rd.env_file.write_text(json.dumps(environment_record(), indent=2) + "\n")
         rd.wandb_id_file.write_text(secrets.token_hex(4) + "\n")
         rd.logs_dir.mkdir()
-        os.rename(tmp, final)  # fails if `final` appeared meanwhile: never overwrite
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; a run dir is a plain folder
+        os.rename(tmp, final)  # replaces only an empty folder: ours, claimed above
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            final.rmdir()
+        except OSError:
+            pass
         raise
     return final
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def render_command(command: list[str], *, run_dir: Path) -> str:

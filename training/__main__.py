@@ -1,5 +1,11 @@
+import os
 import sys
 
-from training.main import main
+if os.environ.get("MESHRUN_RANK_DIES_WITH_PARENT"):  # set by launcher.local (see launcher.lifetime)
+    from training.preemption import die_with_parent
+
+    die_with_parent()
+
+from training.main import main  # noqa: E402
 
 sys.exit(main())

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 
 log = logging.getLogger("meshrun.preemption")
 
@@ -31,6 +32,18 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return bool(self.signal_name)
+
+
+def die_with_parent() -> None:
+    """SIGKILL this rank when its parent (torchrun) dies: nobody would stop or reap it. Linux
+    only (PR_SET_PDEATHSIG); the launcher asks for it through MESHRUN_RANK_DIES_WITH_PARENT."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # torchrun died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def slurm_job_id() -> str:

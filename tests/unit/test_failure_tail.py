@@ -1,0 +1,54 @@
+"""failure_tail shows the log of the rank that failed first, not a peer's collateral error."""
+from __future__ import annotations
+
+from conf.rundir import RunDir, failure_tail, first_failure
+
+SUMMARY = """
+Failures:
+[1]:
+  time      : 2026-12-01_03:44:30
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 9425)
+  traceback : RuntimeError: Connection closed by peer
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_03:44:30
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 9426)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 9426
+============================================================
+"""
+
+
+def write_logs(tmp_path, torchrun: str | None) -> RunDir:
+    rd = RunDir(tmp_path)
+    rd.logs_dir.mkdir()
+    rd.rank_log(0).write_text("step 1\nTraceback (most recent call last):\n"
+                              "RuntimeError: [pair.cc:537] Connection closed by peer\n")
+    rd.rank_log(1).write_text("step 1\nstep 2\n")
+    if torchrun is not None:
+        rd.torchrun_log.write_text(torchrun)
+    return rd
+
+
+def test_torchruns_first_failure_wins_over_a_peer_traceback(tmp_path):
+    write_logs(tmp_path, "an older leg\n" + SUMMARY)
+    assert first_failure(tmp_path) == (1, -9, "SIGKILL")
+    text = failure_tail(tmp_path)
+    assert text.startswith("rank 1 failed first (killed by SIGKILL, says torchrun)")
+    assert "rank1.log" in text and "Connection closed" not in text
+
+
+def test_without_torchrun_a_peer_death_error_ranks_last(tmp_path):
+    rd = write_logs(tmp_path, None)
+    rd.rank_log(1).write_text("Traceback (most recent call last):\nValueError: bad token\n")
+    assert "rank1.log" in failure_tail(tmp_path)
+
+
+def test_an_exit_code_failure_is_reported_as_such(tmp_path):
+    write_logs(tmp_path, SUMMARY.replace("-9 (pid: 9426)  (SIGKILL)", "1 (pid: 9426)"))
+    assert failure_tail(tmp_path).startswith("rank 1 failed first (exit code 1, says torchrun)")
