@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Callable
 
 from conf.errors import ProblemList
-from conf.rundir import CHECKPOINTS_DIR, META_FILENAME, RunDir, find_checkpoint
+from conf.rundir import CHECKPOINTS_DIR, RunDir, find_checkpoint
+from conf.checkpoint_dirs import META_FILENAME
 from conf.schema import (
     CheckpointConfig, ClusterConfig, ClusterKind, DataConfig, DataKind, DeviceKind, OptimConfig,
     Precision, ScheduleConfig, ScheduleKind, TrainingConfig,

@@ -1,4 +1,4 @@
-"""The run dir, owned here: every name in it, the checkpoint folders, and the readers.
+"""The run dir, owned here: every name in it, its readers, and the run states.
 
 Torch-free and hydra-free: the launcher, the sweeps, `meshrun status`/`compare` and the ranks
 all name the run dir's files through this module, so its layout is written down once::
@@ -20,11 +20,7 @@ all name the run dir's files through this module, so its layout is written down 
               export/            the safetensors export (Hugging Face layout)
               slurm/jobs.json    the Slurm submissions (slurm/<job id>/ are submitit's folders)
 
-Under checkpoints/ (or any checkpoint root)::
-
-    step_00000100/          complete: has meta.json and DCP's .metadata
-    step_00000200.tmp/      being written, or left by a crash: never resumed from
-    step_00000200.old/      a replaced checkpoint, about to be deleted: never resumed from
+Checkpoint folders and the complete-checkpoint rule: conf/checkpoint_dirs.py.
 """
 from __future__ import annotations
 
@@ -34,6 +30,7 @@ import statistics
 from enum import Enum
 from pathlib import Path
 
+from conf.checkpoint_dirs import is_complete_checkpoint, latest_checkpoint
 from conf.spec import RunSpec
 from conf.spec_io import read_spec, write_spec
 
@@ -56,12 +53,6 @@ EXPORT_DIR = "export"
 SLURM_DIR = "slurm"
 JOBS_FILE = "jobs.json"
 
-META_FILENAME = "meta.json"
-DCP_METADATA_FILENAME = ".metadata"
-TMP_SUFFIX = ".tmp"
-REPLACED_SUFFIX = ".old"
-_COMPLETE_NAME = re.compile(r"^step_(\d{8,})$")
-_STALE_NAME = re.compile(r"^step_\d{8,}\.(tmp|old)$")
 
 
 LEG_UNPAUSE = "training.stop_at_step=0"
@@ -377,91 +368,10 @@ def state_after_exit(run_dir: Path, *, exit_status: int | None, launcher_alive: 
     return RunState.failed
 
 
-# --- checkpoint folders: names and the one complete-checkpoint rule -------------------------------
-
-def step_dir_name(step: int) -> str:
-    """`step_00000042` for step 42 (zero-padded so names sort like steps)."""
-    if step < 0:
-        raise ValueError(f"checkpoint step must be >= 0, got {step}")
-    return f"step_{step:08d}"
-
-
-def step_dir(root: Path, *, step: int) -> Path:
-    """Where the complete checkpoint of `step` lives."""
-    return Path(root) / step_dir_name(step)
-
-
-def tmp_step_dir(root: Path, *, step: int) -> Path:
-    """Where the checkpoint of `step` is written before it is published by a rename."""
-    return Path(root) / (step_dir_name(step) + TMP_SUFFIX)
-
-
-def replaced_step_dir(root: Path, *, step: int) -> Path:
-    """Where an existing checkpoint of `step` is moved while a new one takes its name."""
-    return Path(root) / (step_dir_name(step) + REPLACED_SUFFIX)
-
-
-def checkpoint_step(path: Path) -> int | None:
-    """The step encoded in a complete-checkpoint folder name, or None for any other name."""
-    match = _COMPLETE_NAME.match(Path(path).name)
-    return int(match.group(1)) if match else None
-
-
-def is_complete_checkpoint(path: Path) -> bool:
-    """THE rule: a published `step_N` folder (no .tmp/.old suffix) holding meta.json and DCP's
-    .metadata. Nothing else is resumed or loaded from."""
-    path = Path(path)
-    return (
-        checkpoint_step(path) is not None
-        and path.is_dir()
-        and (path / META_FILENAME).is_file()
-        and (path / DCP_METADATA_FILENAME).is_file()
-    )
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Every complete checkpoint under `root`, oldest step first (empty if root is missing)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if is_complete_checkpoint(p)]
-    return sorted(found, key=lambda p: checkpoint_step(p))
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint under `root`; partial or stale folders are ignored."""
-    found = complete_checkpoints(root)
-    return found[-1] if found else None
-
+# --- checkpoints of a run --------------------------------------------------------------------------
 
 def find_checkpoint(source: Path) -> Path | None:
     """`source` itself if it is a complete checkpoint, else the newest one of the run dir
     `source` (checkpoint.load_from accepts either)."""
     source = Path(source)
     return source if is_complete_checkpoint(source) else RunDir(source).latest_checkpoint()
-
-
-def stale_dirs(root: Path) -> list[Path]:
-    """Folders left by interrupted saves (`step_N.tmp`, `step_N.old`)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and _STALE_NAME.match(p.name))
-
-
-def checkpoints_beyond_newest(root: Path, *, keep_last: int) -> list[Path]:
-    """Complete checkpoints older than the newest `keep_last` ones (those to delete)."""
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1 (or None to keep all), got {keep_last}")
-    return complete_checkpoints(root)[:-keep_last]
-
-
-def read_checkpoint_meta(path: Path) -> dict:
-    """The contents of a checkpoint's meta.json (step, world_size, caller metadata, ...)."""
-    meta_path = Path(path) / META_FILENAME
-    if not meta_path.is_file():
-        raise FileNotFoundError(
-            f"{path} is not a complete checkpoint: {META_FILENAME} is missing "
-            "(an interrupted save?); use latest_checkpoint(root) to find a complete one"
-        )
-    return json.loads(meta_path.read_text())

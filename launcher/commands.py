@@ -14,9 +14,8 @@ from conf.compose import compose_config, config_yaml
 from conf.errors import ConfigError, Problem, ProblemList
 from conf.resolve import resolve
 from conf.spec import RunSpec
-from conf.rundir import (
-    LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir, checkpoint_step, read_checkpoint_meta,
-)
+from conf.rundir import LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir
+from conf.checkpoint_dirs import checkpoint_step, read_checkpoint_meta
 from launcher.advice import suggestions
 from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host

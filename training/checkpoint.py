@@ -27,9 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                      set_state_dict)
 
-from conf.rundir import (META_FILENAME, checkpoints_beyond_newest, is_complete_checkpoint,
-                         latest_checkpoint, read_checkpoint_meta, replaced_step_dir, stale_dirs,
-                         step_dir, tmp_step_dir)
+from conf.checkpoint_dirs import META_FILENAME, checkpoints_beyond_newest, is_complete_checkpoint, latest_checkpoint, read_checkpoint_meta, replaced_step_dir, stale_dirs, step_dir, tmp_step_dir
 
 __all__ = ["CheckpointError", "CheckpointMismatch", "latest_checkpoint", "load_checkpoint",
            "read_checkpoint_meta", "save_checkpoint", "capture_rng_state", "restore_rng_state"]

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from conf.rundir import RunDir, find_checkpoint, latest_checkpoint
+from conf.rundir import RunDir, find_checkpoint
+from conf.checkpoint_dirs import latest_checkpoint
 from conf.spec import RunSpec
 from parallel.cost.devices import PeakFlops
 from parallel.cost.flops import flops_per_token
