@@ -8,12 +8,14 @@ from __future__ import annotations
 import glob
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from conf import rules
 from conf.errors import ProblemList
 from conf.split_rules import check_model_split, check_recompute
 from conf.parallel_rules import resolve_parallel
+from conf.prepared import check_tokenizer, resolve_prepared
 from conf.token_files import check_token_files
 from conf.schema import (
     ClusterConfig, ClusterKind, DataKind, DeviceKind, DType, Precision, RunConfig,
@@ -139,7 +141,13 @@ def _resolve_precision(cfg: RunConfig, host: HostSpec, device: DeviceKind,
 def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
                   check_paths: bool) -> DataSpec:
     d = cfg.data
-    train, val = rules.data_files(d, problems, check_paths=check_paths, expand=_expand)
+    check_tokenizer(d, vocab_size=model.vocab_size, problems=problems)
+    if d.prepared:
+        train, val, dtype = resolve_prepared(d, vocab_size=model.vocab_size, problems=problems,
+                                             check_paths=check_paths)
+        d = replace(d, dtype=dtype, prepared=_absolute(d.prepared))
+    else:
+        train, val = rules.data_files(d, problems, check_paths=check_paths, expand=_expand)
     vocab = BYTE_VOCAB if d.kind is DataKind.stdlib else model.vocab_size
     if d.kind is DataKind.files and check_paths:
         for key, files in (("data.train_files", train), ("data.val_files", val)):
@@ -150,7 +158,8 @@ def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
                      f"byte-level data (data=stdlib) has {BYTE_VOCAB} token ids",
                      f"use model.vocab_size>={BYTE_VOCAB}")
     return spec_from_config(DataSpec, d, train_files=tuple(train), val_files=tuple(val),
-                            cache_dir=_absolute(d.cache_dir), vocab_size=vocab)
+                            cache_dir=_absolute(d.cache_dir), vocab_size=vocab,
+                            tokenizer=_absolute_or_empty(d.tokenizer))
 
 
 def _absolute(path: str) -> str:

@@ -211,6 +211,12 @@ class DataConfig:
     """Where prepared corpora are cached."""
     val_every_nth_file: int = 50
     """stdlib only: every n-th source file (sorted by path) goes to validation."""
+    prepared: str = ""
+    """files only: a folder made by `meshrun data prepare`; trains on its train shards,
+    evaluates on its val shards, dtype from its manifest (leave train_files/val_files empty)."""
+    tokenizer: str = ""
+    """A Hugging Face tokenizer.json (or a folder holding one); empty = byte-level. Checked
+    against model.vocab_size, and against the tokenizer data.prepared was made with."""
 
 
 @dataclass

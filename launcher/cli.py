@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from conf.errors import ConfigError
-from launcher import commands
+from launcher import commands, data_cli
 
 EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a process killed by it
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="state, step, latest metrics of a run dir")
     status.add_argument("run_dir", type=Path)
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    data_cli.register(sub)
     for register in command_plugins():
         register(sub)
     return parser

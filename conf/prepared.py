@@ -1,0 +1,119 @@
+"""A prepared token corpus (`meshrun data prepare`): its manifest, and the pre-launch checks.
+
+A prepared dir holds raw token shards (train_00000.bin, ..., val_00000.bin, ...) and
+manifest.json, written LAST (temp name, then rename): a dir without a manifest is unfinished,
+and only the shards the manifest lists, at the size it records, are ever read. A shard being
+written has a .tmp name and is never listed. `data=files data.prepared=DIR` trains on the train
+shards and evaluates on the val shards; the dtype comes from the manifest.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conf.errors import ProblemList
+from conf.schema import DataConfig, DataKind
+from conf.spec import TOKEN_DTYPES
+from conf.tokenizer_info import read_tokenizer_info
+
+MANIFEST = "manifest.json"
+FORMAT = "meshrun-tokens/1"
+"""manifest["format"]: bumped when the layout changes, so an old reader refuses a new dir."""
+SPLITS = ("train", "val")
+
+
+def read_manifest(folder: str | Path) -> dict:
+    """The manifest of a prepared dir; ValueError saying what is wrong."""
+    path = Path(folder).expanduser() / MANIFEST
+    if not Path(folder).expanduser().is_dir():
+        raise ValueError("is not a folder")
+    if not path.is_file():
+        raise ValueError(f"holds no {MANIFEST}: `meshrun data prepare` did not finish there "
+                         "(its shards are incomplete)")
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{MANIFEST} is not JSON ({err})") from None
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{MANIFEST} has format {manifest.get('format')!r}, this meshrun "
+                         f"reads {FORMAT!r}")
+    return manifest
+
+
+def shard_paths(folder: str | Path, manifest: dict, split: str) -> list[str]:
+    base = Path(folder).expanduser().resolve()
+    return [str(base / s["file"]) for s in manifest["splits"][split]["shards"]]
+
+
+def incomplete_shards(folder: str | Path, manifest: dict) -> list[str]:
+    """Listed shards that are missing or not the size the manifest records."""
+    item = TOKEN_DTYPES[manifest["dtype"]]
+    bad = []
+    for split in SPLITS:
+        for shard in manifest["splits"][split]["shards"]:
+            path = Path(folder).expanduser() / shard["file"]
+            if not path.is_file() or path.stat().st_size != shard["tokens"] * item:
+                bad.append(shard["file"])
+    return bad
+
+
+def resolve_prepared(d: DataConfig, *, vocab_size: int, problems: ProblemList,
+                     check_paths: bool) -> tuple[list[str], list[str], str]:
+    """(train shards, val shards, dtype) of data.prepared, adding a problem for each thing that
+    would stop or spoil the run: not data=files, also train_files/val_files, no or unfinished
+    manifest, a tokenizer bigger than model.vocab_size, data.tokenizer not the one it was made with."""
+    key = "data.prepared"
+    if d.kind is not DataKind.files:
+        problems.add(key, d.prepared, f"needs data=files (data={d.kind.value})", "add data=files")
+    if d.train_files or d.val_files:
+        problems.add(key, d.prepared, "names the token files itself; data.train_files and "
+                     "data.val_files must stay empty", "drop data.train_files/data.val_files")
+    if not check_paths and not (Path(d.prepared).expanduser() / MANIFEST).is_file():
+        return [], [], d.dtype
+    try:
+        manifest = read_manifest(d.prepared)
+    except ValueError as err:
+        problems.add(key, d.prepared, str(err), "run `meshrun data prepare --out "
+                     f"{d.prepared} ...` (again: it resumes)")
+        return [], [], d.dtype
+    bad = incomplete_shards(d.prepared, manifest)
+    if bad:
+        problems.add(key, d.prepared, f"shards missing or cut short: {', '.join(bad[:3])}",
+                     "run the same `meshrun data prepare` again to rebuild them")
+    tok = manifest["tokenizer"]
+    if vocab_size < tok["vocab_size"]:
+        problems.add("model.vocab_size", vocab_size, f"below the vocab size "
+                     f"{tok['vocab_size']} of the tokenizer {d.prepared} was prepared with",
+                     f"set model.vocab_size={tok['vocab_size']} (or larger)")
+    if d.tokenizer:
+        try:
+            info = read_tokenizer_info(d.tokenizer)
+        except ValueError:
+            pass  # reported by check_tokenizer
+        else:
+            if info.sha256 != tok["sha256"]:
+                problems.add("data.tokenizer", d.tokenizer, f"is not the tokenizer {d.prepared} "
+                             f"was prepared with ({tok['path']}, sha256 {tok['sha256'][:12]})",
+                             "point data.tokenizer at that one, or prepare again with this one")
+    return (shard_paths(d.prepared, manifest, "train"), shard_paths(d.prepared, manifest, "val"),
+            manifest["dtype"])
+
+
+def check_tokenizer(d: DataConfig, *, vocab_size: int, problems: ProblemList) -> None:
+    """data.tokenizer: readable, and every id it makes fits model.vocab_size."""
+    if not d.tokenizer:
+        return
+    if d.kind is DataKind.stdlib:
+        problems.add("data.tokenizer", d.tokenizer, "data=stdlib is byte-level and takes no "
+                     "tokenizer", "tokenize with `meshrun data prepare`, then use data=files "
+                     "data.prepared=DIR")
+    try:
+        info = read_tokenizer_info(d.tokenizer)
+    except ValueError as err:
+        problems.add("data.tokenizer", d.tokenizer, str(err),
+                     "give a tokenizer.json or a folder holding one")
+        return
+    if vocab_size < info.vocab_size:
+        problems.add("model.vocab_size", vocab_size, f"below the tokenizer's vocab size "
+                     f"{info.vocab_size} ({info.path}): its ids would index past the embedding",
+                     f"set model.vocab_size={info.vocab_size} (or larger, e.g. a multiple of 64)")

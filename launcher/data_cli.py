@@ -1,0 +1,88 @@
+"""`meshrun data ...`: train a tokenizer on local text; tokenize inputs into prepared shards.
+
+  meshrun data train-tokenizer --vocab-size 8192 --out tok/ corpus/*.txt
+  meshrun data prepare --tokenizer tok/ --out prepared/ corpus/ notes.jsonl
+  meshrun run data=files data.prepared=prepared/ model.vocab_size=8192 ...
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+EXIT_BAD_INPUT = 2
+
+
+def register(sub) -> None:
+    """Add the `data` subcommand to the `meshrun` subparsers."""
+    data = sub.add_parser("data", help="tokenizers and tokenized corpora (train-tokenizer, prepare)")
+    verbs = data.add_subparsers(dest="data_command", required=True)
+    train = verbs.add_parser("train-tokenizer", help="train a byte-level BPE on local text files")
+    train.add_argument("--vocab-size", type=int, required=True)
+    train.add_argument("--out", required=True, help="folder for tokenizer.json")
+    train.add_argument("--min-frequency", type=int, default=2)
+    train.add_argument("files", nargs="+")
+    train.set_defaults(handler=train_tokenizer)
+    prep = verbs.add_parser("prepare", help="tokenize text/JSONL/Parquet into token shards")
+    prep.add_argument("--tokenizer", required=True, help="tokenizer.json or a folder holding one")
+    prep.add_argument("--out", required=True, help="prepared dir (shards + manifest.json)")
+    prep.add_argument("--text-field", default="text", help="JSONL: the field holding the text")
+    prep.add_argument("--column", default="text", help="Parquet: the column holding the text")
+    prep.add_argument("--val-fraction", type=float, default=0.01,
+                      help="share of documents (deterministic, by position) for validation")
+    prep.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard")
+    prep.add_argument("--workers", type=int, default=0, help="processes (0 = CPU count)")
+    prep.add_argument("--bos-token", default="", help="name the BOS token (default: detected)")
+    prep.add_argument("--eos-token", default="", help="name the EOS token (default: detected)")
+    prep.add_argument("inputs", nargs="+", help="text files (one document each), .jsonl, "
+                      ".parquet, or folders of them")
+    prep.set_defaults(handler=prepare)
+
+
+def train_tokenizer(args: argparse.Namespace, console: Console) -> int:
+    from launcher.tokenize import load_tokenizer, train_bpe
+
+    try:
+        path = train_bpe(args.files, vocab_size=args.vocab_size, out_dir=args.out,
+                         min_frequency=args.min_frequency)
+        info = load_tokenizer(path).info
+    except ValueError as err:
+        return _bad_input(err)
+    console.print(f"wrote {path}: vocab size {info.vocab_size}, bos id {info.bos_id}, "
+                  f"eos id {info.eos_id}, pad id {info.pad_id}", markup=False, highlight=False)
+    return 0
+
+
+def prepare(args: argparse.Namespace, console: Console) -> int:
+    from launcher.shards import PrepareOptions, prepare as run_prepare
+
+    options = PrepareOptions(text_field=args.text_field, column=args.column,
+                             val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
+                             bos_token=args.bos_token, eos_token=args.eos_token)
+    try:
+        result = run_prepare(args.inputs, tokenizer=args.tokenizer, out_dir=args.out,
+                             options=options, workers=args.workers,
+                             progress=sys.stderr if sys.stderr.isatty() else None)
+    except ValueError as err:
+        return _bad_input(err)
+    m = result.manifest
+    verb = "up to date (same inputs, tokenizer and options): nothing to do" if result.skipped \
+        else "prepared"
+    lines = [f"{result.out_dir}: {verb}",
+             f"  {m['documents']:,} documents, {m['tokens']:,} tokens, {m['dtype']}, tokenizer "
+             f"vocab {m['tokenizer']['vocab_size']} (sha256 {m['tokenizer']['sha256'][:12]})"]
+    for split in ("train", "val"):
+        s = m["splits"][split]
+        lines.append(f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens, "
+                     f"{len(s['shards'])} shard(s)")
+    lines.append(f"  train with: data=files data.prepared={result.out_dir} "
+                 f"model.vocab_size={m['tokenizer']['vocab_size']} (or larger)")
+    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def _bad_input(err: Exception) -> int:
+    Console(stderr=True).print(f"meshrun data: {err}", markup=False, highlight=False,
+                               soft_wrap=True)
+    return EXIT_BAD_INPUT

@@ -1,0 +1,250 @@
+"""`meshrun data prepare`: documents -> token shards + manifest, parallel, idempotent, atomic.
+
+Each document becomes [BOS] ids EOS (BOS only where the tokenizer has one). Document i (counted
+over all inputs, in order) goes to validation when floor((i+1)*f) > floor(i*f), f = val_fraction:
+deterministic, and exactly round(n*f) documents. Documents are tokenized in chunks by a process
+pool (imap keeps their order), and the token streams are cut into shards of exactly
+shard_tokens (the last one shorter), so the shards depend on the inputs, tokenizer and options,
+never on the number of workers. Each shard is written as NAME.tmp, fsynced and renamed; the
+manifest (conf/prepared.py) is written last, the same way. A second call whose fingerprint
+(inputs' sha256, tokenizer's sha256, options) matches the manifest, with every shard in place,
+does nothing. An interrupted call leaves no manifest; the next call starts that dir over.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from conf.prepared import FORMAT, MANIFEST, SPLITS, incomplete_shards, read_manifest
+from launcher.documents import expand_inputs, read_documents
+from launcher.tokenize import load_tokenizer
+
+CHUNK_DOCS = 512
+CHUNK_CHARS = 4 << 20
+"""A chunk (one task for a worker) holds at most this many documents / characters."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareOptions:
+    text_field: str = "text"
+    column: str = "text"
+    val_fraction: float = 0.01
+    shard_tokens: int = 1 << 28
+    bos_token: str = ""
+    eos_token: str = ""
+
+
+@dataclass
+class PrepareResult:
+    out_dir: Path
+    manifest: dict
+    skipped: bool
+    """True: the dir was already prepared from these inputs; nothing was written."""
+
+
+def token_dtype(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+def prepare(inputs: list[str], *, tokenizer: str, out_dir: str, options: PrepareOptions,
+            workers: int = 0, progress=None) -> PrepareResult:
+    """ValueError for bad input (named); see the module docstring for everything else."""
+    if not 0 <= options.val_fraction < 1:
+        raise ValueError(f"--val-fraction={options.val_fraction}: must be in [0, 1)")
+    if options.shard_tokens < 1:
+        raise ValueError(f"--shard-tokens={options.shard_tokens}: must be positive")
+    tok = load_tokenizer(tokenizer, bos_token=options.bos_token, eos_token=options.eos_token)
+    if tok.info.eos_id is None:
+        raise ValueError(f"tokenizer {tok.info.path} has no EOS token I recognise (fix: name "
+                         "it with --eos-token)")
+    files = expand_inputs(inputs)
+    out = Path(out_dir).expanduser()
+    fingerprint = _fingerprint(files, tok.info.sha256, options)
+    done = _finished(out, fingerprint)
+    if done is not None:
+        return PrepareResult(out, done, skipped=True)
+    _clear(out)
+    dtype = token_dtype(tok.vocab_size)
+    writers = {s: ShardWriter(out, s, dtype=dtype, shard_tokens=options.shard_tokens)
+               for s in SPLITS}
+    docs = {s: 0 for s in SPLITS}
+    meter = _Progress(sum(f.stat().st_size for f in files), progress)
+    for chunk_chars, parts in _encode_all(files, tok.info, options, workers):
+        for split, (tokens, n_docs) in zip(SPLITS, parts):
+            writers[split].add(tokens)
+            docs[split] += n_docs
+        meter.update(chunk_chars, sum(w.tokens for w in writers.values()))
+    meter.done()
+    manifest = {
+        "format": FORMAT, "fingerprint": fingerprint, "dtype": dtype,
+        "tokenizer": {k: getattr(tok.info, k) for k in
+                      ("path", "sha256", "vocab_size", "bos_id", "eos_id", "pad_id")},
+        "inputs": [{"path": str(f.resolve()), "bytes": f.stat().st_size} for f in files],
+        "options": asdict(options),
+        "documents": sum(docs.values()), "tokens": sum(w.tokens for w in writers.values()),
+        "splits": {s: {"documents": docs[s], **writers[s].close()} for s in SPLITS},
+    }
+    _write_atomic(out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    return PrepareResult(out, manifest, skipped=False)
+
+
+class ShardWriter:
+    """Cuts one split's token stream into shards of exactly shard_tokens; atomic writes."""
+
+    def __init__(self, out: Path, split: str, *, dtype: str, shard_tokens: int):
+        self.out, self.split, self.dtype, self.shard_tokens = out, split, dtype, shard_tokens
+        self.pending: list[np.ndarray] = []
+        self.pending_tokens = 0
+        self.tokens = 0
+        self.shards: list[dict] = []
+
+    def add(self, tokens: np.ndarray) -> None:
+        self.pending.append(tokens.astype(self.dtype, copy=False))
+        self.pending_tokens += len(tokens)
+        self.tokens += len(tokens)
+        while self.pending_tokens >= self.shard_tokens:
+            stream = np.concatenate(self.pending)
+            self._write(stream[:self.shard_tokens])
+            rest = stream[self.shard_tokens:]
+            self.pending, self.pending_tokens = [rest], len(rest)
+
+    def close(self) -> dict:
+        if self.pending_tokens:
+            self._write(np.concatenate(self.pending))
+        self.pending, self.pending_tokens = [], 0
+        return {"tokens": self.tokens, "shards": self.shards}
+
+    def _write(self, tokens: np.ndarray) -> None:
+        name = f"{self.split}_{len(self.shards):05d}.bin"
+        data = np.ascontiguousarray(tokens).tobytes()
+        _write_atomic(self.out / name, data)
+        self.shards.append({"file": name, "tokens": len(tokens),
+                            "sha256": hashlib.sha256(data).hexdigest()})
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fingerprint(files: list[Path], tokenizer_sha: str, options: PrepareOptions) -> str:
+    h = hashlib.sha256(f"{FORMAT}\n{tokenizer_sha}\n{sorted(asdict(options).items())}\n".encode())
+    for f in files:
+        h.update(f"{f.resolve()}\n".encode())
+        with open(f, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _finished(out: Path, fingerprint: str) -> dict | None:
+    """The manifest, when `out` is already prepared from these inputs and every shard is whole."""
+    try:
+        manifest = read_manifest(out)
+    except ValueError:
+        return None
+    if manifest.get("fingerprint") != fingerprint or incomplete_shards(out, manifest):
+        return None
+    return manifest
+
+
+def _clear(out: Path) -> None:
+    """Make `out` an empty prepared dir: the manifest goes first, so no reader sees it list a
+    shard being rewritten. Only files this module writes are removed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    for split in SPLITS:
+        for f in out.glob(f"{split}_*.bin*"):
+            f.unlink()
+    (out / (MANIFEST + ".tmp")).unlink(missing_ok=True)
+
+
+def _chunks(files: list[Path], options: PrepareOptions) -> Iterator[tuple[int, list[str]]]:
+    """(index of the chunk's first document, documents), in input order."""
+    first, docs, chars = 0, [], 0
+    for f in files:
+        for text in read_documents(f, text_field=options.text_field, column=options.column):
+            docs.append(text)
+            chars += len(text)
+            if len(docs) >= CHUNK_DOCS or chars >= CHUNK_CHARS:
+                yield first, docs
+                first, docs, chars = first + len(docs), [], 0
+    if docs:
+        yield first, docs
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(path: str, bos_id: int | None, eos_id: int, val_fraction: float,
+                 threads: bool) -> None:
+    if not threads:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from launcher.tokenize import import_tokenizers
+
+    _WORKER.update(backend=import_tokenizers().Tokenizer.from_file(path), bos=bos_id, eos=eos_id,
+                   f=val_fraction)
+
+
+def _encode_chunk(task: tuple[int, list[str]]):
+    """(characters, ((train tokens, train docs), (val tokens, val docs))) for one chunk."""
+    first, docs = task
+    w = _WORKER
+    encoded = w["backend"].encode_batch(docs, add_special_tokens=False)
+    head = [] if w["bos"] is None else [w["bos"]]
+    parts: dict[bool, list[list[int]]] = {False: [], True: []}
+    for i, e in enumerate(encoded, first):
+        is_val = math.floor((i + 1) * w["f"]) > math.floor(i * w["f"])
+        parts[is_val].append(head + e.ids + [w["eos"]])
+    out = tuple((np.fromiter((t for doc in parts[v] for t in doc), dtype=np.uint32),
+                 len(parts[v])) for v in (False, True))
+    return sum(len(d) for d in docs), out
+
+
+def _encode_all(files: list[Path], info, options: PrepareOptions, workers: int):
+    """Encoded chunks in order: in this process for workers=1, else a process pool."""
+    workers = workers or os.cpu_count() or 1
+    init = (info.path, info.bos_id, info.eos_id, options.val_fraction, workers == 1)
+    if workers == 1:
+        _init_worker(*init)
+        yield from map(_encode_chunk, _chunks(files, options))
+        return
+    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, init) as pool:
+        yield from pool.imap(_encode_chunk, _chunks(files, options), chunksize=1)
+
+
+class _Progress:
+    """One progress line on stderr (a terminal only), rewritten at most twice a second."""
+
+    def __init__(self, total_bytes: int, stream):
+        self.total, self.stream = total_bytes, stream
+        self.chars, self.tokens, self.start, self.last = 0, 0, time.monotonic(), 0.0
+
+    def update(self, chars: int, tokens: int) -> None:
+        self.chars, self.tokens = self.chars + chars, tokens
+        now = time.monotonic()
+        if self.stream is not None and now - self.last >= 0.5:
+            self.last = now
+            rate = self.tokens / max(now - self.start, 1e-9)
+            pct = min(100.0, 100 * self.chars / max(self.total, 1))
+            self.stream.write(f"\rtokenizing: ~{pct:5.1f}% of text, {self.tokens:,} tokens, "
+                              f"{rate:,.0f} tokens/s")
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.stream is not None and self.last:
+            self.stream.write("\n")
