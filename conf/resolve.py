@@ -142,6 +142,7 @@ def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
                   check_paths: bool) -> DataSpec:
     d = cfg.data
     check_tokenizer(d, vocab_size=model.vocab_size, problems=problems)
+    before = len(problems.items)
     if d.prepared:
         train, val, dtype = resolve_prepared(d, vocab_size=model.vocab_size, problems=problems,
                                              check_paths=check_paths)
@@ -149,7 +150,7 @@ def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
     else:
         train, val = rules.data_files(d, problems, check_paths=check_paths, expand=_expand)
     vocab = BYTE_VOCAB if d.kind is DataKind.stdlib else model.vocab_size
-    if d.kind is DataKind.files and check_paths:
+    if d.kind is DataKind.files and check_paths and not (d.prepared and len(problems.items) > before):
         for key, files in (("data.train_files", train), ("data.val_files", val)):
             check_token_files(key, files, dtype=d.dtype, seq_len=cfg.training.seq_len,
                               vocab_size=model.vocab_size, problems=problems)

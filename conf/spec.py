@@ -156,7 +156,7 @@ class OptimSpec:
     pass
 
 
-@frozen_from(DataConfig)
+@frozen_from(DataConfig, defaults=("prepared", "tokenizer"))
 class DataSpec:
     train_files: tuple[str, ...]
     """Absolute paths, expanded from the glob (files) or the prepared cache (stdlib)."""
