@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from launcher.shards import PrepareOptions, prepare
-from launcher.tokenize import load_tokenizer, train_bpe
+from launcher.hf_tokenizer import load_tokenizer, train_bpe
 
 
 def corpus(limit_bytes: int) -> list[Path]:

@@ -41,7 +41,7 @@ def register(sub) -> None:
 
 
 def train_tokenizer(args: argparse.Namespace, console: Console) -> int:
-    from launcher.tokenize import load_tokenizer, train_bpe
+    from launcher.hf_tokenizer import load_tokenizer, train_bpe
 
     try:
         path = train_bpe(args.files, vocab_size=args.vocab_size, out_dir=args.out,

@@ -27,7 +27,7 @@ import numpy as np
 
 from conf.prepared import FORMAT, MANIFEST, SPLITS, incomplete_shards, read_manifest
 from launcher.documents import expand_inputs, read_documents
-from launcher.tokenize import load_tokenizer
+from launcher.hf_tokenizer import load_tokenizer
 
 CHUNK_DOCS = 512
 CHUNK_CHARS = 4 << 20
@@ -194,7 +194,7 @@ def _init_worker(path: str, bos_id: int | None, eos_id: int, val_fraction: float
                  threads: bool) -> None:
     if not threads:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from launcher.tokenize import import_tokenizers
+    from launcher.hf_tokenizer import import_tokenizers
 
     _WORKER.update(backend=import_tokenizers().Tokenizer.from_file(path), bos=bos_id, eos=eos_id,
                    f=val_fraction)

@@ -20,7 +20,7 @@ from conf.resolve import resolve
 from conf.spec import HostSpec
 from launcher import shards
 from launcher.shards import PrepareOptions, prepare, token_dtype
-from launcher.tokenize import load_tokenizer, train_bpe
+from launcher.hf_tokenizer import load_tokenizer, train_bpe
 
 CPU = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=8)
 REPO = Path(__file__).resolve().parents[2]
