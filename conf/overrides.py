@@ -90,7 +90,7 @@ def check_override(line: str, ov: ParsedOverride | None, syntax_error: str,
     if ov.is_sweep:
         problems.add(ov.key, ov.value_text,
                      "is a sweep (several values) but `run` takes one value per key",
-                     "use `meshrun run -m` or `meshrun sweep` for sweeps, or give one value")
+                     "give a single value, or sweep with `meshrun run -m` or `meshrun sweep`")
         return
     _check_one(ov, problems)
 

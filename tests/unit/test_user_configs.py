@@ -4,6 +4,7 @@
 for one run and for a sweep's points alike."""
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from conf.compose import compose_config, compose_many
 from conf.errors import ConfigError
 from conf.resolve import resolve
+from conf.rundir import ENV_FILE
 from conf.search_path import ENV_VAR, config_dirs, group_options
 from conf.spec import HostSpec
 from launcher.cli import main
@@ -101,3 +103,17 @@ def test_a_file_path_as_option_says_to_use_config_dir(user_dir, capsys):
     assert main(["run", "--cfg", "job", f"model={user_dir}/model/my1b.yaml"]) == 2
     err = capsys.readouterr().err
     assert "is a file path, not an option name" in err and "--config-dir DIR" in err
+
+
+def test_resume_reuses_the_config_dirs_the_run_was_made_with(user_dir, tmp_path, monkeypatch):
+    from launcher.commands import _reuse_config_dirs
+    from launcher.rundir import environment_record
+
+    monkeypatch.setenv(ENV_VAR, str(user_dir))
+    record = environment_record()
+    monkeypatch.delenv(ENV_VAR)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ENV_FILE).write_text(json.dumps(record))
+    _reuse_config_dirs(run_dir)
+    assert compose_config(["model=my1b"]).model.n_layers == 3
