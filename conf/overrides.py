@@ -11,24 +11,23 @@ import dataclasses
 import difflib
 import typing
 from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from conf.errors import ProblemList
 from conf.schema import RunConfig
+from conf.search_path import CONF_DIR, group_options
 
 if TYPE_CHECKING:  # conf.compose imports this module: no import back at run time
     from conf.compose.parse import ParsedOverride
 
-CONF_DIR = Path(__file__).resolve().parent
 GROUPS = ("model", "precision", "parallel", "recompute", "schedule", "optim", "data",
           "cluster", "logging")
 OPTIONAL_GROUPS = ("experiment",)  # not in the defaults list: added with +experiment=NAME
 
 
-def group_options(group: str) -> list[str]:
-    """The options of a config group: the YAML files in conf/<group>/."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+def _is_file_path(value: object) -> bool:
+    text = str(value)
+    return text.endswith((".yaml", ".yml")) or text.startswith(("/", "~", "./", "../"))
 
 
 def _schema_field(path: list[str]) -> tuple[type | None, str]:
@@ -91,7 +90,7 @@ def check_override(line: str, ov: ParsedOverride | None, syntax_error: str,
     if ov.is_sweep:
         problems.add(ov.key, ov.value_text,
                      "is a sweep (several values) but `run` takes one value per key",
-                     "use `meshrun sweep` for sweeps, or give a single value")
+                     "give a single value, or sweep with `meshrun run -m` or `meshrun sweep`")
         return
     _check_one(ov, problems)
 
@@ -105,7 +104,11 @@ def _check_one(ov: ParsedOverride, problems: ProblemList) -> None:
         return
     if key in GROUPS + OPTIONAL_GROUPS and not ov.is_delete:
         options = group_options(key)
-        if str(value) not in options:
+        if _is_file_path(value):
+            problems.add(key, value, "is a file path, not an option name",
+                         f"put it in DIR/{key}/NAME.yaml and pass --config-dir DIR "
+                         f"(or MESHRUN_CONFIG_PATH=DIR), then {key}=NAME")
+        elif str(value) not in options:
             problems.add(key, value, f"unknown {key} option",
                          f"choose one of: {', '.join(options)}")
         return

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from conf.errors import ConfigError
-from launcher import commands, data_cli
+from launcher import commands, data_cli, hydra_flags
 
 EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a process killed by it
@@ -27,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print the resolved config, the plan and the launch command; launch nothing")
     run.add_argument("--wait", action="store_true",
                      help="cluster=slurm: stay attached and show progress until the job ends")
+    run.add_argument("--prepare-only", action="store_true", dest="prepare_only",
+                     help="create the run dir (data prepared, spec written), print its path and "
+                          "exit; start it with the torchrun line --dry-run prints")
+    hydra_flags.add_run_flags(run)
     run.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value, ...")
     plan = sub.add_parser("plan", help="print the numbers of a run (memory, FLOPs, tokens)")
     plan.add_argument("--attention-flops", choices=("full", "causal"), default="full",
@@ -35,12 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true",
                       help="print the whole plan as JSON (keys: launcher/plan_json.py)")
     plan.add_argument("overrides", nargs="*")
+    hydra_flags.add_config_dir_arg(plan)
     resume = sub.add_parser("resume", help="continue a run dir from its latest checkpoint")
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--wait", action="store_true", help="cluster=slurm: wait for the job")
     resume.add_argument("overrides", nargs="*", help="extra overrides, e.g. training.steps=2000")
+    hydra_flags.add_config_dir_arg(resume)
     preflight = sub.add_parser("preflight", help="only check joins, all-reduce and bandwidth")
     preflight.add_argument("overrides", nargs="*")
+    hydra_flags.add_config_dir_arg(preflight)
+    completion = sub.add_parser("completion", help="print a shell completion script: "
+                                "eval \"$(meshrun completion bash)\"")
+    completion.add_argument("shell", choices=("bash",))
     status = sub.add_parser("status", help="state, step, latest metrics of a run dir")
     status.add_argument("run_dir", type=Path)
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -63,9 +73,10 @@ def command_plugins() -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     console = Console()
     try:
+        argv = hydra_flags.apply_search_path_args(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_args(argv)
         if getattr(args, "handler", None) is not None:
             return args.handler(args, console)
         if args.command == "plan":
@@ -77,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             return commands.preflight(args.overrides, console=console)
         if args.command == "status":
             return show_status(args.run_dir, as_json=args.json, console=console)
-        return commands.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait)
+        if args.command == "completion":
+            print(hydra_flags.completion_script(args.shell), end="")
+            return 0
+        return run_command(args, console)
     except ConfigError as err:
         Console(stderr=True).print(str(err), markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
@@ -85,6 +99,19 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+
+
+def run_command(args: argparse.Namespace, console: Console) -> int:
+    """`meshrun run`, with Hydra's --cfg, --info and -m/--multirun."""
+    if args.info:
+        print(hydra_flags.info_text(args.info))
+        return 0
+    if args.multirun:
+        return hydra_flags.multirun(args, build_parser)
+    if args.cfg:
+        return commands.print_composed(args.overrides)
+    return commands.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait,
+                        prepare_only=args.prepare_only)
 
 
 def show_status(run_dir: Path, *, as_json: bool, console: Console) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shlex
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from rich.console import Console
 from conf.compose import compose_config, config_yaml
 from conf.errors import ConfigError, Problem, ProblemList
 from conf.resolve import resolve
+from conf.search_path import add_config_dirs, user_config_dirs
 from conf.spec import RunSpec
 from conf.rundir import LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir
 from conf.checkpoint_dirs import checkpoint_step, read_checkpoint_meta
@@ -51,7 +54,14 @@ def plan(overrides: list[str], *, console: Console, attention: str = "full",
     return 0
 
 
-def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False) -> int:
+def print_composed(overrides: list[str]) -> int:
+    """`meshrun run --cfg job`: the composed config as YAML (before resolve), nothing created."""
+    print(config_yaml(compose_config(overrides)), end="")
+    return 0
+
+
+def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False,
+        prepare_only: bool = False) -> int:
     spec, yaml_text = compose_spec(overrides)
     command = launch_command(spec)
     if dry_run:
@@ -62,9 +72,13 @@ def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = F
         print_plan(spec, the_plan, console, advice)
         console.print(f"data: {_data_line(spec)}", markup=False, soft_wrap=True)
         print_launch(spec, new_run_dir_path(spec), command, console)
+        print_copyable(spec, overrides, command, console)
         return 0
     spec = with_prepared_data(spec)
     run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text, command=command)
+    if prepare_only:  # the path alone on stdout: RUN_DIR=$(meshrun run --prepare-only ...)
+        print(run_dir)
+        return 0
     console.print(f"run dir: {run_dir}", markup=False)
     with removed_if_not_submitted(run_dir, console=console):
         with acquire_run_lock(run_dir, action="run") as lock:
@@ -98,6 +112,40 @@ def print_launch(spec: RunSpec, run_dir: Path, command: list[str], console: Cons
     for cmd in commands:
         console.print("  " + render_command(cmd, run_dir=run_dir), markup=False,
                       highlight=False, soft_wrap=True)
+
+
+def print_copyable(spec: RunSpec, overrides: list[str], command: list[str],
+                   console: Console) -> None:
+    """Commands that work when pasted into a shell (the run dir above does not exist yet)."""
+    meshrun = meshrun_command()
+    config_dirs = [arg for d in user_config_dirs() for arg in ("--config-dir", str(d))]
+    again = shlex.join([*meshrun, "run", *config_dirs, *overrides])
+    console.rule("to run it")
+    console.print("(the run dir above does not exist until launch: paste these instead)",
+                  markup=False)
+    console.print(f"  {again}", markup=False, highlight=False, soft_wrap=True)
+    if spec.cluster.kind == "slurm":
+        return
+    prepare = shlex.join([*meshrun, "run", "--prepare-only", *config_dirs, *overrides])
+    per_node = node_commands(spec, RUN_DIR_MARK) if spec.cluster.kind == "nodes" else [command]
+    console.print("or, to start the ranks yourself (the first line creates the run dir):",
+                  markup=False)
+    console.print(f"  RUN_DIR=$({prepare})", markup=False, highlight=False, soft_wrap=True)
+    for cmd in per_node:
+        line = shlex.join(RUN_DIR_MARK if p == RUN_DIR_PLACEHOLDER else p for p in cmd)
+        line = line.replace(f"={RUN_DIR_MARK}", '="$(basename "$RUN_DIR")"')
+        console.print("  " + line.replace(RUN_DIR_MARK, '"$RUN_DIR"'), markup=False,
+                      highlight=False, soft_wrap=True)
+
+
+RUN_DIR_MARK = "@@RUN_DIR@@"
+
+
+def meshrun_command() -> list[str]:
+    """How this meshrun was started: `meshrun` when that is on PATH, else python -m."""
+    if Path(sys.argv[0]).name == "meshrun" and shutil.which("meshrun"):
+        return ["meshrun"]
+    return [sys.executable, "-m", "launcher.cli"]
 
 
 def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
@@ -159,6 +207,7 @@ def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool 
     written: spec.json and resumes.jsonl change only for a leg that launches, and never while
     another launcher holds the run dir's lock."""
     stored = _stored_overrides(run_dir)
+    _reuse_config_dirs(run_dir)
     with acquire_run_lock(run_dir, action="resume") as lock:
         return _resume_locked(run_dir, stored, overrides, lock, console=console, wait=wait)
 
@@ -184,6 +233,16 @@ def _stored_overrides(run_dir: Path) -> list[str]:
                                    f"is not a meshrun run dir (no {SPEC_FILE}/{OVERRIDES_FILE})",
                                    "pass a folder made by `meshrun run`")], "Cannot resume")
     return rd.leg_overrides()
+
+
+def _reuse_config_dirs(run_dir: Path) -> None:
+    """The user config dirs the run was composed with (env.json) join the search path, so
+    its stored `model=my1b` composes again without --config-dir."""
+    try:
+        recorded = json.loads(RunDir(run_dir).env_file.read_text()).get("config_path", "")
+    except (OSError, ValueError, AttributeError):
+        return
+    add_config_dirs([d for d in recorded.split(":") if d and Path(d).is_dir()])
 
 
 def _check_resumable(run_dir: Path, spec: RunSpec) -> None:

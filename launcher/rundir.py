@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 from conf.rundir import RunDir
+from conf.search_path import ENV_VAR as CONFIG_PATH_ENV
 from conf.spec import RunSpec
 
 SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -119,6 +120,7 @@ def environment_record() -> dict:
         "git": git_state(Path(__file__).resolve().parent.parent),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": sys.argv,
+        "config_path": os.environ.get(CONFIG_PATH_ENV, ""),  # user config dirs (resume reuses)
     }
 
 

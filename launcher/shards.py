@@ -17,7 +17,6 @@ import json
 import math
 import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass

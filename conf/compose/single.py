@@ -4,10 +4,11 @@
 """
 from __future__ import annotations
 
-from conf.compose.parse import try_parse_override
+from conf.compose.parse import quote_value, try_parse_override
 from conf.errors import ConfigError, Problem, ProblemList
-from conf.overrides import CONF_DIR, check_override
+from conf.overrides import check_override
 from conf.schema import RunConfig
+from conf.search_path import CONF_DIR, SEARCHPATH_KEY, hydra_searchpath
 
 SCHEMA_NAME = "run_schema"
 CONFIG_NAME = "config"
@@ -48,11 +49,16 @@ def config_yaml(run_config: RunConfig) -> str:
 
 def compose_dict_config(overrides: list[str]):
     """Hydra's public compose of conf/config.yaml with `overrides`: a DictConfig, for this
-    package only. Raises Hydra's and OmegaConf's own errors."""
+    package only. The user config dirs (conf.search_path) are Hydra's search path after
+    conf/. Raises Hydra's and OmegaConf's own errors."""
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+    extra = hydra_searchpath()
+    if extra:
+        overrides = [f"{SEARCHPATH_KEY}=[{','.join(quote_value(p) for p in extra)}]",
+                     *overrides]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=HYDRA_VERSION_BASE):
         return compose(config_name=CONFIG_NAME, overrides=overrides)
 
