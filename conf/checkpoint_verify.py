@@ -22,6 +22,7 @@ import pickle
 import re
 from pathlib import Path
 
+from conf.rundir import CHECKPOINTS_DIR
 from conf.checkpoint_dirs import DCP_METADATA_FILENAME, META_FILENAME, checkpoint_step, complete_checkpoints
 
 MANIFEST_KEY = "files"
@@ -69,15 +70,16 @@ def file_digest(path: Path) -> dict:
     return {"bytes": size, HASH_NAME: digest.hexdigest()}
 
 
-def file_problem(folder: Path, name: str, expected: dict) -> str | None:
-    """Why `folder/name` is not the file the manifest recorded, or None."""
+def file_problem(folder: Path, name: str, expected: dict, *, hashes: bool = True) -> str | None:
+    """Why `folder/name` is not the file the manifest recorded, or None (`hashes=False`: sizes
+    only, cheap enough for the launcher)."""
     path = Path(folder) / name
     if not path.is_file():
         return f"{name} is missing"
     size = path.stat().st_size
     if size != expected["bytes"]:
         return f"{name} has {size} bytes, {expected['bytes']} were written (truncated?)"
-    if file_digest(path)[HASH_NAME] != expected[HASH_NAME]:
+    if hashes and file_digest(path)[HASH_NAME] != expected[HASH_NAME]:
         return f"{name} does not match its {HASH_NAME} checksum (corrupted on disk?)"
     return None
 
@@ -127,7 +129,8 @@ def read_manifest(folder: Path) -> dict | None:
     return files if isinstance(files, dict) else None
 
 
-def checkpoint_problems(folder: Path, *, share: tuple[int, int] = (0, 1)) -> list[str]:
+def checkpoint_problems(folder: Path, *, share: tuple[int, int] = (0, 1),
+                        hashes: bool = True) -> list[str]:
     """What is wrong with the checkpoint in `folder` (empty: intact and safe to load).
 
     `share=(rank, world_size)` checks every world_size-th file of the manifest (ranks split
@@ -142,7 +145,7 @@ def checkpoint_problems(folder: Path, *, share: tuple[int, int] = (0, 1)) -> lis
     if manifest is not None:
         index, count = share
         for name in sorted(manifest)[index::count]:
-            problem = file_problem(folder, name, manifest[name])
+            problem = file_problem(folder, name, manifest[name], hashes=hashes)
             if problem:
                 problems.append(problem)
     if not problems:  # a damaged .metadata already failed its checksum: say that, not "unsafe"
@@ -156,11 +159,11 @@ def describe(folder: Path, problems: list[str]) -> str:
     return f"{Path(folder).name}: " + "; ".join(problems)
 
 
-def newest_intact_checkpoint(root: Path, *, notice=None) -> Path | None:
+def newest_intact_checkpoint(root: Path, *, hashes: bool = True, notice=None) -> Path | None:
     """The newest complete checkpoint under `root` that passes `checkpoint_problems`; each one
     skipped on the way is reported through `notice(message)`."""
     for folder in reversed(complete_checkpoints(root)):
-        problems = checkpoint_problems(folder)
+        problems = checkpoint_problems(folder, hashes=hashes)
         if not problems:
             return folder
         if notice is not None:
@@ -168,6 +171,22 @@ def newest_intact_checkpoint(root: Path, *, notice=None) -> Path | None:
     return None
 
 
-__all__ = ["DCP_METADATA_GLOBALS", "HASH_NAME", "MANIFEST_KEY", "UnsafeCheckpoint",
+def prelaunch_problem(source: Path) -> str | None:
+    """Before launch (sizes and the metadata pickle only; the ranks also compare checksums):
+    why no checkpoint of `source` (a step folder, or a run dir / checkpoint root) can be
+    loaded, or None. Skipped damaged ones are named in the answer only when none is left."""
+    source = Path(source)
+    if checkpoint_step(source) is not None:
+        problems = checkpoint_problems(source, hashes=False)
+        return describe(source, problems) if problems else None
+    root = source / CHECKPOINTS_DIR if (source / CHECKPOINTS_DIR).is_dir() else source
+    skipped: list[str] = []
+    found = newest_intact_checkpoint(root, hashes=False, notice=skipped.append)
+    if found is None and skipped:
+        return "no intact checkpoint left: " + " | ".join(skipped)
+    return None
+
+
+__all__ = ["prelaunch_problem", "DCP_METADATA_GLOBALS", "HASH_NAME", "MANIFEST_KEY", "UnsafeCheckpoint",
            "allowed_global", "checkpoint_problems", "checkpoint_step", "describe", "file_digest",
            "newest_intact_checkpoint", "read_manifest", "scan_dcp_metadata"]
