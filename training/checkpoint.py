@@ -10,6 +10,7 @@ The checkpoint root must be one filesystem that every rank sees (shared across n
 """
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -315,8 +316,15 @@ def save_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | No
     state = _model_and_optimizer_state(_part_state_dicts(model, optimizer))
     if optimizer_was_empty:
         _clear_optimizer_state(optimizer)  # undo get_state_dict's zero-lr init: stay exact
-    with _single_process_dcp_is_intended():
-        dcp.save(state, checkpoint_id=tmp, no_dist=not _is_distributed())
+    try:
+        with _single_process_dcp_is_intended():
+            dcp.save(state, checkpoint_id=tmp, no_dist=not _is_distributed())
+    except Exception as exc:  # DCP's own message buries ENOSPC in a per-rank traceback dump
+        if "No space left on device" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
+            raise CheckpointError(f"saving step {step} into {tmp} failed: No space left on "
+                                  "device (free space there, or lower checkpoint.keep_last); "
+                                  "the partial folder is never resumed from") from None
+        raise
 
     digests: dict = {}
 

@@ -116,3 +116,18 @@ def test_byte_entries_load_without_arbitrary_unpickling(tmp_path):
     with pytest.raises(pickle.UnpicklingError):
         SafeLoadPlanner().load_bytes(None, buffer)
     assert not marker.exists()
+
+
+def test_a_full_disk_says_so_plainly_and_leaves_nothing_complete(tmp_path, monkeypatch):
+    import training.checkpoint as checkpoint
+    from conf.checkpoint_dirs import latest_checkpoint
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, os.strerror(28))
+
+    monkeypatch.setattr(checkpoint.dcp, "save", no_space)
+    model, optimizer = _model_and_optimizer(0)
+    with pytest.raises(checkpoint.CheckpointError, match="No space left on device") as caught:
+        save_checkpoint(tmp_path / "ck", step=1, model=model, optimizer=optimizer)
+    assert "\n" not in str(caught.value)
+    assert latest_checkpoint(tmp_path / "ck") is None
