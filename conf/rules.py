@@ -9,6 +9,7 @@ from typing import Callable
 from conf.errors import ProblemList
 from conf.rundir import CHECKPOINTS_DIR, RunDir, find_checkpoint
 from conf.checkpoint_dirs import META_FILENAME
+from conf.checkpoint_verify import prelaunch_problem
 from conf.schema import (
     CheckpointConfig, ClusterConfig, ClusterKind, DataConfig, DataKind, DeviceKind, OptimConfig,
     Precision, ScheduleConfig, ScheduleKind, TrainingConfig,
@@ -299,6 +300,11 @@ def check_checkpoint(c: CheckpointConfig, problems: ProblemList, *, check_paths:
                      f"holds no complete checkpoint (a step_N folder with {META_FILENAME}, or a "
                      f"run dir with {CHECKPOINTS_DIR}/step_N)",
                      "pass a run dir or one of its step_N folders")
+    elif c.load_from and check_paths:
+        damaged = prelaunch_problem(Path(c.load_from).expanduser())
+        if damaged:
+            problems.add("checkpoint.load_from", c.load_from, damaged,
+                         "pass an intact checkpoint (or a run dir holding one)")
 
 
 def data_files(d: DataConfig, problems: ProblemList, *, check_paths: bool,

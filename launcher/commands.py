@@ -19,6 +19,7 @@ from conf.search_path import add_config_dirs, user_config_dirs
 from conf.spec import RunSpec
 from conf.rundir import LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir
 from conf.checkpoint_dirs import checkpoint_step, read_checkpoint_meta
+from conf.checkpoint_verify import prelaunch_problem
 from launcher.advice import suggestions
 from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
@@ -250,6 +251,11 @@ def _check_resumable(run_dir: Path, spec: RunSpec) -> None:
     if latest is None:
         raise ConfigError([Problem("run_dir", str(run_dir), "holds no complete checkpoint",
                                    "start a new run with `meshrun run`")], "Cannot resume")
+    damaged = prelaunch_problem(run_dir)
+    if damaged:
+        raise ConfigError([Problem("run_dir", str(run_dir), damaged,
+                                   "start a new run with `meshrun run`, or restore the files")],
+                          "Cannot resume")
     problems = ProblemList()
     meta = read_checkpoint_meta(latest)
     saved_world, at = meta["world_size"], checkpoint_step(latest)

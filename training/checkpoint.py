@@ -10,6 +10,7 @@ The checkpoint root must be one filesystem that every rank sees (shared across n
 """
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -28,11 +29,13 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
                                                      set_state_dict)
 
 from conf.checkpoint_dirs import META_FILENAME, checkpoints_beyond_newest, is_complete_checkpoint, latest_checkpoint, read_checkpoint_meta, replaced_step_dir, stale_dirs, step_dir, tmp_step_dir
+from conf.checkpoint_verify import MANIFEST_KEY, checkpoint_problems, describe, file_digest
+from training.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 
-__all__ = ["CheckpointError", "CheckpointMismatch", "latest_checkpoint", "load_checkpoint",
+__all__ = ["CheckpointCorrupt", "CheckpointError", "CheckpointMismatch", "latest_checkpoint", "load_checkpoint",
            "read_checkpoint_meta", "save_checkpoint", "capture_rng_state", "restore_rng_state"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: meta.json lists every file's size and sha256
 _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, torch.Tensor, torch.dtype,
                  torch.device, torch.Size)
 
@@ -43,6 +46,10 @@ class CheckpointError(RuntimeError):
 
 class CheckpointMismatch(CheckpointError):
     """The checkpoint was written by a run whose layout does not match this one."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A file of the checkpoint is missing, truncated, altered or unsafe; nothing was loaded."""
 
 
 # --- process group helpers (all no-ops without a process group) --------------------------------
@@ -172,7 +179,12 @@ def _read_rank_file(folder: Path, *, rank: int) -> dict:
     path = _rank_file(folder, rank=rank)
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: the checkpoint in {folder} is damaged")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch's advice (weights_only=False) is wrong here
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointCorrupt(f"{path} is unreadable or holds more than plain values "
+                                f"({type(exc).__name__}: {cause})") from None
 
 
 # --- folder publishing (rank 0) -----------------------------------------------------------------
@@ -304,22 +316,70 @@ def save_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | No
     state = _model_and_optimizer_state(_part_state_dicts(model, optimizer))
     if optimizer_was_empty:
         _clear_optimizer_state(optimizer)  # undo get_state_dict's zero-lr init: stay exact
-    with _single_process_dcp_is_intended():
-        dcp.save(state, checkpoint_id=tmp, no_dist=not _is_distributed())
+    try:
+        with _single_process_dcp_is_intended():
+            dcp.save(state, checkpoint_id=tmp, no_dist=not _is_distributed())
+    except Exception as exc:  # DCP's own message buries ENOSPC in a per-rank traceback dump
+        if "No space left on device" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
+            raise CheckpointError(f"saving step {step} into {tmp} failed: No space left on "
+                                  "device (free space there, or lower checkpoint.keep_last); "
+                                  "the partial folder is never resumed from") from None
+        raise
 
-    _on_every_rank(lambda: _write_rank_file(tmp, rank=rank, rng_state=rng_state, extra=extra),
-                   what=f"writing rank files into {tmp}")  # also the barrier before publishing
+    digests: dict = {}
 
+    def write_and_hash() -> None:
+        _write_rank_file(tmp, rank=rank, rng_state=rng_state, extra=extra)
+        digests.update(_own_digests(tmp, rank=rank))
+
+    _on_every_rank(write_and_hash, what=f"writing rank files into {tmp}")  # also a barrier
+    manifest = _gather_digests(digests)
     meta = {"format_version": FORMAT_VERSION, "step": step, "world_size": world_size,
             "optimizer_state_empty": optimizer_was_empty, "saved_unix_s": time.time(),
-            "metadata": metadata}
+            "metadata": metadata, MANIFEST_KEY: manifest}
 
     def finish() -> None:
+        _add_unclaimed_digests(tmp, manifest)
         _publish(root, step=step, meta=meta)
         _remove_stale_and_old(root, keep_last=keep_last)
 
     _run_on_rank0(finish, what=f"publishing checkpoint step {step} in {root}")
     return step_dir(root, step=step)
+
+
+def _own_digests(folder: Path, *, rank: int) -> dict:
+    """Size and checksum of the files this rank wrote (DCP's `__<rank>_*`, its rank file)."""
+    names = [p.name for p in folder.iterdir() if p.name.startswith(f"__{rank}_")]
+    names.append(_rank_file(folder, rank=rank).name)
+    return {name: file_digest(folder / name) for name in names}
+
+
+def _gather_digests(digests: dict) -> dict:
+    if not _is_distributed():
+        return dict(digests)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, digests)
+    return {name: entry for part in every for name, entry in part.items()}
+
+
+def _add_unclaimed_digests(folder: Path, manifest: dict) -> None:
+    """Rank 0 checksums what no rank claimed (DCP's .metadata, files of unexpected names)."""
+    for path in folder.iterdir():
+        if path.is_file() and path.name != META_FILENAME and path.name not in manifest:
+            manifest[path.name] = file_digest(path)
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Collective: every rank checks a share of the files against the manifest (and the
+    metadata pickle against the allow-list); CheckpointCorrupt on every rank if any failed."""
+    rank, world_size = _rank_and_world_size()
+    problems = checkpoint_problems(Path(path), share=(rank, world_size))
+    if _is_distributed():
+        every: list = [None] * world_size
+        dist.all_gather_object(every, problems)
+        problems = list(dict.fromkeys(p for part in every for p in part))
+    if problems:
+        raise CheckpointCorrupt(f"damaged checkpoint {describe(path, problems)}")
 
 
 def _check_layout(path: Path, *, saved: dict, current: dict, allow_reshard: bool) -> bool:
@@ -358,10 +418,12 @@ def load_checkpoint(path: Path, *, model, optimizer, degrees: dict | None = None
              **{k: meta["metadata"].get("layout", {}).get(k) for k in current if k != "world_size"}}
     same_layout = _check_layout(path, saved=saved, current=current, allow_reshard=allow_reshard)
 
+    verify_checkpoint(path)  # before anything is touched: a caller may fall back to another
     parts = _part_state_dicts(model, optimizer)
     state = _model_and_optimizer_state(parts)
     with _single_process_dcp_is_intended():
-        dcp.load(state, checkpoint_id=path, no_dist=not _is_distributed())
+        dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(),
+                 no_dist=not _is_distributed())
     _set_model_and_optimizer_state(model, optimizer, parts, state)
     if meta.get("optimizer_state_empty", False):
         _clear_optimizer_state(optimizer)

@@ -1,17 +1,18 @@
 """Build the parts of a run on one rank: model, optimizer, data, precision, state to resume."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
 from conf.rundir import RunDir, find_checkpoint
-from conf.checkpoint_dirs import latest_checkpoint
+from conf.checkpoint_dirs import complete_checkpoints, latest_checkpoint
 from conf.spec import RunSpec
 from parallel.cost.devices import PeakFlops
 from parallel.cost.flops import flops_per_token
 from parallel.dims import ParallelDims
-from training.checkpoint import load_checkpoint
+from training.checkpoint import CheckpointCorrupt, CheckpointError, load_checkpoint
 from training.data import build_train_batches, build_val_batches
 from training.dist import RankContext
 from training.parallel_model import ParallelModel, build_parallel_model
@@ -20,6 +21,9 @@ from training.metrics import resolve_peak
 from training.optim import build_optimizers
 from training.precision import autocast_context, build_grad_scaler
 from training.preemption import StopRequest
+
+
+log = logging.getLogger("meshrun.checkpoint")
 
 
 @dataclass(kw_only=True)
@@ -85,14 +89,41 @@ def checkpoint_degrees(spec: RunSpec) -> dict:
     return ParallelDims.from_spec(spec.parallel).checkpoint_degrees()
 
 
+def _candidates(state: TrainState, source: str) -> list[Path]:
+    """Newest first: this run's complete checkpoints, or `source`'s (a run dir: all of its
+    complete checkpoints; a step folder: that one only)."""
+    if not source:
+        return complete_checkpoints(state.checkpoint_root)[::-1]
+    found = find_checkpoint(Path(source))
+    if found is None or found == Path(source):
+        return [found] if found is not None else []
+    return complete_checkpoints(found.parent)[::-1]
+
+
+def _load_newest_intact(state: TrainState, candidates: list[Path], *, allow_reshard: bool):
+    """Load the newest candidate that verifies; each damaged one is skipped with a notice.
+    Verification precedes any change to the model, so falling back is clean."""
+    skipped = []
+    for path in candidates:
+        try:
+            extra = load_checkpoint(path, model=state.model.parts, optimizer=state.optimizers,
+                                    degrees=checkpoint_degrees(state.spec),
+                                    allow_reshard=allow_reshard)
+            return path, extra
+        except CheckpointCorrupt as exc:
+            skipped.append(str(exc))
+            if state.ctx.is_main:
+                log.warning("%s; trying the previous checkpoint", exc)
+    raise CheckpointError(f"no intact checkpoint left to load: {' | '.join(skipped)}")
+
+
 def restore(state: TrainState, *, source: str = "", allow_reshard: bool = False) -> None:
-    """Load the newest complete checkpoint of this run (or of `source`, a run dir or step
-    folder, resharded to this layout): weights, optimizer, data position, RNG, scaler."""
-    path = find_checkpoint(Path(source)) if source else latest_checkpoint(state.checkpoint_root)
-    if path is None:
+    """Load the newest complete, intact checkpoint of this run (or of `source`, a run dir or
+    step folder, resharded to this layout): weights, optimizer, data position, RNG, scaler."""
+    candidates = _candidates(state, source)
+    if not candidates:
         raise FileNotFoundError(f"no complete checkpoint under {source or state.checkpoint_root}")
-    extra = load_checkpoint(path, model=state.model.parts, optimizer=state.optimizers,
-                            degrees=checkpoint_degrees(state.spec), allow_reshard=allow_reshard)
+    path, extra = _load_newest_intact(state, candidates, allow_reshard=allow_reshard)
     state.train_batches.load_state_dict(extra["data"])
     if state.scaler is not None and extra.get("scaler"):
         state.scaler.load_state_dict(extra["scaler"])
