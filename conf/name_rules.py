@@ -49,13 +49,10 @@ def _check_wandb_name(key: str, value: str, may_be_empty: bool, problems: Proble
                          if not may_be_empty else "give a name, or leave it empty")
         return
     bad = sorted({c for c in value if c in WANDB_FORBIDDEN})
-    if key == "logging.wandb_entity" and any(c.isspace() for c in value):
-        bad.append("whitespace")
     if bad:
         problems.add(key, repr(value),
                      f"W&B refuses the character(s) {' '.join(bad)} here "
-                     f"(forbidden: {WANDB_FORBIDDEN}" + (" and whitespace)" if
-                                                          key.endswith("entity") else ")"),
+                     f"(forbidden: {WANDB_FORBIDDEN})",
                      "use letters, digits, - and _ (a project is named by the entity; "
                      "set logging.wandb_entity for the team)")
     if len(value) > WANDB_NAME_MAX:
