@@ -11,7 +11,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from conf import rules
+from conf import name_rules, rules
 from conf.errors import ProblemList
 from conf.split_rules import check_model_split, check_recompute
 from conf.parallel_rules import resolve_parallel
@@ -33,7 +33,7 @@ CPU_DEFAULT_PROCS = 2
 def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunSpec:
     """Fill every auto value and check every rule; raise one ConfigError listing all problems."""
     problems = ProblemList()
-    cfg = rules.finite_floats(cfg, problems)
+    cfg = rules.typed_lists(rules.finite_floats(cfg, problems), problems)
     host = target_host(cfg.cluster, local=host)
     device = _resolve_device(cfg, host, problems)
     model = _resolve_model(cfg, problems)
@@ -48,6 +48,8 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunS
     rules.check_cluster(cfg.cluster, procs, host, device, problems)
     rules.check_launch(cfg.cluster, problems)
     rules.check_checkpoint(cfg.checkpoint, problems, check_paths=check_paths)
+    name_rules.check_wandb(cfg.logging, problems)
+    name_rules.check_paths(cfg, problems, check_paths=check_paths)
     data = _resolve_data(cfg, model, problems, check_paths=check_paths)
     precision = _resolve_precision(cfg, host, device, problems)
     check_model_split(parallel, model=model, training=training, precision=precision,

@@ -8,7 +8,7 @@ from typing import Callable
 
 from conf.errors import ProblemList
 from conf.rundir import CHECKPOINTS_DIR, RunDir, find_checkpoint
-from conf.checkpoint_dirs import META_FILENAME
+from conf.checkpoint_dirs import DCP_METADATA_FILENAME, META_FILENAME, checkpoint_step
 from conf.checkpoint_verify import prelaunch_problem
 from conf.schema import (
     CheckpointConfig, ClusterConfig, ClusterKind, DataConfig, DataKind, DeviceKind, OptimConfig,
@@ -52,6 +52,37 @@ def finite_floats(cfg, problems: ProblemList, prefix: str = ""):
             default = f.default if f.default is not MISSING else f.default_factory()
             problems.add(key, value, FINITE_RULE, f"give a finite value, e.g. the default {default}")
             bad[f.name] = default
+    return replace(cfg, **bad) if bad else cfg
+
+
+_ITEM_TYPES = {"list[str]": (str,), "list[int]": (int,), "dict[str, str]": (str,)}
+
+
+def typed_lists(cfg, problems: ProblemList, prefix: str = ""):
+    """Every list (and str->str dict) knob holds items of its declared type. OmegaConf lets a
+    nested list (`recompute.targets=[[a]]`) into a list[str] field; each such knob is reported
+    here and replaced by its schema default, so the other rules see the declared types."""
+    bad = {}
+    for f in fields(cfg):
+        value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value):
+            fixed = typed_lists(value, problems, prefix=f"{key}.")
+            if fixed is not value:
+                bad[f.name] = fixed
+            continue
+        wanted = _ITEM_TYPES.get(str(f.type).replace("typing.", ""))
+        if wanted is None or not isinstance(value, (list, dict)):
+            continue
+        items = list(value.values()) if isinstance(value, dict) else value
+        odd = [v for v in items if not isinstance(v, wanted) or isinstance(v, bool)]
+        if odd:
+            name = wanted[0].__name__
+            problems.add(key, value, f"must be a flat list of {name} values "
+                         f"(found {odd[0]!r})" if isinstance(value, list) else
+                         f"values must be {name} (found {odd[0]!r})",
+                         f"write {key}=[a,b] (no nested lists)" if isinstance(value, list)
+                         else f"give {name} values")
+            bad[f.name] = f.default_factory() if f.default_factory is not MISSING else f.default
     return replace(cfg, **bad) if bad else cfg
 
 
@@ -297,14 +328,28 @@ def check_checkpoint(c: CheckpointConfig, problems: ProblemList, *, check_paths:
                          "pass a folder made by `meshrun run`, e.g. runs/<name>-<timestamp>")
     if c.load_from and check_paths and find_checkpoint(Path(c.load_from).expanduser()) is None:
         problems.add("checkpoint.load_from", c.load_from,
-                     f"holds no complete checkpoint (a step_N folder with {META_FILENAME}, or a "
-                     f"run dir with {CHECKPOINTS_DIR}/step_N)",
-                     "pass a run dir or one of its step_N folders")
+                     f"{_why_not_a_checkpoint(Path(c.load_from).expanduser())}; a checkpoint "
+                     f"is a step_N folder with {META_FILENAME} and DCP's "
+                     f"{DCP_METADATA_FILENAME}, or a run dir with {CHECKPOINTS_DIR}/step_N",
+                     "pass a run dir or one of its complete step_N folders")
     elif c.load_from and check_paths:
         damaged = prelaunch_problem(Path(c.load_from).expanduser())
         if damaged:
             problems.add("checkpoint.load_from", c.load_from, damaged,
                          "pass an intact checkpoint (or a run dir holding one)")
+
+
+def _why_not_a_checkpoint(path: Path) -> str:
+    if not path.exists():
+        return "does not exist"
+    if not path.is_dir():
+        return "is a file, not a folder"
+    if checkpoint_step(path) is not None:
+        missing = [n for n in (META_FILENAME, DCP_METADATA_FILENAME) if not (path / n).is_file()]
+        return f"is a step_N folder without {' and '.join(missing)} (an interrupted save?)"
+    if (path / CHECKPOINTS_DIR).is_dir():
+        return f"holds no complete checkpoint under {CHECKPOINTS_DIR}/"
+    return f"is neither a step_N folder nor a run dir with {CHECKPOINTS_DIR}/"
 
 
 def data_files(d: DataConfig, problems: ProblemList, *, check_paths: bool,

@@ -99,9 +99,14 @@ def check_recompute(r: RecomputeConfig, problems: ProblemList) -> None:
     if r.every_n_layers < 1:
         problems.add("recompute.every_n_layers", r.every_n_layers, "must be >= 1",
                      "give 1 (every block) or N (every N-th block)")
+    unknown = [t for t in r.targets if t not in RECOMPUTE_TARGETS]
+    if unknown and r.mode is not RecomputeMode.selective:  # a typo, even where unused
+        problems.add("recompute.targets", list(r.targets),
+                     f"unknown target(s) {', '.join(unknown)} (targets apply to "
+                     f"recompute.mode=selective; this run has mode={r.mode.value})",
+                     f"choose from {', '.join(RECOMPUTE_TARGETS)}, or leave the default")
     if r.mode is not RecomputeMode.selective:
         return
-    unknown = [t for t in r.targets if t not in RECOMPUTE_TARGETS]
     if unknown or not r.targets:
         problems.add("recompute.targets", list(r.targets),
                      "must name what to recompute" if not r.targets else

@@ -18,13 +18,15 @@ from conf.resolve import resolve
 from conf.search_path import add_config_dirs, user_config_dirs
 from conf.spec import RunSpec
 from conf.rundir import LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir
-from conf.checkpoint_dirs import checkpoint_step, read_checkpoint_meta
+from conf.checkpoint_dirs import checkpoint_step
 from conf.checkpoint_verify import prelaunch_problem
 from launcher.advice import suggestions
 from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
 from launcher.local import RUN_DIR_PLACEHOLDER, launch_local, node_commands, torchrun_command
 from launcher.plan_json import plan_json
+from launcher.resume_checks import (check_resume_files, check_same_layout,
+                                    checkpoint_meta_or_problem)
 from launcher.progress import print_failure, watch_run
 from launcher.slurm import SubmissionFailed, render_sbatch, submit
 from launcher.slurm_state import SlurmJobHandle
@@ -205,19 +207,33 @@ def print_preflight(run_dir: Path, console: Console) -> None:
 def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool = False) -> int:
     """Continue `run_dir` from its newest complete checkpoint, in the same dir and W&B run,
     with the newest leg's overrides (then these). Refused (exit 2) before anything is
-    written: spec.json and resumes.jsonl change only for a leg that launches, and never while
-    another launcher holds the run dir's lock."""
+    written: every check runs before the run dir's lock is taken (a refused resume leaves
+    every file as it was), again under the lock, and spec.json and resumes.jsonl change only
+    for a leg that launches, never while another launcher holds the lock."""
     stored = _stored_overrides(run_dir)
     _reuse_config_dirs(run_dir)
-    with acquire_run_lock(run_dir, action="resume") as lock:
-        return _resume_locked(run_dir, stored, overrides, lock, console=console, wait=wait)
-
-
-def _resume_locked(run_dir: Path, stored: list[str], overrides: list[str], lock: RunLock, *,
-                   console: Console, wait: bool) -> int:
     effective = stored + [LEG_UNPAUSE] + overrides
+    try:
+        spec = _resumable_spec(run_dir, effective)
+    except ConfigError:
+        if RunDir(run_dir).lock_file.exists():  # a live holder is the first thing to say
+            with acquire_run_lock(run_dir, action="resume"):
+                pass
+        raise
+    with acquire_run_lock(run_dir, action="resume") as lock:
+        _check_resumable(run_dir, spec)  # the newest checkpoint may have changed meanwhile
+        return _resume_locked(run_dir, spec, effective, overrides, lock, console=console,
+                              wait=wait)
+
+
+def _resumable_spec(run_dir: Path, effective: list[str]) -> RunSpec:
     spec, _ = compose_spec(effective + [f"checkpoint.resume_from={run_dir}"])
     _check_resumable(run_dir, spec)
+    return spec
+
+
+def _resume_locked(run_dir: Path, spec: RunSpec, effective: list[str], overrides: list[str],
+                   lock: RunLock, *, console: Console, wait: bool) -> int:
     spec = with_prepared_data(spec)
     rd = RunDir(run_dir)
     rd.write_spec(spec)
@@ -233,6 +249,7 @@ def _stored_overrides(run_dir: Path) -> list[str]:
         raise ConfigError([Problem("run_dir", str(run_dir),
                                    f"is not a meshrun run dir (no {SPEC_FILE}/{OVERRIDES_FILE})",
                                    "pass a folder made by `meshrun run`")], "Cannot resume")
+    check_resume_files(run_dir)
     return rd.leg_overrides()
 
 
@@ -257,13 +274,10 @@ def _check_resumable(run_dir: Path, spec: RunSpec) -> None:
                                    "start a new run with `meshrun run`, or restore the files")],
                           "Cannot resume")
     problems = ProblemList()
-    meta = read_checkpoint_meta(latest)
-    saved_world, at = meta["world_size"], checkpoint_step(latest)
-    if saved_world != spec.world_size:
-        problems.add("cluster.procs_per_node", spec.cluster.procs_per_node,
-                     f"world size {spec.world_size} differs from the checkpoint's {saved_world} "
-                     f"({latest.name}); resuming across world sizes is not supported yet",
-                     f"resume with the original layout (world size {saved_world})")
+    meta = checkpoint_meta_or_problem(latest, problems)
+    problems.raise_if_any("Cannot resume")
+    at = checkpoint_step(latest)
+    check_same_layout(run_dir, latest, meta, spec, problems)
     t = spec.training
     if t.steps <= at:
         done = "the run is complete" if t.steps == at else "it would end before its checkpoint"

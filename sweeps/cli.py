@@ -58,6 +58,10 @@ def register(subparsers) -> None:
                         help="slurm: array tasks running at once")
     parser.add_argument("--wait", action="store_true",
                         help="slurm: wait until every submitted point has ended")
+    parser.add_argument("--max-points", type=int, dest="max_points",
+                        help="refuse sweeps of more points than this (default sweeps.expand.MAX_POINTS, "
+                             "10,000), "
+                             "counted before any point is made")
     parser.add_argument("--rows", type=int, default=50, help="preview at most N rows")
     parser.add_argument("--json", action="store_true", help="status: machine-readable output")
     parser.set_defaults(handler=handle_sweep)
@@ -93,7 +97,8 @@ def _options(args: argparse.Namespace, sweep_dir: Path | None):
     from sweeps.submit import Options
 
     return Options(sweep_dir=sweep_dir, dry_run=args.dry_run, yes=args.yes,
-                   skip_invalid=args.skip_invalid, wait=args.wait, max_rows=args.rows)
+                   skip_invalid=args.skip_invalid, wait=args.wait, max_rows=args.rows,
+                   **({} if args.max_points is None else {"max_points": args.max_points}))
 
 
 def start(words: list[str], args: argparse.Namespace, console: Console) -> int:

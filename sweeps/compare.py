@@ -19,6 +19,10 @@ IGNORED_KEYS = ("name", "runs_dir", "data.train_files", "data.val_files", "data.
                 "checkpoint.resume_from")
 """Config keys that differ between runs without meaning anything (paths, the run's own name)."""
 IGNORED_PREFIXES = ("host.",)
+DERIVED_KEYS = ("logging.wandb_tags", "logging.wandb_group")
+"""Keys a sweep derives from the varied values (tags `key=value`, the group): never a difference
+of their own. Auto values (-1, e.g. schedule.warmup_steps) are compared as the user gave them
+(config.yaml, before resolve), so one that resolves differently per run is no difference."""
 OUTCOMES = ("final_val_loss", "best_val_loss", "final_loss", "tokens_per_s", "mfu",
             "peak_mem_gib", "steps_done", "wall_s")
 """Outcome columns, in table order (the names summary.json uses)."""
@@ -28,12 +32,14 @@ FILTER_OPS = ("<=", ">=", "!=", "=", "<", ">")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunRecord:
-    """One run as the comparison sees it; `config` is the flattened spec.json (dotted keys)."""
+    """One run as the comparison sees it; `config` is the flattened spec.json (dotted keys),
+    `asked` the flattened config.yaml: what the user composed, autos not yet filled."""
 
     name: str
     run_dir: Path
     state: RunState
     config: dict = field(default_factory=dict)
+    asked: dict = field(default_factory=dict)
     outcomes: dict = field(default_factory=dict)
     overrides: tuple = ()
     train_curve: tuple = ()
@@ -105,7 +111,7 @@ def load_run(*, run_dir: Path, name: str) -> RunRecord:
         return RunRecord(name=name, run_dir=run_dir, state=RunState.unknown)
     rows = rd.read_rows()
     return RunRecord(name=name, run_dir=run_dir, state=run_state(run_dir=run_dir),
-                     config=config, outcomes=run_outcomes(run_dir=run_dir),
+                     config=config, asked=_asked(rd), outcomes=run_outcomes(run_dir=run_dir),
                      overrides=_overrides(run_dir),
                      train_curve=_curve(rows, kind="train", key="loss"),
                      val_curve=_curve(rows, kind="eval", key="val_loss"))
@@ -133,6 +139,17 @@ def run_outcomes(*, run_dir: Path) -> dict:
     return {key: summary.get(key) for key in OUTCOMES}
 
 
+def _asked(rd: RunDir) -> dict:
+    """config.yaml flattened ({} when missing or unreadable: the spec is compared instead)."""
+    import yaml
+
+    try:
+        tree = yaml.safe_load(rd.config_file.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    return flatten(tree) if isinstance(tree, dict) else {}
+
+
 def _overrides(run_dir: Path) -> tuple:
     rd = RunDir(run_dir)
     return tuple(rd.read_overrides()) if rd.overrides_file.is_file() else ()
@@ -158,8 +175,9 @@ def flatten(tree: dict, *, prefix: str = "") -> dict:
 
 
 def differing_keys(records: list[RunRecord]) -> list[str]:
-    """Config keys whose values are not all equal across the runs that have a config."""
-    configs = [r.config for r in records if r.config]
+    """Config keys the user gave different values across the runs that have a config: compared
+    before resolution (config.yaml), so derived and auto-filled values are not differences."""
+    configs = [r.asked or r.config for r in records if r.config]
     keys = sorted({k for c in configs for k in c}, key=_key_order(configs))
     return [k for k in keys if not _ignored(k)
             and len({_canonical(c.get(k, "<absent>")) for c in configs}) > 1]
@@ -174,7 +192,7 @@ def _key_order(configs: list[dict]):
 
 
 def _ignored(key: str) -> bool:
-    return key in IGNORED_KEYS or key.startswith(IGNORED_PREFIXES)
+    return key in IGNORED_KEYS or key in DERIVED_KEYS or key.startswith(IGNORED_PREFIXES)
 
 
 def _canonical(value: object) -> str:

@@ -26,6 +26,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from conf.errors import ProblemList
+from conf.rundir import RunDir
 from sweeps.compare import (OUTCOMES, RunRecord, best_run, collect_runs, differing_keys,
                             display, is_sweep_dir, select_runs,
                             table_columns, table_rows)
@@ -59,6 +61,7 @@ def register_compare(subparsers) -> None:
 
 
 def run_compare(args: argparse.Namespace, console: Console) -> int:
+    check_paths(args.paths)
     records = select_runs(collect_runs(paths=args.paths), filters=args.filters, sort=args.sort)
     keys = differing_keys(records)
     rows = table_rows(records, keys=keys)
@@ -76,6 +79,26 @@ def run_compare(args: argparse.Namespace, console: Console) -> int:
         write_report(records=records, keys=keys, path=html, title=_title(args.paths))
         shown.print(f"report: {html}")
     return 0
+
+
+def check_paths(paths: list[Path]) -> None:
+    """Each path exists and holds something to compare (a sweep dir, a run dir, or a folder
+    of run dirs); else exit 2 naming it, before anything is written."""
+    problems = ProblemList()
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            problems.add(str(path), "", "does not exist", "give a sweep dir, a run dir or a "
+                         "folder of run dirs")
+        elif not path.is_dir():
+            problems.add(str(path), "", "is a file, not a folder",
+                         "give a sweep dir, a run dir or a folder of run dirs")
+        elif not (is_sweep_dir(path) or RunDir(path).is_run_dir
+                  or any(RunDir(d).is_run_dir for d in path.iterdir())):
+            problems.add(str(path), "", "holds no run to compare (no points.json, no "
+                         "spec.json, no run dir in it)",
+                         "give a sweep dir, a run dir or a folder of run dirs")
+    problems.raise_if_any("Nothing to compare")
 
 
 def _title(paths: list[Path]) -> str:

@@ -19,7 +19,10 @@ from sweeps.naming import (base_values, check_template, default_template, render
                            wandb_group_and_tags)
 from sweeps.spec_file import SWEEP_TITLE, SweepDef
 
-MAX_POINTS = 100_000
+MAX_POINTS = 10_000
+"""Most points a sweep may have unless `--max-points N` lifts it (each point is a run); counted
+from the axes' sizes, before any point (or a range's values) is materialised."""
+MAX_POINTS_FIX = "pass --max-points N to allow more (each point is a run)"
 Choice = tuple[tuple[str, str, str], ...]
 """One value of a group: (override line, varied key, value as shown) per paired axis."""
 
@@ -64,16 +67,17 @@ class _Group:
     """(axis key as written, varied key, low, high, log): random sweeps only."""
 
 
-def expand(sweep: SweepDef) -> list[Point]:
-    """Every point of the sweep; one ConfigError lists every problem with the axes."""
+def expand(sweep: SweepDef, *, max_points: int = MAX_POINTS) -> list[Point]:
+    """Every point of the sweep; one ConfigError lists every problem with the axes. More than
+    `max_points` points are refused before they are made."""
     problems = ProblemList()
-    groups = [g for g in (_parse_group(entry, sweep, problems) for entry in sweep.axes)
-              if g is not None]
+    groups = [g for g in (_parse_group(entry, sweep, problems, max_points)
+                          for entry in sweep.axes) if g is not None]
     if sweep.points:
         groups.insert(0, _list_group(sweep.points, problems))
     _check_keys(groups, problems)
     problems.raise_if_any(SWEEP_TITLE)
-    combos = _combine(groups, sweep, problems)
+    combos = _combine(groups, sweep, problems, max_points)
     problems.raise_if_any(SWEEP_TITLE)
     keys = list(dict.fromkeys(key for combo in combos for _, key, _ in combo))
     fixed = base_values(sweep.base)
@@ -91,8 +95,8 @@ def expand(sweep: SweepDef) -> list[Point]:
     return points
 
 
-def _parse_group(entry: tuple[str, ...], sweep: SweepDef,
-                 problems: ProblemList) -> _Group | None:
+def _parse_group(entry: tuple[str, ...], sweep: SweepDef, problems: ProblemList,
+                 max_points: int) -> _Group | None:
     """One axis, or several paired axes (all the same length), as a list of choices."""
     columns, interval = [], None
     for line in entry:
@@ -112,6 +116,10 @@ def _parse_group(entry: tuple[str, ...], sweep: SweepDef,
                 problems.add(line, "", "a log interval needs a positive lower bound",
                              "e.g. tag(log,interval(1e-5,1e-2))")
             interval = (key, name, low, high, log)
+            continue
+        if ov.sweep is not None and ov.sweep.count > max_points:  # counted, not listed
+            problems.add(line, "", f"has {ov.sweep.count:,} values, more than {max_points:,} "
+                         "points", MAX_POINTS_FIX)
             continue
         values = _axis_values(ov, name, sweep, problems, line)
         columns.append([(f"{key}={v}", name, display_value(name, v)) for v in values])
@@ -180,8 +188,13 @@ def _check_keys(groups: list[_Group], problems: ProblemList) -> None:
             seen[key] = i
 
 
-def _combine(groups: list[_Group], sweep: SweepDef, problems: ProblemList) -> list[Choice]:
+def _combine(groups: list[_Group], sweep: SweepDef, problems: ProblemList,
+             max_points: int) -> list[Choice]:
     if sweep.combine == "random":
+        if sweep.samples > max_points:
+            problems.add("samples", f"{sweep.samples:,}", f"is more than {max_points:,} points",
+                         f"use fewer samples, or {MAX_POINTS_FIX}")
+            return []
         return _sample(groups, sweep, problems)
     sizes = [len(g.choices) for g in groups]
     if sweep.combine == "zip":
@@ -191,9 +204,10 @@ def _combine(groups: list[_Group], sweep: SweepDef, problems: ProblemList) -> li
             return []
         return [sum(c, ()) for c in zip(*(g.choices for g in groups))]
     total = math.prod(sizes)
-    if total > MAX_POINTS:
+    if total > max_points:
         problems.add("axes", f"{' x '.join(map(str, sizes))} = {total:,} points",
-                     f"is more than {MAX_POINTS:,} points", "use combine: random with samples")
+                     f"is more than {max_points:,} points",
+                     f"use combine: random with samples, or {MAX_POINTS_FIX}")
         return []
     return [sum(c, ()) for c in itertools.product(*(g.choices for g in groups))]
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from conf.compose import config_yaml, quote_value
 from conf.errors import ConfigError, Problem
 from launcher.hardware import probe_host
-from sweeps.expand import Point, expand
+from sweeps.expand import MAX_POINTS, Point, expand
 from sweeps.preview import confirm, not_fitting, preview_table
 from sweeps.run_local import Prepared
 from sweeps.spec_file import SweepDef
@@ -33,12 +33,14 @@ class Options:
     skip_invalid: bool = False
     wait: bool = False
     max_rows: int = 50
+    max_points: int = MAX_POINTS
 
 
 def run_sweep(sweep: SweepDef, opts: Options, console: Console, *,
               points: list[Point] | None = None) -> int:
     """Expand (unless `points` are given, as by retry), validate, preview and launch."""
-    checked = _validated(sweep, points if points is not None else expand(sweep), opts, console)
+    checked = _validated(sweep, points if points is not None else expand(sweep, max_points=opts.max_points),
+                         opts, console)
     sweep_dir = opts.sweep_dir or Path(checked[0].spec.runs_dir) / SWEEPS_SUBDIR / sweep.name
     state = _open_state(sweep_dir, sweep)
     merged = state.merge([c.point for c in checked])

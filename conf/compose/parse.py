@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import fnmatch
 import functools
 import re
 from dataclasses import dataclass
 
 PARSE_CACHE_LINES = 1 << 16
+RANGE_LISTED_MAX = 1_000_000
+"""A range sweep with more values than this is counted, not listed (callers refuse it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,7 +30,10 @@ class SweepValues:
     kind: str
     """"choice" (a,b,c / choice / sort / shuffle), "range", "glob" or "interval"."""
     values: tuple[str, ...] = ()
-    """choice and range: each value as override text, in Hydra's order before any shuffle."""
+    """choice and range: each value as override text, in Hydra's order before any shuffle
+    (empty for a range of more than RANGE_LISTED_MAX values: see `count`)."""
+    count: int = 0
+    """choice and range: how many values; a huge range is counted, never listed."""
     shuffle: bool = False
     """choice and range: Hydra would shuffle the values (callers shuffle with their own seed)."""
     include: tuple[str, ...] = ()
@@ -191,5 +197,18 @@ def _sweep_values(ov) -> SweepValues:
     if shuffle:  # Hydra would shuffle with the global RNG: list them in order instead
         ov = copy.copy(ov)
         ov._value = dataclasses.replace(value, shuffle=False)
+    if kind == "RangeSweep":
+        count = _range_count(value)
+        if count > RANGE_LISTED_MAX:  # e.g. range(0,1e8): 10^8 strings would take gigabytes
+            return SweepValues(kind="range", count=count, shuffle=shuffle)
+    values = tuple(ov.sweep_string_iterator())
     return SweepValues(kind="range" if kind == "RangeSweep" else "choice",
-                       values=tuple(ov.sweep_string_iterator()), shuffle=shuffle)
+                       values=values, count=len(values), shuffle=shuffle)
+
+
+def _range_count(value) -> int:
+    """How many values Hydra's range(start, stop, step) yields, without listing them."""
+    start, stop, step = value.start, value.stop, value.step
+    if not step:
+        return 0
+    return max(0, math.ceil((stop - start) / step))

@@ -25,6 +25,7 @@ from conf.spec_io import write_spec
 from sweeps.compare import collect_runs, differing_keys, select_runs, table_rows
 from sweeps.compare_cli import register_compare
 from sweeps.report import render_report
+from conf.compose import compose_config, config_yaml
 from tests.support.specs import cpu_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,13 +42,17 @@ def write_run(run_dir: Path, *, overrides: list[str], val_losses: list[float], s
               finished: bool, cpu_count: int = 2) -> None:
     """A run dir as the launcher and the training loop leave it."""
     (run_dir / "logs").mkdir(parents=True)
-    # A fixed warmup: auto warmup follows training.steps, and would differ as a second key.
-    spec = cpu_spec("model=tiny", "schedule.warmup_steps=2", f"runs_dir={run_dir.parent}",
-                    *overrides)
+    # As a sweep writes them: auto warmup (resolves per training.steps), the point's name and
+    # W&B tags derived from its values. None of these is a difference the user made.
+    tags = "logging.wandb_tags=[" + ",".join(o.replace("=", "_") for o in overrides) + "]"
+    asked = ["model=tiny", f"runs_dir={run_dir.parent}", *overrides, f"name={run_dir.name}",
+             tags]
+    spec = cpu_spec(*asked)
+    (run_dir / "config.yaml").write_text(config_yaml(compose_config(["logging=disabled", *asked])))
     spec = dataclasses.replace(spec, host=HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0,
                                                    cpu_count=cpu_count))
     write_spec(spec, run_dir / "spec.json")
-    (run_dir / "overrides.json").write_text(json.dumps(["model=tiny", *overrides]))
+    (run_dir / "overrides.json").write_text(json.dumps(asked))
     (run_dir / "logs" / "rank0.log").write_text("step 1\n")
     rows = [{"kind": "eval", "step": 10 * i, "val_loss": v, "time": 100.0 + 10 * i}
             for i, v in enumerate(val_losses)]
@@ -103,6 +108,19 @@ def test_collects_points_and_diffs_only_meaningful_keys(sweep):
     # name, runs_dir and host.cpu_count differ too, but carry no meaning
     assert differing_keys(records) == ["optim.lr", "training.steps"]
     assert records[0].config["optim.lr"] == 1e-3 and records[3].config == {}
+    # ... though the resolved specs differ in more: auto warmup and the derived W&B tags
+    assert len({r.config["schedule.warmup_steps"] for r in records[:3]}) == 2
+    assert len({str(r.config["logging.wandb_tags"]) for r in records[:3]}) == 3
+
+
+def test_without_config_yaml_derived_tags_are_still_no_difference(sweep, tmp_path):
+    import shutil
+
+    for name in ("lr-1e-3", "lr-3e-3"):
+        shutil.copytree(sweep / "runs" / name, tmp_path / name)
+        (tmp_path / name / "config.yaml").unlink()
+    records = collect_runs(paths=[tmp_path])
+    assert differing_keys(records) == ["optim.lr"]
 
 
 def test_outcomes_from_summary_or_metrics(sweep):

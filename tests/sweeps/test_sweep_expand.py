@@ -141,7 +141,7 @@ def test_axis_problems_are_reported_together():
     text = str(err.value)
     assert "3 problems" in text and "swept by two axes" in text
     assert "glob() selects options of a config group" in text and "matches no model" in text
-    with pytest.raises(ConfigError, match="more than 100,000 points"):
+    with pytest.raises(ConfigError, match="more than 10,000 points"):
         expand(inline_sweep(["training.seed=range(0,100)", "optim.lr=range(1,101)",
                              "training.steps=range(1,12)"]))
 

@@ -1,0 +1,91 @@
+"""Rules on names and paths that otherwise fail only after launch: W&B names (wandb refuses
+them in every rank's `wandb.init`), the run dir's name (the filesystem's name limit) and
+folders that are files. Each adds Problems; none raises."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from conf.errors import ProblemList
+from conf.schema import LoggingConfig, RunConfig
+
+WANDB_TAG_MAX = 64
+"""wandb: "Tags must be between 1 and 64 characters" (wandb_settings.validate_tags)."""
+WANDB_NAME_MAX = 128
+"""wandb: a project name may not exceed 128 characters; groups and entities are held to it."""
+WANDB_FORBIDDEN = "/\\#?%:"
+"""wandb: characters a project name cannot contain (wandb_settings.validate_project)."""
+
+NAME_MAX_BYTES = 255
+"""The longest file or folder name (in bytes) of common filesystems (ext4, xfs, btrfs, NFS)."""
+RUN_DIR_SUFFIX_BYTES = len("-20260101-120000") + len("-99") + len("..abcdefgh.tmp")
+"""What the launcher adds to the run name: the timestamp, a clash suffix, and the private
+temporary folder's prefix and suffix the run dir is written in before its rename."""
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")  # launcher.rundir.safe_name's rule
+
+
+def check_wandb(lg: LoggingConfig, problems: ProblemList) -> None:
+    """Names wandb.init would refuse in every rank, after launch."""
+    for key, value, may_be_empty in (("logging.wandb_project", lg.wandb_project, False),
+                                     ("logging.wandb_entity", lg.wandb_entity, True),
+                                     ("logging.wandb_group", lg.wandb_group, True)):
+        _check_wandb_name(key, value, may_be_empty, problems)
+    for i, tag in enumerate(lg.wandb_tags):
+        if not isinstance(tag, str):
+            continue  # reported by rules.typed_lists
+        if not 1 <= len(tag) <= WANDB_TAG_MAX:
+            problems.add(f"logging.wandb_tags[{i}]", repr(tag),
+                         f"is {len(tag)} characters; W&B tags must be 1 to {WANDB_TAG_MAX}",
+                         f"shorten it to at most {WANDB_TAG_MAX} characters"
+                         if tag else "remove the empty tag")
+
+
+def _check_wandb_name(key: str, value: str, may_be_empty: bool, problems: ProblemList) -> None:
+    if not value.strip():
+        if value or not may_be_empty:
+            problems.add(key, repr(value), "must not be empty or blank" if not may_be_empty
+                         else "must not be only whitespace", "give a name, e.g. meshrun"
+                         if not may_be_empty else "give a name, or leave it empty")
+        return
+    bad = sorted({c for c in value if c in WANDB_FORBIDDEN})
+    if bad:
+        problems.add(key, repr(value),
+                     f"W&B refuses the character(s) {' '.join(bad)} here "
+                     f"(forbidden: {WANDB_FORBIDDEN})",
+                     "use letters, digits, - and _ (a project is named by the entity; "
+                     "set logging.wandb_entity for the team)")
+    if len(value) > WANDB_NAME_MAX:
+        problems.add(key, f"{value[:20]}... ({len(value)} characters)",
+                     f"W&B names are at most {WANDB_NAME_MAX} characters",
+                     f"shorten it to at most {WANDB_NAME_MAX}")
+
+
+def check_paths(cfg: RunConfig, problems: ProblemList, *, check_paths: bool) -> None:
+    """The run dir's name fits the filesystem; the folders meshrun creates are not files."""
+    stem = _UNSAFE.sub("_", cfg.name)
+    room = NAME_MAX_BYTES - RUN_DIR_SUFFIX_BYTES
+    if not stem:
+        problems.add("name", "''", "must not be empty (it names the run dir)", "e.g. name=run")
+    elif len(stem.encode()) > room:
+        problems.add("name", f"{cfg.name[:24]}... ({len(cfg.name)} characters)",
+                     f"the run dir name <name>-<timestamp> would exceed the filesystem's "
+                     f"{NAME_MAX_BYTES}-byte limit on a file name",
+                     f"shorten the name to at most {room} characters")
+    if not check_paths:
+        return
+    for key, value in (("runs_dir", cfg.runs_dir), ("data.cache_dir", cfg.data.cache_dir)):
+        _check_folder(key, value, problems)
+
+
+def _check_folder(key: str, value: str, problems: ProblemList) -> None:
+    """`value` is, or can become, a folder: neither it nor a parent is an existing file."""
+    path = Path(os.path.expanduser(value or "."))
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            where = "is an existing file" if p == path else f"lies under {p}, which is a file"
+            problems.add(key, value, f"must be a folder, and {where}",
+                         "give a folder path (it is created if missing)")
+            return
+        if p.is_dir():
+            return
