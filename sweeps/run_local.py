@@ -67,7 +67,10 @@ def concurrency_note(host: HostSpec, *, parallel: int, specs: list[RunSpec]) -> 
         return f"--parallel {parallel}: running one point at a time: {slots.serial_reason}"
     if slots.fit < together:
         return f"--parallel {parallel}: at most {slots.fit} points at once: {slots.limit_reason}"
-    threads = "" if slots.free_gpus else f", {slots.threads} CPU thread(s) per rank"
+    threads = ("" if slots.free_gpus else
+               f", OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} (from the environment)"
+               if "OMP_NUM_THREADS" in os.environ else
+               f", {slots.threads} CPU thread(s) per rank")
     return f"--parallel {parallel}: up to {together} points at once{threads}"
 
 

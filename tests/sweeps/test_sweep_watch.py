@@ -136,4 +136,5 @@ def specs(*sizes: int) -> list:
 def test_parallel_says_in_one_line_how_many_points_run_at_once(machine, parallel, sizes, line,
                                                                monkeypatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert concurrency_note(machine, parallel=parallel, specs=specs(*sizes)) == line
