@@ -344,6 +344,16 @@ class LoggingConfig:
     """W&B group (a sweep sets it to the sweep's name, so its runs compare side by side)."""
     wandb_tags: list[str] = field(default_factory=list)
     """W&B tags (a sweep adds the varied keys' values)."""
+    wandb_system_metrics: bool = True
+    """W&B System panels: CPU, memory, disk, network and, on GPUs, utilisation, memory, power
+    and temperature, sampled by W&B on rank 0's node, plus the machine metadata.
+    false = no sampler and no metadata probe."""
+    wandb_system_metrics_interval_s: float = 15.0
+    """Seconds between W&B system-metric samples (W&B's default 15; a few seconds suits short
+    runs, which may otherwise end before the first sample)."""
+    wandb_console: bool = True
+    """W&B Logs tab: rank 0's stdout/stderr also go to the run (files/output.log); false = not
+    captured (the launcher's own log still has them)."""
     progress: bool = True
     """Show a live progress bar in the launching terminal."""
 

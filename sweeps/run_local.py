@@ -4,6 +4,11 @@ when they fit (CPU cores, or whole GPUs per point). One point failing never stop
 Each point is launched by launcher.local.launch_local, exactly as `meshrun run` would; with
 --parallel each launch happens in a worker process (launch_local installs signal handlers,
 which only a main thread may do), its progress lines going to logs/launcher.log.
+
+What the sweep shows meanwhile is sweeps.watch.SweepWatch: a live table of the points on a
+terminal (each point's own progress then goes to its logs/launcher.log), plain lines elsewhere.
+With --parallel N, one line at the start says how many points will run at once, and why fewer
+than N when that is so.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from rich.console import Console
 
 from conf.spec import HostSpec, RunSpec
 from sweeps.state import SweepState
+from sweeps.watch import PointProgress, SweepWatch
 
 INTERRUPTED = 130
 
@@ -32,41 +38,73 @@ class Prepared:
 
 
 def run_local(state: SweepState, make_run_dir, todo: list, *, parallel: int, host: HostSpec,
-              console: Console) -> dict[int, int]:
+              console: Console, live: bool | None = None) -> dict[int, int]:
     """Run each of `todo` (validated points); `make_run_dir(item) -> Prepared` creates its run
     dir just before it starts. Returns {point index: exit status}. The caller marks the sweep
-    dir's runner as alive meanwhile (points.json), so status can tell running from dead."""
-    if parallel <= 1 or len(todo) <= 1:
-        return _sequential(state, make_run_dir, todo, console)
-    return _parallel(state, make_run_dir, todo, parallel=parallel, host=host, console=console)
+    dir's runner as alive meanwhile (points.json), so status can tell running from dead.
+    `live`: the live table (default: when the console is a terminal and every point keeps
+    logging.progress on)."""
+    if parallel > 1:
+        console.print(concurrency_note(host, parallel=parallel, specs=[i.spec for i in todo]),
+                      markup=False, soft_wrap=True)
+    if live is None:
+        live = console.is_terminal and all(item.spec.logging.progress for item in todo)
+    points = [PointProgress(index=item.point.index, name=item.point.name,
+                            steps=item.spec.training.steps) for item in todo]
+    with SweepWatch(console, points, live=live, title=f"sweep: {state.dir}") as watch:
+        if parallel <= 1 or len(todo) <= 1:
+            return _sequential(state, make_run_dir, todo, watch)
+        return _parallel(state, make_run_dir, todo, parallel=parallel, host=host, watch=watch)
 
 
-def _sequential(state: SweepState, make_run_dir, todo: list, console: Console) -> dict[int, int]:
+def concurrency_note(host: HostSpec, *, parallel: int, specs: list[RunSpec]) -> str:
+    """One line: how many points --parallel N will run at once here, and why not N."""
+    if len(specs) <= 1:
+        return f"--parallel {parallel}: only {len(specs)} point to run"
+    slots = Slots(host, parallel=parallel, sizes=[spec.world_size for spec in specs])
+    together = min(parallel, len(specs))
+    if slots.serial_reason:
+        return f"--parallel {parallel}: running one point at a time: {slots.serial_reason}"
+    if slots.fit < together:
+        return f"--parallel {parallel}: at most {slots.fit} points at once: {slots.limit_reason}"
+    threads = ("" if slots.free_gpus else
+               f", OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} (from the environment)"
+               if "OMP_NUM_THREADS" in os.environ else
+               f", {slots.threads} CPU thread(s) per rank")
+    return f"--parallel {parallel}: up to {together} points at once{threads}"
+
+
+def _sequential(state: SweepState, make_run_dir, todo: list,
+                watch: SweepWatch) -> dict[int, int]:
     from launcher.local import launch_local
 
     results = {}
     for n, item in enumerate(todo, 1):
         prepared = make_run_dir(item)
-        _announce(console, n, len(todo), prepared)
-        status = launch_local(prepared.spec, prepared.run_dir,
-                              show_progress=prepared.spec.logging.progress)
+        watch.started(index=prepared.index, run_dir=prepared.run_dir, n=n, total=len(todo))
+        if watch.live:  # the table shows the progress; the point's own lines go to its log
+            status = run_point(str(prepared.run_dir), {})
+        else:
+            status = launch_local(prepared.spec, prepared.run_dir,
+                                  show_progress=prepared.spec.logging.progress)
         results[prepared.index] = status
         state.finish_attempt(prepared.index, exit_status=status)
-        _report(console, prepared, status)
+        watch.ended(index=prepared.index, status=status)
+        _report(watch, prepared, status)
         if status == INTERRUPTED:
-            console.print("sweep interrupted: the remaining points were not started", markup=False)
+            watch.console.print("sweep interrupted: the remaining points were not started",
+                                markup=False)
             break
     return results
 
 
 def _parallel(state: SweepState, make_run_dir, todo: list, *, parallel: int, host: HostSpec,
-              console: Console) -> dict[int, int]:
+              watch: SweepWatch) -> dict[int, int]:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
+    console = watch.console
     pool = Slots(host, parallel=parallel, sizes=[item.spec.world_size for item in todo])
-    if pool.serial_reason:
-        console.print(f"running one point at a time: {pool.serial_reason}", markup=False)
     queue, running, results = deque(todo), {}, {}
     done_count, interrupted = 0, False
     with ProcessPoolExecutor(max_workers=parallel,
@@ -78,7 +116,8 @@ def _parallel(state: SweepState, make_run_dir, todo: list, *, parallel: int, hos
                     prepared = make_run_dir(item)
                     env = pool.env_for(item.spec)
                     done_count += 1
-                    _announce(console, done_count, len(todo), prepared)
+                    watch.started(index=prepared.index, run_dir=prepared.run_dir, n=done_count,
+                                  total=len(todo))
                     future = executor.submit(run_point, str(prepared.run_dir), env)
                     running[future] = (prepared, env)
                 if not running:
@@ -95,7 +134,8 @@ def _parallel(state: SweepState, make_run_dir, todo: list, *, parallel: int, hos
                         status = 1
                     results[prepared.index] = status
                     state.finish_attempt(prepared.index, exit_status=status)
-                    _report(console, prepared, status)
+                    watch.ended(index=prepared.index, status=status)
+                    _report(watch, prepared, status)
                     interrupted = interrupted or status == INTERRUPTED
         except KeyboardInterrupt:
             console.print("interrupted: the running points stop after their step (checkpoint)",
@@ -104,6 +144,7 @@ def _parallel(state: SweepState, make_run_dir, todo: list, *, parallel: int, hos
                 status = _result_or(future, INTERRUPTED)
                 results[prepared.index] = status
                 state.finish_attempt(prepared.index, exit_status=status)
+                watch.ended(index=prepared.index, status=status)
     return results
 
 
@@ -129,10 +170,17 @@ class Slots:
         capacity = len(self.free_gpus) or self.cpus
         self.threads = max(1, self.cpus // max(1, sum(smallest)))
         self.serial_reason = ""
+        self.limit_reason = ""
+        self.fit = max([1] + [k for k in range(1, len(smallest) + 1)
+                              if sum(smallest[:k]) <= capacity])
+        """How many of the smallest points fit side by side (at least one always runs)."""
+        unit = "GPUs" if self.free_gpus else "CPU cores"
         if len(smallest) > 1 and sum(smallest[:2]) > capacity:
-            unit = "GPUs" if self.free_gpus else "CPU cores"
             self.serial_reason = (f"two points need {sum(smallest[:2])} of this machine's "
                                   f"{capacity} {unit}")
+        elif self.fit < len(smallest):
+            self.limit_reason = (f"{self.fit + 1} points need {sum(smallest[:self.fit + 1])} "
+                                 f"of this machine's {capacity} {unit}")
 
     def take(self, spec: RunSpec, *, busy: int) -> bool:
         if busy >= self.parallel:
@@ -170,23 +218,21 @@ def run_point(run_dir: str, env: dict[str, str]) -> int:
     path = Path(run_dir)
     spec = RunDir(path).read_spec()
     with open(RunDir(path).launcher_log, "a") as log:
-        sys.stderr = log
+        before, sys.stderr = sys.stderr, log
         try:
             return launch_local(spec, path, show_progress=False)
         except KeyboardInterrupt:
             return INTERRUPTED
         finally:
-            sys.stderr = sys.__stderr__
+            sys.stderr = before
 
 
-def _announce(console: Console, n: int, total: int, prepared: Prepared) -> None:
-    console.print(f"[{n}/{total}] point {prepared.index} {prepared.name}: {prepared.run_dir}",
-                  markup=False, soft_wrap=True)
-
-
-def _report(console: Console, prepared: Prepared, status: int) -> None:
+def _report(watch: SweepWatch, prepared: Prepared, status: int) -> None:
+    """A line when a point ends (failures only under the live table, which shows the rest)."""
+    console = watch.console
     if status == 0:
-        console.print(f"point {prepared.index} finished", markup=False)
+        if not watch.live:
+            console.print(f"point {prepared.index} finished", markup=False)
     elif status != INTERRUPTED:
         console.print(f"point {prepared.index} failed (exit status {status}): {_cause(prepared)}"
                       f"\n  see: meshrun status {prepared.run_dir}", markup=False, soft_wrap=True)

@@ -28,6 +28,18 @@ class MetricsFile:
         self.file.close()
 
 
+AXIS_KEYS = ("kind", "step", "tokens_seen")
+"""Row keys that are not charted as `<kind>/<key>`: the kind is the namespace, and step and
+tokens_seen are the x-axes W&B gets on every row."""
+
+
+def wandb_values(row: dict) -> dict[str, float]:
+    """A metrics row as W&B keys: `train/loss`, `train/mfu`, `train/mem_peak_gib` (the largest
+    of any rank), `eval/val_loss`, ...; numbers only."""
+    return {f"{row['kind']}/{k}": v for k, v in row.items()
+            if k not in AXIS_KEYS and isinstance(v, (int, float))}
+
+
 class RunLoggers:
     """Fan-out used by rank 0: every row to metrics.jsonl and W&B; summary to both."""
 
@@ -35,19 +47,23 @@ class RunLoggers:
         from training.wandb_logger import WandbLogger
 
         self.metrics = MetricsFile(run_dir, resume_step=resume_step)
+        self.tokens_per_step = spec.training.tokens_per_step
         run_id = RunDir(run_dir).wandb_id_file.read_text().strip()
         self.wandb = WandbLogger(run_dir=run_dir, mode=spec.logging.wandb_mode.value,
                                  project=spec.logging.wandb_project,
                                  entity=spec.logging.wandb_entity, run_id=run_id,
                                  name=run_dir.name, config=spec_to_dict(spec),
                                  group=spec.logging.wandb_group,
-                                 tags=spec.logging.wandb_tags)
+                                 tags=spec.logging.wandb_tags,
+                                 system_metrics=spec.logging.wandb_system_metrics,
+                                 system_metrics_interval_s=(
+                                     spec.logging.wandb_system_metrics_interval_s),
+                                 console=spec.logging.wandb_console)
 
     def log(self, row: dict) -> None:
         self.metrics.write(row)
-        values = {f"{row['kind']}/{k}": v for k, v in row.items()
-                  if k not in ("kind", "step") and isinstance(v, (int, float))}
-        self.wandb.log(values, step=row["step"])
+        self.wandb.log(wandb_values(row), step=row["step"],
+                       tokens_seen=row["step"] * self.tokens_per_step)
 
     def event(self, row: dict) -> None:
         self.metrics.write(row)

@@ -5,7 +5,9 @@ disabled logger costs nothing and keeps `wandb` out of `sys.modules`.
 
 Design choices:
 - `step` (the optimizer step) is the x-axis of every metric via `define_metric`, and is logged as
-  an ordinary value. W&B's own `_step` counter is left alone: after a resume from a checkpoint
+  an ordinary value; `tokens_seen`, when given, is logged beside it on every row (and defined
+  against `step`), so a panel can switch its x-axis to tokens and runs of a sweep with different
+  batch sizes line up. W&B's own `_step` counter is left alone: after a resume from a checkpoint
   older than the last logged step, passing `step=` to `run.log` would make W&B drop the replayed
   rows with only a warning (its step must increase); logging `step` as a value keeps them.
 - A resumed training run passes the same `run_id` and `run_dir`; `resume="allow"` makes W&B
@@ -13,9 +15,14 @@ Design choices:
 - `finish()` also tears down wandb-core, so the run's files are complete when it returns (and
   not left to an atexit hook, which multiprocessing-style launchers may skip). One W&B run per
   process: do not share the process's wandb with another run.
-- Everything W&B would otherwise collect on the side (console capture, code, git, pip freeze,
-  system metrics and machine metadata) is switched off: the run dir already records the command,
-  environment and git sha, and metrics.jsonl is the local source of truth.
+- System metrics (W&B's sampler: CPU, memory, disk, network, and GPU utilisation, memory, power
+  and temperature where there are GPUs; it needs the machine metadata probe too) and console
+  capture (the Logs tab, `files/output.log`) are on unless `system_metrics=False` /
+  `console=False` (`logging.wandb_system_metrics`, `logging.wandb_console`). Measured offline on
+  a shared 2-core CPU machine, 5 runs per process: init median 0.25 s (first one 0.6-1.0 s),
+  finish 10 ms, the same with them on or off.
+- Code, git, pip freeze and launch jobs are never collected: the run dir already records the
+  command, environment and git sha, and metrics.jsonl is the local source of truth.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from typing import Any
 
 VALID_MODES = ("offline", "online", "disabled")
 STEP_METRIC = "step"
+TOKENS_METRIC = "tokens_seen"
 DEFAULT_INIT_TIMEOUT_S = 60.0
+DEFAULT_SYSTEM_METRICS_INTERVAL_S = 15.0  # W&B's own default
 
 
 class WandbLogger:
@@ -45,6 +54,9 @@ class WandbLogger:
         group: str = "",
         tags: tuple[str, ...] = (),
         init_timeout_s: float = DEFAULT_INIT_TIMEOUT_S,
+        system_metrics: bool = True,
+        system_metrics_interval_s: float = DEFAULT_SYSTEM_METRICS_INTERVAL_S,
+        console: bool = True,
     ) -> None:
         if mode not in VALID_MODES:
             raise ValueError(f"wandb mode={mode!r}: must be one of {', '.join(VALID_MODES)}")
@@ -64,19 +76,25 @@ class WandbLogger:
             group=group,
             tags=tags,
             init_timeout_s=init_timeout_s,
+            system_metrics=system_metrics,
+            system_metrics_interval_s=system_metrics_interval_s,
+            console=console,
         )
-        _define_step_metric(self._run)
+        _define_x_axes(self._run)
 
     @property
     def enabled(self) -> bool:
         """True while a W&B run is open (not disabled, not yet finished)."""
         return self._run is not None
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        """Log one row of metrics at training step `step` (the x-axis of every chart)."""
+    def log(self, metrics: dict[str, Any], step: int, *, tokens_seen: int | None = None) -> None:
+        """Log one row of metrics at training step `step` (the x-axis of every chart); with
+        `tokens_seen`, the tokens trained on up to that step too (the other x-axis)."""
         if self._run is None:
             return
-        self._run.log({**metrics, STEP_METRIC: step})
+        axes = {STEP_METRIC: step} if tokens_seen is None else {STEP_METRIC: step,
+                                                                 TOKENS_METRIC: tokens_seen}
+        self._run.log({**metrics, **axes})
 
     def summary(self, values: dict[str, Any]) -> None:
         """Set run summary values (final or best numbers shown in the W&B runs table)."""
@@ -118,6 +136,9 @@ def _init_run(
     group: str,
     tags: tuple[str, ...],
     init_timeout_s: float,
+    system_metrics: bool,
+    system_metrics_interval_s: float,
+    console: bool,
 ) -> Any:
     if mode == "offline":
         # wandb-core's own error reporting is the one thing that would reach for the network.
@@ -136,27 +157,35 @@ def _init_run(
         group=group or None,
         tags=list(tags) or None,
         config=config,
-        settings=_build_settings(wandb, mode=mode, init_timeout_s=init_timeout_s),
+        settings=_build_settings(wandb, mode=mode, init_timeout_s=init_timeout_s,
+                                 system_metrics=system_metrics,
+                                 system_metrics_interval_s=system_metrics_interval_s,
+                                 console=console),
     )
 
 
-def _build_settings(wandb: Any, *, mode: str, init_timeout_s: float) -> Any:
+def _build_settings(wandb: Any, *, mode: str, init_timeout_s: float, system_metrics: bool,
+                    system_metrics_interval_s: float, console: bool) -> Any:
     return wandb.Settings(
-        console="off",  # no stdout/stderr capture: rank 0 prints its own lines
+        # "wrap" patches sys.stdout/sys.stderr writes (no fd redirection, no extra process):
+        # rank 0's log lines reach the Logs tab and still reach the launcher.
+        console="wrap" if console else "off",
         save_code=False,
         disable_code=True,
         disable_git=True,  # the run dir already records the git sha
         disable_job_creation=True,
         x_save_requirements=False,  # no pip freeze
-        x_disable_stats=True,  # no system-metrics sampler thread
-        x_disable_meta=True,  # no host/GPU/program metadata probing
-        x_disable_machine_info=True,
+        x_disable_stats=not system_metrics,  # the sampler behind the System panels
+        x_disable_meta=not system_metrics,  # host/GPU metadata: without it no stats are sampled
+        x_disable_machine_info=not system_metrics,
+        x_stats_sampling_interval=system_metrics_interval_s,
         quiet=True,  # online: only the run URL, warnings and errors
         silent=mode == "offline",  # offline: no terminal lines; they go to wandb/debug.log
         init_timeout=init_timeout_s,
     )
 
 
-def _define_step_metric(run: Any) -> None:
+def _define_x_axes(run: Any) -> None:
     run.define_metric(STEP_METRIC)
+    run.define_metric(TOKENS_METRIC, step_metric=STEP_METRIC)
     run.define_metric("*", step_metric=STEP_METRIC)

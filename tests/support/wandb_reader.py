@@ -54,6 +54,17 @@ class WandbRunRecords:
     summary: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
     sources: tuple[Path, ...] = ()
+    stats: list[dict[str, Any]] = field(default_factory=list)
+    """System-metric samples (W&B's System panels), one dict per sample: `cpu`, `memory_percent`,
+    `proc.memory.rssMB`, `gpu.0.gpu`, ..."""
+    console: list[tuple[str, str]] = field(default_factory=list)
+    """Captured console output (the Logs tab) as (stream, text) pieces, stream "stdout"/"stderr"."""
+    metric_definitions: list[dict[str, Any]] = field(default_factory=list)
+    """`define_metric` calls: {"name" or "glob_name", "step_metric", ...}."""
+
+    def console_text(self, stream: str | None = None) -> str:
+        """The captured console output, optionally of one stream only."""
+        return "".join(text for name, text in self.console if stream in (None, name))
 
     def user_config(self) -> dict[str, Any]:
         """Config without W&B's own `_wandb` entry."""
@@ -170,6 +181,21 @@ def _apply_record(view: WandbRunRecords, record: wandb_internal_pb2.Record) -> N
         _apply_updates(view.summary, record.summary.update, record.summary.remove)
     elif kind == "exit":
         view.exit_code = record.exit.exit_code
+    elif kind == "stats":
+        view.stats.append({item.key: json.loads(item.value_json) for item in record.stats.item})
+    elif kind in ("output", "output_raw"):
+        output = getattr(record, kind)
+        stream = "stderr" if output.output_type == wandb_internal_pb2.OutputRecord.STDERR else "stdout"
+        view.console.append((stream, output.line))
+    elif kind == "metric":
+        view.metric_definitions.append(_metric_definition(record.metric))
+
+
+def _metric_definition(metric: wandb_internal_pb2.MetricRecord) -> dict[str, Any]:
+    definition = {"name": metric.name} if metric.name else {"glob_name": metric.glob_name}
+    if metric.step_metric:
+        definition["step_metric"] = metric.step_metric
+    return definition
 
 
 def _apply_run(view: WandbRunRecords, run: wandb_internal_pb2.RunRecord) -> None:
@@ -221,6 +247,9 @@ def _merge_segments(segments: list[WandbRunRecords]) -> WandbRunRecords:
         merged.summary.update(segment.summary)
         merged.history.extend(segment.history)
         merged.exit_code = segment.exit_code
+        merged.stats.extend(segment.stats)
+        merged.console.extend(segment.console)
+        merged.metric_definitions.extend(segment.metric_definitions)
         merged.resumed = merged.resumed or segment.resumed
         merged.resume_requested = merged.resume_requested or segment.resume_requested
     merged.start_time_s = segments[0].start_time_s

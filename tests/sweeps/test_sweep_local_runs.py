@@ -71,6 +71,20 @@ def test_each_point_is_a_wandb_run_in_the_sweep_group(four_points):
         summary = json.loads((run_dir / "summary.json").read_text())
         assert run.user_summary()["final_loss"] == pytest.approx(summary["final_loss"])
         assert run.user_summary()["best_val_loss"] == pytest.approx(summary["best_val_loss"])
+        training = json.loads((run_dir / "spec.json").read_text())["training"]
+        check_wandb_page(run, tokens_per_step=training["global_batch_size"] * training["seq_len"])
+
+
+def check_wandb_page(run, *, tokens_per_step: int) -> None:
+    """Logs tab (rank 0's log lines), both x-axes defined, tokens_seen on every row."""
+    assert "val loss" in run.console_text()
+    assert {"name": "tokens_seen", "step_metric": "step"} in run.metric_definitions
+    assert {"glob_name": "*", "step_metric": "step"} in run.metric_definitions
+    rows = run.user_history()
+    assert rows and all(row["tokens_seen"] == row["step"] * tokens_per_step for row in rows)
+    last_train = [row for row in rows if "train/loss" in row][-1]
+    assert {"train/mfu", "train/mem_peak_gib", "train/tokens_per_s"} <= set(last_train)
+    assert "train/tokens_seen" not in last_train
 
 
 def test_rerunning_the_sweep_skips_completed_points(four_points):

@@ -19,7 +19,7 @@ from sweeps.validate import validate
 
 REPO = Path(__file__).resolve().parents[2]
 MINE = ("cli", "expand", "naming", "preview", "run_local", "run_slurm",
-        "spec_file", "state", "submit", "track", "validate")
+        "spec_file", "state", "submit", "track", "validate", "watch")
 TORCH_FREE_TRAINING = ("training.slurm_entry",)
 TORCH_FREE_PARALLEL = "parallel.cost"  # the cost model; the rest of parallel needs torch
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +29,7 @@ def _quiet_wandb_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
 
 
-def make_logger(run_dir: Path, *, mode: str = "offline") -> WandbLogger:
+def make_logger(run_dir: Path, *, mode: str = "offline", **options: Any) -> WandbLogger:
     return WandbLogger(
         run_dir=run_dir,
         mode=mode,
@@ -38,6 +40,7 @@ def make_logger(run_dir: Path, *, mode: str = "offline") -> WandbLogger:
         config=CONFIG,
         group="sweep-a",
         tags=("unit", "cpu"),
+        **options,
     )
 
 
@@ -147,3 +150,53 @@ def test_records_spanning_several_blocks_read_back(tmp_path: Path) -> None:
     run = read_run(path)
     assert run.user_config() == {"notes": notes}
     assert run.user_history() == loss_rows(range(400))
+
+
+def test_system_metrics_console_and_x_axes_are_on_by_default(tmp_path: Path) -> None:
+    """What a GPU run needs on its W&B page: System panels (stats records), a Logs tab (console
+    output), and every metric charted against `step`, with `tokens_seen` as the other x-axis."""
+    logger = make_logger(tmp_path, system_metrics_interval_s=0.2)
+    print("rank 0: step 1 loss 10.0")
+    print("rank 0: a warning", file=sys.stderr)
+    for step in (1, 2):
+        logger.log({"train/loss": 1.0 / step, "train/mfu": 0.4}, step=step, tokens_seen=step * 512)
+    time.sleep(1.0)  # a few samples
+    logger.finish()
+
+    run = read_runs(tmp_path)
+    assert run.stats, "no system-metric samples"
+    assert all(isinstance(value, (int, float)) for sample in run.stats for value in sample.values())
+    assert any("proc.memory.rssMB" in sample for sample in run.stats)
+    assert "rank 0: step 1 loss 10.0" in run.console_text("stdout")
+    assert "rank 0: a warning" in run.console_text("stderr")
+    (output_log,) = tmp_path.glob("wandb/offline-run-*/files/output.log")
+    assert "rank 0: step 1 loss 10.0" in output_log.read_text()
+    assert run.metric_definitions == [{"name": "step"},
+                                      {"name": "tokens_seen", "step_metric": "step"},
+                                      {"glob_name": "*", "step_metric": "step"}]
+    assert run.user_history() == [
+        {"train/loss": 1.0, "train/mfu": 0.4, "step": 1, "tokens_seen": 512},
+        {"train/loss": 0.5, "train/mfu": 0.4, "step": 2, "tokens_seen": 1024}]
+
+
+def test_system_metrics_and_console_can_be_switched_off(tmp_path: Path) -> None:
+    logger = WandbLogger(run_dir=tmp_path, mode="offline", project="p", entity="", run_id="quiet",
+                         name="quiet", config={}, system_metrics=False, console=False)
+    print("not captured")
+    log_rows(logger, loss_rows(range(2)))
+    logger.finish()
+
+    run = read_runs(tmp_path)
+    assert run.stats == [] and run.console == []
+    assert not list(tmp_path.glob("wandb/offline-run-*/files/output.log"))
+    assert run.user_history() == loss_rows(range(2))
+
+
+def test_run_rows_become_namespaced_wandb_keys() -> None:
+    from training.loggers import wandb_values
+
+    row = {"kind": "train", "step": 7, "loss": 2.5, "mfu": 0.31, "mem_peak_gib": 11.5,
+           "tokens_per_s": 1e5, "tokens_seen": 7168, "nonfinite": True, "note": "x"}
+    assert wandb_values(row) == {"train/loss": 2.5, "train/mfu": 0.31, "train/mem_peak_gib": 11.5,
+                                 "train/tokens_per_s": 1e5, "train/nonfinite": True}
+    assert wandb_values({"kind": "eval", "step": 7, "val_loss": 2.7}) == {"eval/val_loss": 2.7}
