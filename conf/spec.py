@@ -193,7 +193,8 @@ class ClusterSpec:
     exclusive: bool
 
 
-@frozen_from(LoggingConfig)
+@frozen_from(LoggingConfig, defaults=("wandb_system_metrics", "wandb_system_metrics_interval_s",
+                                     "wandb_console"))
 class LoggingSpec:
     pass
 

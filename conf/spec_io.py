@@ -29,12 +29,20 @@ def _plain(value: object) -> object:
 
 
 def spec_from_dict(cls: type, data: dict) -> object:
-    """Rebuild a frozen spec dataclass (recursively) from `spec_to_dict` output."""
+    """Rebuild a frozen spec dataclass (recursively) from `spec_to_dict` output. A field that
+    a spec.json written by an older meshrun lacks takes its default when the spec declares one
+    (knobs added later name themselves in `frozen_from(..., defaults=...)`)."""
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
+        if f.name not in data and _has_default(f):
+            continue
         kwargs[f.name] = _typed(hints[f.name], data[f.name])
     return cls(**kwargs)
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 
 
 def _typed(kind: object, value: object) -> object:

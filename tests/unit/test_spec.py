@@ -75,3 +75,20 @@ def test_stage_count_and_checkpoint_layout_come_from_the_parallel_spec():
         "zero": 0, "pp_virtual_stages": 2}
     single = ParallelDims.single()
     assert single.world_size == 1 and single.shape == (1, 1, 1, 1, 1)
+
+
+def test_a_spec_json_from_before_later_knobs_still_reads(tmp_path):
+    """Knobs added after a run was made (nonfinite, prepared data, W&B system metrics) take
+    their defaults when an older spec.json lacks them, so such a run can still be resumed."""
+    data = spec_to_dict(cpu_spec())
+    for section, key in (("training", "nonfinite"), ("data", "prepared"), ("data", "tokenizer"),
+                         ("logging", "wandb_system_metrics"), ("logging", "wandb_console"),
+                         ("logging", "wandb_system_metrics_interval_s")):
+        del data[section][key]
+    (tmp_path / "spec.json").write_text(json.dumps(data))
+    old = read_spec(tmp_path / "spec.json")
+    assert old.training.nonfinite.value == "stop" and old.logging.wandb_console is True
+    del data["training"]["steps"]  # a knob every spec has: still required
+    (tmp_path / "spec.json").write_text(json.dumps(data))
+    with pytest.raises(KeyError):
+        read_spec(tmp_path / "spec.json")
