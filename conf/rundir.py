@@ -25,6 +25,7 @@ Checkpoint folders and the complete-checkpoint rule: conf/checkpoint_dirs.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 from enum import Enum
@@ -214,7 +215,33 @@ def failure_tail(run_dir: Path, lines: int = 30) -> str:
     (a SIGKILLed rank's log ends without an error, while its peers' logs hold "connection
     closed by peer" tracebacks); else a rank log whose error is not a peer's death; else any
     rank log with an error; else torchrun's. A run the loop itself stopped (a non-finite
-    loss) says why in its "failed" event: that message comes first."""
+    loss) says why in its "failed" event: that message comes first. A full disk is named
+    first (its logs may be cut mid-word), unless the tail already says so."""
+    tail = _log_tail(run_dir, lines)
+    full = disk_full_note(run_dir)
+    return f"{full}\n{tail}" if full and NO_SPACE not in tail else tail
+
+
+NO_SPACE = "No space left on device"
+DISK_FULL_FREE_BYTES = 64 << 10
+"""Below this much free space on the run dir's filesystem, a failure is reported as a full disk."""
+
+
+def disk_full_note(run_dir: Path) -> str:
+    """One line when the run dir's disk is (nearly) full: the logs that would have said so
+    may then be cut mid-line or empty. Empty otherwise."""
+    try:
+        fs = os.statvfs(run_dir)
+    except OSError:
+        return ""
+    free = fs.f_bavail * fs.f_frsize
+    if free >= DISK_FULL_FREE_BYTES:
+        return ""
+    return (f"{NO_SPACE}: the disk holding {run_dir} has {free // 1024} KiB free; logs may be "
+            "cut short. Free space there, then: meshrun resume " + str(run_dir))
+
+
+def _log_tail(run_dir: Path, lines: int) -> str:
     rd = RunDir(run_dir)
     failed = [r for r in rd.read_rows() if r.get("event") == FAILED_EVENT and "message" in r]
     if failed:  # the loop said why it stopped: that is the tail worth showing
