@@ -321,8 +321,6 @@ def save_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | No
             dcp.save(state, checkpoint_id=tmp, no_dist=not _is_distributed())
     except Exception as exc:  # DCP's own message buries ENOSPC in a per-rank traceback dump
         if "No space left on device" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
-            if rank == 0:  # every rank is past the write (DCP raises on all): free the space,
-                shutil.rmtree(tmp, ignore_errors=True)  # so the error and the event get logged
             raise CheckpointError(f"saving step {step} into {tmp} failed: No space left on "
                                   "device (free space there, or lower checkpoint.keep_last); "
                                   "the partial folder is never resumed from") from None
