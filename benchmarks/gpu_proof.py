@@ -247,7 +247,8 @@ def table(results: list[Result], shape: Shape, header: str) -> str:
               f"(steps 1..{shape.warmup} are warm-up, compilation included); peak memory: the "
               "largest mem_peak_gib of the run (CUDA: torch.cuda.max_memory_allocated; CPU: "
               "the rank's max RSS, not comparable with the plan). Plan: `meshrun plan --json` "
-              "with the same overrides (tokens/s = tokens_per_step / step_time.step_s at its assumed MFU)."]
+              "with the same overrides (tokens/s = tokens_per_step / step_time.step_s at its "
+              "assumed MFU)."]
     return "\n".join(lines)
 
 
