@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from conf.compose import check_overrides, compose_config, compose_many  # noqa: E402
-from conf.overrides import CONF_DIR  # noqa: E402
+from conf.search_path import CONF_DIR  # noqa: E402
 from conf.schema import RunConfig  # noqa: E402
 from sweeps.expand import expand  # noqa: E402
 from sweeps.spec_file import inline_sweep  # noqa: E402

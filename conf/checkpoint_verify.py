@@ -94,7 +94,10 @@ class _Inert:
         pass
 
 
-class _ScanUnpickler(pickle.Unpickler):
+class AllowListUnpickler(pickle.Unpickler):
+    """Refuses every global outside the allow-list; `resolve` says what an allowed one becomes.
+    This scan builds nothing (inert stubs); training/safe_dcp.py resolves the real classes."""
+
     def __init__(self, handle, *, path: Path) -> None:
         super().__init__(handle)
         self.path = path
@@ -102,7 +105,11 @@ class _ScanUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if not allowed_global(module, name):
             raise UnsafeCheckpoint(refusal(self.path, module, name))
+        return self.resolve(module, name)
+
+    def resolve(self, module: str, name: str):
         return _Inert
+
 
 
 def scan_dcp_metadata(folder: Path) -> str | None:
@@ -110,7 +117,7 @@ def scan_dcp_metadata(folder: Path) -> str | None:
     path = Path(folder) / DCP_METADATA_FILENAME
     try:
         with open(path, "rb") as handle:
-            _ScanUnpickler(handle, path=path).load()
+            AllowListUnpickler(handle, path=path).load()
     except UnsafeCheckpoint as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - any other failure: an unreadable pickle
@@ -187,6 +194,6 @@ def prelaunch_problem(source: Path) -> str | None:
     return None
 
 
-__all__ = ["prelaunch_problem", "DCP_METADATA_GLOBALS", "HASH_NAME", "MANIFEST_KEY", "UnsafeCheckpoint",
+__all__ = ["AllowListUnpickler", "prelaunch_problem", "DCP_METADATA_GLOBALS", "HASH_NAME", "MANIFEST_KEY", "UnsafeCheckpoint",
            "allowed_global", "checkpoint_problems", "checkpoint_step", "describe", "file_digest",
            "newest_intact_checkpoint", "read_manifest", "scan_dcp_metadata"]

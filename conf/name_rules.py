@@ -4,10 +4,10 @@ folders that are files. Each adds Problems; none raises."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from conf.errors import ProblemList
+from conf.rundir import safe_name
 from conf.schema import LoggingConfig, RunConfig
 
 WANDB_TAG_MAX = 64
@@ -22,7 +22,6 @@ NAME_MAX_BYTES = 255
 RUN_DIR_SUFFIX_BYTES = len("-20260101-120000") + len("-99") + len("..abcdefgh.tmp")
 """What the launcher adds to the run name: the timestamp, a clash suffix, and the private
 temporary folder's prefix and suffix the run dir is written in before its rename."""
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")  # launcher.rundir.safe_name's rule
 
 
 def check_wandb(lg: LoggingConfig, problems: ProblemList) -> None:
@@ -63,7 +62,7 @@ def _check_wandb_name(key: str, value: str, may_be_empty: bool, problems: Proble
 
 def check_paths(cfg: RunConfig, problems: ProblemList, *, check_paths: bool) -> None:
     """The run dir's name fits the filesystem; the folders meshrun creates are not files."""
-    stem = _UNSAFE.sub("_", cfg.name)
+    stem = safe_name(cfg.name)
     room = NAME_MAX_BYTES - RUN_DIR_SUFFIX_BYTES
     if not stem:
         problems.add("name", "''", "must not be empty (it names the run dir)", "e.g. name=run")

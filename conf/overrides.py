@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from conf.errors import ProblemList
 from conf.schema import RunConfig
-from conf.search_path import CONF_DIR, group_options
+from conf.search_path import group_options
 
 if TYPE_CHECKING:  # conf.compose imports this module: no import back at run time
     from conf.compose.parse import ParsedOverride

@@ -35,55 +35,68 @@ FINITE_RULE = "must be a finite number (nan and inf are refused)"
 SEED_MAX = 2**63 - 1
 
 
-def finite_floats(cfg, problems: ProblemList, prefix: str = ""):
-    """Every float knob of every section, in one place: NaN slips through any `value <= 0`
-    test and inf through any upper-bound-free one, so each non-finite float is reported here,
-    and a copy of `cfg` comes back with those replaced by the schema default, so the other
-    rules see sane numbers (one problem per key, no overflow in their arithmetic). A float
-    field added to any schema section is covered without being named."""
+def repair_fields(cfg, problems: ProblemList, check, prefix: str = ""):
+    """Walk every field of every config section; `check(f, value, key, problems)` returns True
+    when it reported the field as bad. A copy of `cfg` comes back with each bad field replaced
+    by its schema default, so the rules after it see sane values (one problem per key)."""
     bad = {}
     for f in fields(cfg):
         value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
         if is_dataclass(value):
-            fixed = finite_floats(value, problems, prefix=f"{key}.")
+            fixed = repair_fields(value, problems, check, prefix=f"{key}.")
             if fixed is not value:
                 bad[f.name] = fixed
-        elif isinstance(value, float) and not math.isfinite(value):
-            default = f.default if f.default is not MISSING else f.default_factory()
-            problems.add(key, value, FINITE_RULE, f"give a finite value, e.g. the default {default}")
-            bad[f.name] = default
+        elif check(f, value, key, problems):
+            bad[f.name] = _schema_default(f)
     return replace(cfg, **bad) if bad else cfg
+
+
+def _schema_default(f):
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+def finite_floats(cfg, problems: ProblemList):
+    """Every float knob of every section, in one place: NaN slips through any `value <= 0`
+    test and inf through any upper-bound-free one, so each non-finite float is reported here
+    and replaced by its schema default. A float field added to any schema section is covered
+    without being named."""
+    return repair_fields(cfg, problems, _non_finite)
+
+
+def _non_finite(f, value, key: str, problems: ProblemList) -> bool:
+    if not isinstance(value, float) or math.isfinite(value):
+        return False
+    problems.add(key, value, FINITE_RULE,
+                 f"give a finite value, e.g. the default {_schema_default(f)}")
+    return True
 
 
 _ITEM_TYPES = {"list[str]": (str,), "list[int]": (int,), "dict[str, str]": (str,)}
 
 
-def typed_lists(cfg, problems: ProblemList, prefix: str = ""):
+def typed_lists(cfg, problems: ProblemList):
     """Every list (and str->str dict) knob holds items of its declared type. OmegaConf lets a
     nested list (`recompute.targets=[[a]]`) into a list[str] field; each such knob is reported
     here and replaced by its schema default, so the other rules see the declared types."""
-    bad = {}
-    for f in fields(cfg):
-        value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
-        if is_dataclass(value):
-            fixed = typed_lists(value, problems, prefix=f"{key}.")
-            if fixed is not value:
-                bad[f.name] = fixed
-            continue
-        wanted = _ITEM_TYPES.get(str(f.type).replace("typing.", ""))
-        if wanted is None or not isinstance(value, (list, dict)):
-            continue
-        items = list(value.values()) if isinstance(value, dict) else value
-        odd = [v for v in items if not isinstance(v, wanted) or isinstance(v, bool)]
-        if odd:
-            name = wanted[0].__name__
-            problems.add(key, value, f"must be a flat list of {name} values "
-                         f"(found {odd[0]!r})" if isinstance(value, list) else
-                         f"values must be {name} (found {odd[0]!r})",
-                         f"write {key}=[a,b] (no nested lists)" if isinstance(value, list)
-                         else f"give {name} values")
-            bad[f.name] = f.default_factory() if f.default_factory is not MISSING else f.default
-    return replace(cfg, **bad) if bad else cfg
+    return repair_fields(cfg, problems, _mistyped_items)
+
+
+def _mistyped_items(f, value, key: str, problems: ProblemList) -> bool:
+    wanted = _ITEM_TYPES.get(str(f.type).replace("typing.", ""))
+    if wanted is None or not isinstance(value, (list, dict)):
+        return False
+    items = list(value.values()) if isinstance(value, dict) else value
+    odd = [v for v in items if not isinstance(v, wanted) or isinstance(v, bool)]
+    if not odd:
+        return False
+    name = wanted[0].__name__
+    if isinstance(value, list):
+        problems.add(key, value, f"must be a flat list of {name} values (found {odd[0]!r})",
+                     f"write {key}=[a,b] (no nested lists)")
+    else:
+        problems.add(key, value, f"values must be {name} (found {odd[0]!r})",
+                     f"give {name} values")
+    return True
 
 
 def check_model(m: ModelSpec, problems: ProblemList) -> None:

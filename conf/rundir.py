@@ -60,6 +60,15 @@ LEG_UNPAUSE = "training.stop_at_step=0"
 """stop_at_step pauses one leg of a run: a resumed leg runs on unless told again."""
 
 
+SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+"""Characters a run dir's name (and an #SBATCH job name) may not hold; `safe_name` maps them."""
+
+
+def safe_name(text: str) -> str:
+    """`text` reduced to characters safe in paths and #SBATCH lines."""
+    return SAFE_NAME.sub("_", text)
+
+
 def rank_log_name(rank: int) -> str:
     return f"rank{rank}.log"
 

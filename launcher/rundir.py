@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import secrets
 import shutil
 import socket
@@ -23,17 +22,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from conf.rundir import RunDir
+from conf.rundir import RunDir, safe_name
 from conf.search_path import ENV_VAR as CONFIG_PATH_ENV
 from conf.spec import RunSpec
-
-SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def safe_name(text: str) -> str:
-    """`text` reduced to characters safe in paths and #SBATCH lines."""
-    return SAFE_NAME.sub("_", text)
-
 
 def new_run_dir_path(spec: RunSpec, *, now: float | None = None) -> Path:
     """runs_dir/<name>-<YYYYmmdd-HHMMSS>, with a numeric suffix if that already exists

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from conf.compose import split_sweeps
 from conf.errors import ConfigError, Problem, ProblemList
-from conf.overrides import CONF_DIR
+from conf.search_path import CONF_DIR
 
 SWEEPS_DIR = CONF_DIR / "sweeps"
 COMBINES = ("grid", "zip", "random", "list")

@@ -60,7 +60,8 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
 
 def preflight(spec, run_dir: Path, ctx) -> None:
     from training.dist import node_name
-    from training.preflight import format_table, run_preflight
+    from conf.preflight_report import format_table
+    from training.preflight import run_preflight
 
     report = run_preflight(store=None, rank=ctx.rank, world_size=ctx.world_size,
                            device=ctx.device, run_dir=run_dir if ctx.is_main else None,

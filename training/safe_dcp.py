@@ -18,18 +18,15 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from conf.checkpoint_verify import UnsafeCheckpoint, allowed_global, refusal
+from conf.checkpoint_verify import AllowListUnpickler, UnsafeCheckpoint, refusal
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    def __init__(self, handle, *, path: Path) -> None:
-        super().__init__(handle)
-        self.path = path
+class _MetadataUnpickler(AllowListUnpickler):
+    """The allow-list of conf.checkpoint_verify, resolving the real classes (and only dtypes
+    or torch.Size from the torch namespace)."""
 
-    def find_class(self, module: str, name: str):
-        if not allowed_global(module, name):
-            raise UnsafeCheckpoint(refusal(self.path, module, name))
-        found = super().find_class(module, name)
+    def resolve(self, module: str, name: str):
+        found = pickle.Unpickler.find_class(self, module, name)
         if module == "torch" and name != "Size" and not isinstance(found, torch.dtype):
             raise UnsafeCheckpoint(refusal(self.path, module, name))
         return found

@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed.spawn import run_on_ranks
-from training.preflight import (PreflightError, check_all_reduce, format_ranks, format_table,
-                                iters_for, run_preflight, wait_for_ranks)
+from conf.preflight_report import format_table
+from training.preflight import (PreflightError, check_all_reduce, format_ranks, iters_for,
+                                run_preflight, wait_for_ranks)
 
 CPU = torch.device("cpu")
 SMALL_SIZES_MAX = 1 << 20
