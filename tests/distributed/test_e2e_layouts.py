@@ -1,9 +1,14 @@
-"""`meshrun run` under every layout gives the single-process losses for the first 5 steps.
+"""Every layout's first 5 training losses equal the single-process run's.
 
 Same seed, same global batch (8 sequences of 32 tokens), fp32 on CPU; relative 1e-4. Each run
-goes through the whole path: compose -> resolve -> run dir -> torchrun -> build_parallel_model ->
-loop (train, eval, checkpoint, gathered safetensors export). Launches run one at a time:
-gloo on 2 cores with 12 processes at once once segfaulted inside a reduce-scatter.
+goes through the loop's whole path: build_parallel_model -> train, eval, checkpoint, gathered
+safetensors export, summary. The single-process reference and three layouts (zero3, the 8-rank
+pp x dp x tp, and the checkpoint it resumes across layouts) are real `meshrun run` launches
+(compose -> resolve -> run dir -> torchrun -> preflight -> `python -m training`); the other
+layouts train the same run dirs on spawned gloo ranks, one spawn per world size
+(tests/support/loop_runs.py), since a launch each would add only its start-up (~10 s here).
+Runs go one at a time: gloo on 2 cores with 12 processes at once once segfaulted inside a
+reduce-scatter.
 """
 from __future__ import annotations
 
@@ -12,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.distributed.spawn import run_on_ranks
 from tests.distributed.test_e2e_runs import meshrun, only_run_dir, train_losses
+from tests.support.loop_runs import prepare_run_dir, train_run_dirs
+from tests.support.specs import cpu_spec
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 
@@ -39,26 +47,43 @@ LAYOUTS = {  # name: (processes, overrides)
     "cp2_tp2": (4, ["parallel=cp", "parallel.cp=2", "parallel.tp=2", "parallel.zero=3"]),
     "pp2_dp2_tp2": (8, ["parallel=3d"]),
 }
+LAUNCHED = ("zero3", "pp2_dp2_tp2")
+"""Layouts run through `meshrun run` (beside the single-process reference); zero3's
+checkpoint is also the source of the cross-layout continuation below."""
+
+
+def _launch(root: Path, name: str, procs: int, overrides: list[str]) -> Path:
+    result = meshrun("run", *COMMON, *overrides, f"cluster.procs_per_node={procs}",
+                     f"runs_dir={root / name}", timeout=400)
+    assert result.returncode == 0, f"{name}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return only_run_dir(root / name)
+
+
+def _spawned(root: Path, names: list[str], procs: int) -> dict[str, Path]:
+    """Train `names` (all with `procs` ranks) in one spawn; their run dirs by name."""
+    run_dirs = {name: prepare_run_dir(cpu_spec(*COMMON, *LAYOUTS[name][1],
+                                               f"cluster.procs_per_node={procs}",
+                                               f"runs_dir={root / name}"))
+                for name in names}
+    outcomes = run_on_ranks(train_run_dirs, world_size=procs, workdir=root, timeout_s=400,
+                            kwargs={"run_dirs": [str(d) for d in run_dirs.values()]})
+    assert all(o == ["finished"] * len(names) for o in outcomes), outcomes
+    return run_dirs
 
 
 @pytest.fixture(scope="module")
 def layout_runs(tmp_path_factory) -> dict[str, Path]:
     """Run dir of every layout's 5-step run (and of the single-process reference)."""
     root = tmp_path_factory.mktemp("layouts")
-
-    def launch(name: str, procs: int, overrides: list[str]):
-        return meshrun("run", *COMMON, *overrides, f"cluster.procs_per_node={procs}",
-                       f"runs_dir={root / name}", timeout=400)
-
-    jobs = {"single": (1, ["parallel=single"]), **LAYOUTS}
-    out = {}
-    for name, job in jobs.items():
-        result = launch(name, *job)
-        assert result.returncode == 0, f"{name}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        run_dir = only_run_dir(root / name)
+    out = {"single": _launch(root, "single", 1, ["parallel=single"])}
+    out.update({name: _launch(root, name, *LAYOUTS[name]) for name in LAUNCHED})
+    for procs in sorted({procs for procs, _ in LAYOUTS.values()}):
+        names = [n for n, (p, _) in LAYOUTS.items() if p == procs and n not in LAUNCHED]
+        if names:
+            out.update(_spawned(root, names, procs))
+    for name, run_dir in out.items():
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["export_dir"], name  # the gathered weights were exported
-        out[name] = run_dir
     return out
 
 
