@@ -1,0 +1,39 @@
+"""The CPU peak that MFU divides by is measured once per run, on rank 0, and every rank gets it."""
+from __future__ import annotations
+
+import pytest
+
+from conf.spec_io import spec_to_dict
+from tests.distributed.spawn import run_on_ranks
+from tests.support.specs import cpu_spec
+
+pytestmark = pytest.mark.distributed
+
+
+def peak_rank(*, rank: int, world_size: int, spec_dict: dict) -> tuple:
+    """Resolve the peak on this rank, counting the matmul timings this rank ran."""
+    import torch
+
+    from conf.spec import RunSpec
+    from conf.spec_io import spec_from_dict
+    from training import metrics
+
+    timed = []
+    real = metrics.time_matmul_flops
+
+    def counting(n, dtype, **kwargs):
+        timed.append(n)
+        return real(n, dtype, **kwargs)
+
+    metrics.time_matmul_flops = counting
+    peak = metrics.resolve_peak(spec_from_dict(RunSpec, spec_dict), torch.device("cpu"))
+    return peak.flops, peak.source, len(timed)
+
+
+def test_rank_zero_measures_the_cpu_peak_and_every_rank_uses_it(tmp_path):
+    spec = cpu_spec("model=tiny", "cluster.procs_per_node=2")
+    results = run_on_ranks(peak_rank, world_size=2, workdir=tmp_path,
+                           kwargs={"spec_dict": spec_to_dict(spec)})
+    (flops0, source0, timed0), (flops1, source1, timed1) = results
+    assert timed0 > 0 and timed1 == 0  # one measurement, on rank 0
+    assert (flops1, source1) == (flops0, source0) and flops0 > 0
