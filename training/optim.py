@@ -16,6 +16,14 @@ def param_groups(params: list[torch.Tensor], weight_decay: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
+def implementation(params: list[torch.Tensor]) -> dict:
+    """AdamW's kernel choice: fused (one kernel for all tensors; torchtitan's default) when
+    every parameter is on CUDA; elsewhere torch's default (foreach where it applies), which
+    keeps CPU losses bit-identical to the single-process references."""
+    on_cuda = bool(params) and all(p.device.type == "cuda" for p in params)
+    return {"fused": True} if on_cuda else {}
+
+
 def build_optimizer(model: torch.nn.Module, *, optim: OptimSpec, state_dtype: DType = DType.fp32,
                     owned: set | None = None) -> torch.optim.Optimizer:
     """AdamW over `model`'s parameters (only those in `owned` under ZeRO-1)."""
@@ -25,7 +33,8 @@ def build_optimizer(model: torch.nn.Module, *, optim: OptimSpec, state_dtype: DT
         from training.adamw_bf16 import AdamWBf16State
 
         return AdamWBf16State(param_groups(params, optim.weight_decay), **kwargs)
-    return torch.optim.AdamW(param_groups(params, optim.weight_decay), **kwargs)
+    return torch.optim.AdamW(param_groups(params, optim.weight_decay), **kwargs,
+                             **implementation(params))
 
 
 def build_optimizers(model, *, optim: OptimSpec, state_dtype: DType) -> list:
