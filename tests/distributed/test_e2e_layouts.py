@@ -59,15 +59,15 @@ def _launch(root: Path, name: str, procs: int, overrides: list[str]) -> Path:
     return only_run_dir(root / name)
 
 
-def _spawned(root: Path, names: list[str], procs: int) -> dict[str, Path]:
-    """Train `names` (all with `procs` ranks) in one spawn; their run dirs by name."""
-    run_dirs = {name: prepare_run_dir(cpu_spec(*COMMON, *LAYOUTS[name][1],
-                                               f"cluster.procs_per_node={procs}",
+def _spawned(root: Path, runs: dict[str, list[str]], procs: int) -> dict[str, Path]:
+    """Train `runs` (name: overrides beyond COMMON, all with `procs` ranks) in one spawn;
+    their run dirs by name."""
+    run_dirs = {name: prepare_run_dir(cpu_spec(*COMMON, *extra, f"cluster.procs_per_node={procs}",
                                                f"runs_dir={root / name}"))
-                for name in names}
+                for name, extra in runs.items()}
     outcomes = run_on_ranks(train_run_dirs, world_size=procs, workdir=root, timeout_s=400,
                             kwargs={"run_dirs": [str(d) for d in run_dirs.values()]})
-    assert all(o == ["finished"] * len(names) for o in outcomes), outcomes
+    assert all(o == ["finished"] * len(runs) for o in outcomes), outcomes
     return run_dirs
 
 
@@ -80,7 +80,7 @@ def layout_runs(tmp_path_factory) -> dict[str, Path]:
     for procs in sorted({procs for procs, _ in LAYOUTS.values()}):
         names = [n for n, (p, _) in LAYOUTS.items() if p == procs and n not in LAUNCHED]
         if names:
-            out.update(_spawned(root, names, procs))
+            out.update(_spawned(root, {n: LAYOUTS[n][1] for n in names}, procs))
     for name, run_dir in out.items():
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["export_dir"], name  # the gathered weights were exported
@@ -103,16 +103,15 @@ def test_first_five_losses_match_one_process(losses, layout):
 def test_new_run_starts_from_another_layouts_checkpoint(layout_runs, tmp_path):
     """checkpoint.load_from: the zero3 run's step-5 checkpoint (weights, AdamW moments, data
     position) continues under pp x dp x tp (8 ranks) exactly as one process running 7 steps
-    straight (constant LR after warmup, so the schedule does not depend on the step count)."""
-    runs = {}
-    for name, procs, extra in (("straight", 1, ["parallel=single"]),
-                               ("continued", 8, ["parallel=3d", "checkpoint.load_from="
-                                                 f"{layout_runs['zero3']}"])):
-        result = meshrun("run", *COMMON, "training.steps=7", *extra,
-                         f"cluster.procs_per_node={procs}", f"runs_dir={tmp_path / name}",
-                         timeout=400)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        runs[name] = train_losses(only_run_dir(tmp_path / name))
+    straight (constant LR after warmup, so the schedule does not depend on the step count;
+    the straight reference trains on one spawned rank, the continuation is a real launch)."""
+    straight = _spawned(tmp_path, {"straight": ["training.steps=7", "parallel=single"]}, 1)
+    result = meshrun("run", *COMMON, "training.steps=7", "parallel=3d",
+                     f"checkpoint.load_from={layout_runs['zero3']}", "cluster.procs_per_node=8",
+                     f"runs_dir={tmp_path / 'continued'}", timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = {"straight": train_losses(straight["straight"]),
+            "continued": train_losses(only_run_dir(tmp_path / "continued"))}
     assert sorted(runs["continued"]) == [6, 7]  # a new run: its metrics start after step 5
     for step in (6, 7):
         assert runs["continued"][step] == pytest.approx(runs["straight"][step], rel=1e-4)
