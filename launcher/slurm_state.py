@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from conf.rundir import RunDir, RunState, failure_tail, looks_oom
+from conf.rundir import RunDir, RunState, failure_tail, looks_oom, state_from_files
 
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
           "RESIZING", "REQUEUE_FED", "REQUEUE_HOLD")
@@ -117,11 +117,12 @@ def poll_intervals(*, first_s: float = POLL_FIRST_S, most_s: float = POLL_MOST_S
 
 def state_from_scheduler(slurm_state: str, run_dir: Path) -> RunState:
     """Slurm's word for a run's job, made exact by the run dir: a job that ended cleanly
-    without summary.json stopped early (e.g. out of requeues); a failure whose logs say so ran
-    out of memory."""
+    without summary.json stopped early (e.g. out of requeues), unless it was a preflight that
+    passed; a failure whose logs say so ran out of memory."""
     state = SLURM_STATES.get(slurm_state, RunState.failed)
     if state is RunState.completed and not RunDir(run_dir).summary_file.exists():
-        return RunState.stopped
+        passed = state_from_files(run_dir) is RunState.preflight_passed
+        return RunState.preflight_passed if passed else RunState.stopped
     if state is RunState.failed and looks_oom(failure_tail(run_dir)):
         return RunState.out_of_memory
     return state

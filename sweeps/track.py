@@ -23,7 +23,7 @@ STATES = tuple(RunState)
 """Counting order."""
 ACTIVE = ACTIVE_STATES
 RETRYABLE = RETRYABLE_STATES
-STYLES = {"completed": "green", "running": "cyan", "pending": "dim", "created": "dim",
+STYLES = {"completed": "green", "preflight passed": "green", "running": "cyan", "pending": "dim", "created": "dim",
           "paused": "yellow", "requeued": "cyan", "stopped": "yellow", "missing": "yellow",
           "unknown": "yellow"}
 """Any other state (a failure) is red."""

@@ -165,4 +165,11 @@ def test_preflight_command_checks_joins_all_reduce_and_bandwidth(tmp_path):
     sizes = [row["size_bytes"] for row in report["bandwidth"]]
     assert sizes[0] == 4 * 1024 and sizes[-1] == 64 * 1024**2
     assert "64 MiB" in result.stdout and "all-reduce check passed" in result.stdout
-    assert not (only_run_dir(tmp_path) / "metrics.jsonl").exists()  # nothing trained
+    run_dir = only_run_dir(tmp_path)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in rows] == ["preflight passed"]  # nothing trained
+    # a finished state, not "running" forever, in `meshrun status` and in compare
+    status = meshrun("status", str(run_dir), "--json")
+    assert json.loads(status.stdout)["state"] == "preflight passed", status.stdout + status.stderr
+    from sweeps.compare import collect_runs
+    assert [r.state for r in collect_runs(paths=[run_dir])] == ["preflight passed"]
