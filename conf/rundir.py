@@ -334,6 +334,9 @@ class RunState(str, Enum):
     """Ended before its last step (a signal, Ctrl-C, out of requeues); resumable."""
     completed = "completed"
     """The last step is done and summary.json is written."""
+    preflight_passed = "preflight passed"
+    """A `meshrun preflight` run dir: its checks passed and no training was asked of it (a
+    failed preflight is `failed`). Finished: nothing to wait for or resume."""
     failed = "failed"
     out_of_memory = "out of memory"
     timed_out = "timed out"
@@ -351,6 +354,8 @@ class RunState(str, Enum):
         return str.__hash__(self)
 
 
+FINISHED_STATES = (RunState.completed, RunState.preflight_passed)
+"""Done as asked: what the run dir says stands, whatever the launcher's exit."""
 ACTIVE_STATES = (RunState.pending, RunState.running, RunState.unknown)
 """A sweep waits for these."""
 FAILED_STATES = (RunState.failed, RunState.out_of_memory, RunState.timed_out, RunState.cancelled)
@@ -360,10 +365,12 @@ RETRYABLE_STATES = (RunState.failed, RunState.out_of_memory, RunState.timed_out,
                     RunState.missing)
 """`meshrun sweep retry` reruns (or resumes) these."""
 FAILED_EVENT = "failed"
+PREFLIGHT_EVENT = "preflight passed"
+"""The one event of a `meshrun preflight` run dir, noted by the launcher once every rank passed."""
 """The loop's event when it gives up (a non-finite loss); its row carries step, loss, message."""
 EVENT_STATES = {"paused": RunState.paused, "requeued": RunState.requeued,
                 "stopped": RunState.stopped, "finished": RunState.running,
-                FAILED_EVENT: RunState.failed}
+                FAILED_EVENT: RunState.failed, PREFLIGHT_EVENT: RunState.preflight_passed}
 """The loop's last event -> state ("finished": the summary is being written)."""
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "oom-kill")
 INTERRUPTED_EXIT = (0, 130)
@@ -393,7 +400,7 @@ def state_after_exit(run_dir: Path, *, exit_status: int | None, launcher_alive: 
     """A locally launched run's state when its launcher's exit status is known (sweeps record
     it): None = not ended (or its launcher died under it)."""
     files = state_from_files(run_dir)
-    if files is RunState.completed:
+    if files in FINISHED_STATES:
         return files
     if exit_status is None:
         return RunState.running if launcher_alive else RunState.failed

@@ -17,7 +17,7 @@ from conf.errors import ConfigError, Problem, ProblemList
 from conf.resolve import resolve
 from conf.search_path import add_config_dirs, user_config_dirs
 from conf.spec import RunSpec
-from conf.rundir import LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir
+from conf.rundir import LEG_UNPAUSE, OVERRIDES_FILE, PREFLIGHT_EVENT, SPEC_FILE, RunDir
 from conf.checkpoint_dirs import checkpoint_step
 from conf.checkpoint_verify import prelaunch_problem
 from launcher.advice import suggestions
@@ -169,8 +169,11 @@ def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
     else:
         status = launch_local(spec, run_dir, show_progress=spec.logging.progress,
                               preflight_only=preflight_only, lock=lock)
-    if status == 0:
-        print_preflight(run_dir, console) if preflight_only else print_summary(run_dir, console)
+    if status == 0 and preflight_only:
+        note_preflight_passed(run_dir)
+        print_preflight(run_dir, console)
+    elif status == 0:
+        print_summary(run_dir, console)
     elif status != 130:
         print_failure(run_dir, status)
     return status
@@ -184,6 +187,14 @@ def preflight(overrides: list[str], *, console: Console) -> int:
     console.print(f"preflight run dir: {run_dir}", markup=False)
     with removed_if_not_submitted(run_dir, console=console):
         return _launch(spec, run_dir, console=console, wait=True, preflight_only=True)
+
+
+def note_preflight_passed(run_dir: Path) -> None:
+    """The preflight run dir's one event, so `status`, `compare` and sweeps see it finished
+    (every rank has exited: the launcher is the only writer left)."""
+    row = {"kind": "event", "event": PREFLIGHT_EVENT, "time": time.time()}
+    with RunDir(run_dir).metrics_file.open("a") as out:
+        out.write(json.dumps(row) + "\n")
 
 
 @contextlib.contextmanager

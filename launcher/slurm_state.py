@@ -6,11 +6,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from conf.rundir import RunDir, RunState, failure_tail, looks_oom
+from conf.rundir import RunDir, RunState, failure_tail, looks_oom, state_from_files
 
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
           "RESIZING", "REQUEUE_FED", "REQUEUE_HOLD")
-POLL_EVERY_S = 2.0
+POLL_FIRST_S = 2.0
+POLL_MOST_S = 30.0
+POLL_GROWTH = 1.2
 SLURM_STATES = {
     "PENDING": RunState.pending, "REQUEUED": RunState.pending, "CONFIGURING": RunState.pending,
     "REQUEUE_HOLD": RunState.pending, "REQUEUE_FED": RunState.pending,
@@ -39,50 +41,107 @@ class JobState:
 
 
 def job_state(job_id: str) -> JobState:
-    """The job's state from sacct; PENDING until accounting has a record of it.
+    """One job's state from sacct; PENDING until accounting has a record of it."""
+    return job_states([job_id])[job_id]
+
+
+def job_states(job_ids: list[str]) -> dict[str, JobState]:
+    """The states of all `job_ids` from ONE sacct call (`sacct -j a,b,c`), however many jobs are
+    watched; a job accounting has no record of yet is PENDING, and all are UNKNOWN when sacct
+    does not answer in time.
 
     Slurm 22.05's sacct has no restart count: requeues are counted from the run's events.
     """
-    cmd = ["sacct", "-j", job_id, "-X", "-n", "-P", "--format=State,ExitCode,Elapsed,NodeList"]
+    wanted = list(dict.fromkeys(job_ids))
+    if not wanted:
+        return {}
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(sacct_command(wanted), capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
-        return JobState(job_id=job_id, state="UNKNOWN", exit_code="", elapsed="", nodes="")
+        return {j: JobState(job_id=j, state="UNKNOWN", exit_code="", elapsed="", nodes="")
+                for j in wanted}
     if out.returncode != 0:
-        raise RuntimeError(f"sacct failed for job {job_id}: {out.stderr.strip()} "
+        raise RuntimeError(f"sacct failed for job(s) {','.join(wanted)}: {out.stderr.strip()} "
                            "(is SLURM_CONF set and accounting (slurmdbd) running?)")
-    lines = [line for line in out.stdout.splitlines() if line.strip()]
-    if not lines:
-        return JobState(job_id=job_id, state="PENDING", exit_code="", elapsed="", nodes="")
-    state, exit_code, elapsed, nodes = (lines[-1].split("|") + [""] * 4)[:4]
-    return JobState(job_id=job_id, state=state.split()[0], exit_code=exit_code,
-                    elapsed=elapsed, nodes=nodes)
+    return parse_sacct(out.stdout, wanted)
+
+
+def sacct_command(job_ids: list[str]) -> list[str]:
+    return ["sacct", "-j", ",".join(job_ids), "-X", "-n", "-P",
+            "--format=JobID,State,ExitCode,Elapsed,NodeList"]
+
+
+def parse_sacct(text: str, job_ids: list[str]) -> dict[str, JobState]:
+    """sacct's `JobID|State|ExitCode|Elapsed|NodeList` rows -> a state per asked id (the last row
+    that names it). A pending array's tasks share one row, `123_[0-3%2]`: each task in its range
+    takes that row's state."""
+    found: dict[str, JobState] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        row_id, state, exit_code, elapsed, nodes = (line.split("|") + [""] * 5)[:5]
+        for job_id in job_ids:
+            if _row_names(row_id, job_id):
+                found[job_id] = JobState(job_id=job_id, state=(state.split() or ["UNKNOWN"])[0],
+                                         exit_code=exit_code, elapsed=elapsed, nodes=nodes)
+    return {j: found.get(j, JobState(job_id=j, state="PENDING", exit_code="", elapsed="",
+                                     nodes="")) for j in job_ids}
+
+
+def _row_names(row_id: str, job_id: str) -> bool:
+    """Whether sacct's JobID `row_id` is the job `job_id`: the same id, or an array row
+    `base_[0-3,7%2]` whose ranges hold the task."""
+    if row_id == job_id:
+        return True
+    base, _, tasks = row_id.partition("_[")
+    job_base, _, task = job_id.partition("_")
+    if not tasks or base != job_base or not task.isdigit():
+        return False
+    for part in tasks.rstrip("]").split("%")[0].split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and int(low) <= int(task) <= int(high or low):
+            return True
+    return False
+
+
+def poll_intervals(*, first_s: float = POLL_FIRST_S, most_s: float = POLL_MOST_S,
+                   growth: float = POLL_GROWTH):
+    """Seconds to wait before each next sacct poll: `first_s`, growing by `growth` each time up
+    to `most_s` (2 s, 2.4 s, 2.9 s, ... 30 s after about 2.5 min): quick for short jobs, light on
+    slurmdbd for long ones."""
+    wait = first_s
+    while True:
+        yield wait
+        wait = min(most_s, wait * growth)
 
 
 def state_from_scheduler(slurm_state: str, run_dir: Path) -> RunState:
     """Slurm's word for a run's job, made exact by the run dir: a job that ended cleanly
-    without summary.json stopped early (e.g. out of requeues); a failure whose logs say so ran
-    out of memory."""
+    without summary.json stopped early (e.g. out of requeues), unless it was a preflight that
+    passed; a failure whose logs say so ran out of memory."""
     state = SLURM_STATES.get(slurm_state, RunState.failed)
     if state is RunState.completed and not RunDir(run_dir).summary_file.exists():
-        return RunState.stopped
+        passed = state_from_files(run_dir) is RunState.preflight_passed
+        return RunState.preflight_passed if passed else RunState.stopped
     if state is RunState.failed and looks_oom(failure_tail(run_dir)):
         return RunState.out_of_memory
     return state
 
 
 class SlurmJobHandle:
-    """Quacks like subprocess.Popen for launcher.progress: poll() is None while active."""
+    """Quacks like subprocess.Popen for launcher.progress: poll() is None while active. Asks
+    sacct at most once per `poll_intervals()` step, however often poll() is called."""
 
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         self.returncode: int | None = None
-        self._checked = 0.0
+        self._intervals = poll_intervals()
+        self._next_check = 0.0
 
     def poll(self) -> int | None:
-        if self.returncode is None and time.monotonic() - self._checked >= POLL_EVERY_S:
-            self._checked = time.monotonic()
+        if self.returncode is None and time.monotonic() >= self._next_check:
             state = job_state(self.job_id)
+            self._next_check = time.monotonic() + next(self._intervals)
             if not state.active:
                 self.returncode = 0 if state.state == "COMPLETED" else 1
         return self.returncode

@@ -10,14 +10,15 @@ from rich.table import Table
 from conf.errors import ConfigError, Problem
 from conf.rundir import FAILED_STATES, RunDir, RunState, failure_tail, state_from_files
 from launcher.slurm import recorded_jobs
-from launcher.slurm_state import job_state, state_from_scheduler
+from launcher.slurm_state import JobState, job_state, state_from_scheduler
 
 
-def run_status(run_dir: Path) -> dict:
+def run_status(run_dir: Path, *, scheduler: dict[str, JobState] | None = None) -> dict:
     """State, step reached, latest metrics and requeues of a run dir (local or Slurm).
 
     `state` is a `conf.rundir.RunState` word; a Slurm job's own word is kept as
-    `scheduler_state`."""
+    `scheduler_state`. `scheduler`: job states already asked of sacct (`job_states`, one call
+    for many runs); a job not in it is asked on its own."""
     if not RunDir(run_dir).is_run_dir:
         raise ConfigError([Problem("run_dir", str(run_dir), "is not a meshrun run dir",
                                    "pass a folder made by `meshrun run`")], "Cannot show status")
@@ -31,7 +32,8 @@ def run_status(run_dir: Path) -> dict:
               "state": state_from_files(run_dir), "legs": _legs(RunDir(run_dir))}
     jobs = recorded_jobs(run_dir)
     if jobs:
-        job = job_state(jobs[-1]["job_id"])
+        job_id = jobs[-1]["job_id"]
+        job = (scheduler or {}).get(job_id) or job_state(job_id)
         status.update(job_id=job.job_id, state=state_from_scheduler(job.state, run_dir),
                       scheduler_state=job.state, elapsed=job.elapsed, nodes=job.nodes,
                       submissions=len(jobs))

@@ -33,8 +33,8 @@ from sweeps.compare import (OUTCOMES, RunRecord, best_run, collect_runs, differi
                             table_columns, table_rows)
 
 REPORT_FILE = "report.html"
-STATE_STYLES = {"completed": "green", "missing": "red", "failed": "red", "out of memory": "red",
-                "timed out": "red", "cancelled": "red"}
+STATE_STYLES = {"completed": "green", "preflight passed": "green", "missing": "red",
+                "failed": "red", "out of memory": "red", "timed out": "red", "cancelled": "red"}
 
 
 def register_compare(subparsers) -> None:

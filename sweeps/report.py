@@ -1,32 +1,22 @@
 """A self-contained HTML report of a comparison: table, loss curves, throughput bars, config diff.
 
-No external assets and no network: plots are inline SVG from matplotlib (no pyplot, no display), the
-style and the few lines of click-to-sort script are inline. `report.html#sort=-mfu` opens sorted.
+One file, no network: the plots are plotly figures (sweeps/report_plots.py) with plotly.js inlined
+in the page, the style and the few lines of click-to-sort script are inline too. Hover a line for
+its run and value, click a legend entry to hide a run, smooth the train loss with the slider.
+`report.html#sort=-mfu` opens sorted.
 """
 from __future__ import annotations
 
 import html
-import io
-import math
-import re
 import time
 from collections import Counter
 from pathlib import Path
 from string import Template
 
-from matplotlib import colormaps, rc_context
-from matplotlib.colors import to_hex
-from matplotlib.figure import Figure
-from matplotlib.ticker import EngFormatter, MaxNLocator
-
 from sweeps.compare import OUTCOMES, RunRecord, best_run, display, table_columns
 from sweeps.compare_cli import format_cell
-
-MAX_CURVE_POINTS = 2000
-NO_DATA_COLOR = "#8c959f"
-BAR_METRICS = (("tokens_per_s", "Throughput after warm-up", "tokens/s (all ranks)", 1.0),
-               ("mfu", "MFU after warm-up", "% of dense peak", 100.0),
-               ("peak_mem_gib", "Peak memory", "GiB (max over ranks)", 1.0))
+from sweeps.report_plots import (SMOOTHING_CONTROL, SMOOTHING_SCRIPT, bars_plot, loss_plot,
+                                 plotly_bundle, run_colors)
 
 
 def write_report(*, records: list[RunRecord], keys: list[str], path: Path, title: str) -> Path:
@@ -40,97 +30,11 @@ def render_report(*, records: list[RunRecord], keys: list[str], title: str) -> s
     colors = run_colors(records)
     return PAGE.substitute(
         title=html.escape(title), summary=_summary(records),
-        generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        table=_table(records, keys=keys, colors=colors),
-        loss_plot=loss_svg(records, colors=colors), bars_plot=bars_svg(records, colors=colors),
+        generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), plotly_js=plotly_bundle(),
+        table=_table(records, keys=keys, colors=colors), smoothing=SMOOTHING_CONTROL,
+        loss_plot=loss_plot(records, colors=colors), bars_plot=bars_plot(records, colors=colors),
+        smoothing_script=SMOOTHING_SCRIPT,
         config_diff=_config_diff(records, keys=keys, colors=colors))
-
-
-def run_colors(records: list[RunRecord]) -> dict[str, str]:
-    """One readable color per run, the same in every plot and in the table; grey without data."""
-    with_data = [r for r in records if r.config]
-    cmap = colormaps["tab10" if len(with_data) <= 10 else "tab20"]
-    colors = {r.name: NO_DATA_COLOR for r in records}
-    colors.update({r.name: to_hex(cmap(i % cmap.N)) for i, r in enumerate(with_data)})
-    return colors
-
-
-# --- plots -------------------------------------------------------------------------------------
-
-def _figure(*, ncols: int, figsize: tuple, sharey: bool = False) -> tuple:
-    """A Figure without pyplot: no global backend or figure registry is touched."""
-    fig = Figure(figsize=figsize, layout="constrained")
-    return fig, fig.subplots(ncols=ncols, sharey=sharey)
-
-
-def _svg(fig: Figure) -> str:
-    buf = io.StringIO()
-    with rc_context({"svg.fonttype": "none"}):
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-    text = buf.getvalue()
-    return re.sub(r"<metadata>.*?</metadata>", "", text[text.index("<svg"):], flags=re.S)
-
-
-def _thin(curve: tuple) -> tuple:
-    """At most about MAX_CURVE_POINTS points, keeping the last one."""
-    thinned = curve[::max(1, math.ceil(len(curve) / MAX_CURVE_POINTS))]
-    return thinned if thinned[-1] == curve[-1] else thinned + (curve[-1],)
-
-
-def loss_svg(records: list[RunRecord], *, colors: dict[str, str]) -> str:
-    """Train loss per step (left) and validation loss per eval (right), one color per run."""
-    drawn = [r for r in records if r.train_curve or r.val_curve]
-    if not drawn:
-        return '<p class="empty">No run has logged a loss yet.</p>'
-    fig, (train_ax, val_ax) = _figure(ncols=2, figsize=(12, 4.6), sharey=True)
-    for record in drawn:
-        color = colors[record.name]
-        if record.train_curve:
-            steps, losses = zip(*_thin(record.train_curve))
-            train_ax.plot(steps, losses, color=color, linewidth=1.4, label=record.name)
-        if record.val_curve:
-            steps, losses = zip(*_thin(record.val_curve))
-            val_ax.plot(steps, losses, color=color, linewidth=1.6, marker="o", markersize=4,
-                        label=None if record.train_curve else record.name)
-    for ax, what in ((train_ax, "Train loss"), (val_ax, "Validation loss")):
-        ax.set_title(f"{what} per step")
-        ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-    train_ax.set_ylabel("loss (cross-entropy, nats/token)")
-    fig.legend(loc="outside right upper", title="run", fontsize="small")
-    return _svg(fig)
-
-
-def bars_svg(records: list[RunRecord], *, colors: dict[str, str]) -> str:
-    """Horizontal bars per run for tokens/s, MFU and peak memory; 'n/a' where a run has none."""
-    if not records:
-        return '<p class="empty">No runs.</p>'
-    names = [r.name for r in records]
-    fig, axes = _figure(ncols=len(BAR_METRICS), sharey=True,
-                        figsize=(12, 1.4 + 0.38 * len(records)))
-    for ax, (key, title, unit, scale) in zip(axes, BAR_METRICS):
-        values = [_scaled(r.outcomes.get(key), scale) for r in records]
-        ax.barh(names, [v or 0.0 for v in values], color=[colors[n] for n in names])
-        top = max((v for v in values if v), default=1.0)
-        for y, value in enumerate(values):
-            text = "n/a" if value is None else format_cell(key, value / scale)
-            ax.text((value or 0.0) + top * 0.02, y, text, va="center", fontsize="small")
-        ax.set_xlim(0, top * 1.3)
-        ax.set_title(title)
-        ax.set_xlabel(unit)
-        if key == "tokens_per_s":
-            ax.xaxis.set_major_formatter(EngFormatter(sep=""))
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
-        ax.grid(axis="x", alpha=0.3)
-    axes[0].invert_yaxis()
-    return _svg(fig)
-
-
-def _scaled(value: object, scale: float) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value) * scale
 
 
 # --- HTML pieces -------------------------------------------------------------------------------
@@ -216,6 +120,7 @@ PAGE = Template("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>$title</title>
+<script>$plotly_js</script>
 <style>
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px 32px;
        color: #1f2328; background: #fff; }
@@ -232,7 +137,8 @@ table#runs { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 #runs tbody tr:hover { background: #f6f8fa; } td.best { color: #1a7f37; font-weight: 600; }
 .dot { display: inline-block; width: 10px; height: 10px; border-radius: 50%;
        margin-right: 6px; vertical-align: baseline; }
-.plot svg { max-width: 100%; height: auto; }
+.plot { max-width: 1400px; } .smooth { color: #57606a; font-size: 13px; }
+.smooth input { vertical-align: middle; width: 220px; }
 .run-diff { border: 1px solid #d0d7de; border-radius: 6px; padding: 6px 12px; margin: 8px 0; }
 .run-diff h3 { margin: 4px 0; font-size: 15px; } .run-diff small { color: #57606a; }
 .chip { display: inline-block; background: #f6f8fa; border: 1px solid #d0d7de;
@@ -249,6 +155,8 @@ table#runs { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 (again to reverse); open with <code>#sort=-mfu</code> to start sorted. <span id="js-status"></span></p>
 $table
 <h2>Loss</h2>
+<p class="hint">Hover a line for its run and value; click a run in the legend to hide it
+(double-click: show only it). $smoothing</p>
 <div class="plot">$loss_plot</div>
 <h2>Throughput, MFU and memory</h2>
 <div class="plot">$bars_plot</div>
@@ -256,6 +164,7 @@ $table
 <p class="hint">The differing keys of each run; a value unlike the one most runs share is highlighted.</p>
 $config_diff
 <script>
+$smoothing_script
 (function () {
   var table = document.getElementById("runs");
   var body = table.tBodies[0];

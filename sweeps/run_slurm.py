@@ -22,7 +22,6 @@ from sweeps.state import SweepState
 from launcher.slurm import SlurmRankTask  # the rank entry point, as the launcher submits it
 
 ARRAYS_DIR = "arrays"
-POLL_S = 5.0
 
 def resources_key(spec: RunSpec) -> str:
     """Points with the same key can share a job array."""
@@ -94,11 +93,16 @@ def wait_for_points(state: SweepState, indices: list[int], *, console: Console,
         console.print(f"detached; the jobs run on: meshrun sweep status {state.dir}", markup=False)
 
 def _poll(state: SweepState, indices: list[int], console: Console, deadline: float | None) -> None:
-    from sweeps.track import ACTIVE, counts, point_status
+    """One sacct call per poll for all the points' jobs; the polls grow apart (poll_intervals)."""
+    from launcher.slurm_state import poll_intervals
+    from sweeps.track import ACTIVE, counts, point_status, scheduler_states
 
     last = None
+    intervals = poll_intervals()
     while True:
-        rows = [point_status(state, state.record(i), runner_alive=False) for i in indices]
+        scheduler = scheduler_states(state, indices)
+        rows = [point_status(state, state.record(i), runner_alive=False, scheduler=scheduler)
+                for i in indices]
         now = counts(rows)
         if now != last:
             console.print("  " + ", ".join(f"{n} {s}" for s, n in now.items()), markup=False)
@@ -107,5 +111,5 @@ def _poll(state: SweepState, indices: list[int], console: Console, deadline: flo
             return
         if deadline is not None and time.monotonic() > deadline:
             return
-        time.sleep(POLL_S)
+        time.sleep(next(intervals))
 

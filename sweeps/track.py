@@ -23,7 +23,7 @@ STATES = tuple(RunState)
 """Counting order."""
 ACTIVE = ACTIVE_STATES
 RETRYABLE = RETRYABLE_STATES
-STYLES = {"completed": "green", "running": "cyan", "pending": "dim", "created": "dim",
+STYLES = {"completed": "green", "preflight passed": "green", "running": "cyan", "pending": "dim", "created": "dim",
           "paused": "yellow", "requeued": "cyan", "stopped": "yellow", "missing": "yellow",
           "unknown": "yellow"}
 """Any other state (a failure) is red."""
@@ -32,10 +32,30 @@ STYLES = {"completed": "green", "running": "cyan", "pending": "dim", "created": 
 def sweep_status(state: SweepState) -> list[dict]:
     """One row per point: index, name, values, state, step, steps, loss, mfu, run_dir."""
     alive = state.runner_alive()
-    return [point_status(state, record, runner_alive=alive) for record in state.records]
+    scheduler = scheduler_states(state, [r["index"] for r in state.records])
+    return [point_status(state, record, runner_alive=alive, scheduler=scheduler)
+            for record in state.records]
 
 
-def point_status(state: SweepState, record: dict, *, runner_alive: bool) -> dict:
+def scheduler_states(state: SweepState, indices: list[int]) -> dict:
+    """The Slurm states of the points' latest jobs, from one sacct call for all of them ({} for
+    a local sweep: no sacct call at all)."""
+    from launcher.slurm import recorded_jobs
+    from launcher.slurm_state import job_states
+
+    job_ids = []
+    for index in indices:
+        run_dir = state.latest_run_dir(index)
+        jobs = recorded_jobs(run_dir) if run_dir is not None and run_dir.is_dir() else []
+        job_ids += [jobs[-1]["job_id"]] if jobs else []
+    try:
+        return job_states(job_ids)
+    except RuntimeError:
+        return {}  # each point then asks on its own and reports the failure in its row
+
+
+def point_status(state: SweepState, record: dict, *, runner_alive: bool,
+                 scheduler: dict | None = None) -> dict:
     row = {"index": record["index"], "name": record["name"], "values": record["values"],
            "run_dir": None, "state": RunState.pending if runner_alive else RunState.missing,
            "step": 0,
@@ -52,7 +72,7 @@ def point_status(state: SweepState, record: dict, *, runner_alive: bool) -> dict
     try:
         from launcher.status import run_status
 
-        status = run_status(run_dir)
+        status = run_status(run_dir, scheduler=scheduler)
     except (ConfigError, RuntimeError, OSError, ValueError) as err:
         return {**row, "state": RunState.unknown, "error": str(err).splitlines()[0]}
     latest = status.get("latest") or {}

@@ -8,6 +8,7 @@ from pathlib import Path
 from conf.rundir import RESUME_ROW_KIND, RunDir
 from conf.spec import RunSpec
 from conf.spec_io import spec_to_dict
+from training.wandb_logger import per_rank_values
 
 
 class MetricsFile:
@@ -28,6 +29,9 @@ class MetricsFile:
         self.file.close()
 
 
+PER_RANK_KEY = "mem_by_rank"
+"""A train row's per-rank memory, {stat: [rank 0's value, rank 1's, ...]}
+(training.metrics.memory_fields); the row's own `mem_*` values are the largest of these."""
 AXIS_KEYS = ("kind", "step", "tokens_seen")
 """Row keys that are not charted as `<kind>/<key>`: the kind is the namespace, and step and
 tokens_seen are the x-axes W&B gets on every row."""
@@ -35,9 +39,11 @@ tokens_seen are the x-axes W&B gets on every row."""
 
 def wandb_values(row: dict) -> dict[str, float]:
     """A metrics row as W&B keys: `train/loss`, `train/mfu`, `train/mem_peak_gib` (the largest
-    of any rank), `eval/val_loss`, ...; numbers only."""
-    return {f"{row['kind']}/{k}": v for k, v in row.items()
-            if k not in AXIS_KEYS and isinstance(v, (int, float))}
+    of any rank), `eval/val_loss`, ...; numbers only; and each rank's memory as
+    `memory/mem_peak_gib/rank<r>` (wandb_logger.per_rank_values)."""
+    return {**{f"{row['kind']}/{k}": v for k, v in row.items()
+               if k not in AXIS_KEYS and isinstance(v, (int, float))},
+            **per_rank_values(row.get(PER_RANK_KEY, {}))}
 
 
 class RunLoggers:

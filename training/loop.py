@@ -11,9 +11,9 @@ import torch
 from conf.rundir import FAILED_EVENT, RunDir
 from conf.schema import NonFinite
 from training.checkpoint import save_checkpoint
-from training.dist import all_reduce_max, all_reduce_sum, barrier
+from training.dist import all_reduce_sum, barrier
 from training.export import export_hf, gather_full_state
-from training.metrics import StepTimer, memory_stats, mfu_fields
+from training.metrics import StepTimer, memory_by_rank, memory_fields, mfu_fields
 from training.optim import set_lr
 from training.preemption import requeue_job, restart_count, slurm_job_id
 from training.schedule import lr_at
@@ -150,13 +150,7 @@ def _add_throughput(tr: TrainState, row: dict) -> None:
                **mfu_fields(tokens_per_s_per_device=per_device,
                             flops_per_token=tr.flops_per_token, peak=tr.peak),
                tokens_seen=tr.step * t.tokens_per_step)
-    row.update(_max_memory(tr))
-
-
-def _max_memory(tr: TrainState) -> dict:
-    stats = memory_stats(tr.ctx.device)
-    keys = sorted(stats)
-    return dict(zip(keys, all_reduce_max([stats[k] for k in keys], tr.ctx.device)))
+    row.update(memory_fields(memory_by_rank(tr.ctx.device)))
 
 
 @torch.no_grad()

@@ -19,10 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from conf.spec import RunSpec
 from parallel.cost.devices import GIB, PeakFlops, gpu_peak
 from parallel.cost.flops import FLOPS_CONVENTION, flops_per_token
+from training.loggers import PER_RANK_KEY
 from training.precision import TORCH_DTYPES
 
 log = logging.getLogger("meshrun.metrics")
@@ -190,6 +192,25 @@ def memory_stats(device: torch.device) -> dict[str, float]:
                 "mem_peak_gib": torch.cuda.max_memory_allocated(device) / GIB}
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {"mem_peak_gib": peak_kib * 1024 / GIB}
+
+
+def memory_by_rank(device: torch.device) -> dict[str, list[float]]:
+    """Every rank's `memory_stats`, gathered: {stat: one value per rank, in rank order}. A
+    collective (one all_gather): every rank calls it; without a process group, this rank's."""
+    stats = memory_stats(device)
+    keys = sorted(stats)
+    local = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=device)
+    gathered = [local]
+    if dist.is_initialized():
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, local)
+    values = torch.stack(gathered).cpu().tolist()
+    return {key: [row[i] for row in values] for i, key in enumerate(keys)}
+
+
+def memory_fields(by_rank: dict[str, list[float]]) -> dict:
+    """A train row's memory: each stat's largest value over the ranks, and every rank's."""
+    return {**{key: max(values) for key, values in by_rank.items()}, PER_RANK_KEY: by_rank}
 
 
 class StepTimer:

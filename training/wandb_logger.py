@@ -21,6 +21,10 @@ Design choices:
   `console=False` (`logging.wandb_system_metrics`, `logging.wandb_console`). Measured offline on
   a shared 2-core CPU machine, 5 runs per process: init median 0.25 s (first one 0.6-1.0 s),
   finish 10 ms, the same with them on or off.
+- Per-rank memory is charted as `memory/<stat>/rank<r>` (`memory/mem_peak_gib/rank1`, ...): one
+  W&B section, one series per rank, each defined against `step` with its maximum kept in the
+  summary; a dashboard panel overlays the ranks with the regex `memory/mem_peak_gib/rank.*`.
+  `train/mem_peak_gib` stays the largest of any rank, and `train/mfu` the job's MFU.
 - Code, git, pip freeze and launch jobs are never collected: the run dir already records the
   command, environment and git sha, and metrics.jsonl is the local source of truth.
 """
@@ -34,6 +38,7 @@ from typing import Any
 VALID_MODES = ("offline", "online", "disabled")
 STEP_METRIC = "step"
 TOKENS_METRIC = "tokens_seen"
+MEMORY_SECTION = "memory"
 DEFAULT_INIT_TIMEOUT_S = 60.0
 DEFAULT_SYSTEM_METRICS_INTERVAL_S = 15.0  # W&B's own default
 
@@ -185,7 +190,14 @@ def _build_settings(wandb: Any, *, mode: str, init_timeout_s: float, system_metr
     )
 
 
+def per_rank_values(by_rank: dict[str, list[float]]) -> dict[str, float]:
+    """{stat: [per rank]} -> W&B keys `memory/<stat>/rank<r>`: one series per rank."""
+    return {f"{MEMORY_SECTION}/{stat}/rank{rank}": value
+            for stat, values in by_rank.items() for rank, value in enumerate(values)}
+
+
 def _define_x_axes(run: Any) -> None:
     run.define_metric(STEP_METRIC)
     run.define_metric(TOKENS_METRIC, step_metric=STEP_METRIC)
+    run.define_metric(f"{MEMORY_SECTION}/*", step_metric=STEP_METRIC, summary="max")
     run.define_metric("*", step_metric=STEP_METRIC)

@@ -97,6 +97,13 @@ def test_wandb_offline_run_holds_history_config_and_one_id_across_resume(runs):
     losses = train_losses(run_dir)
     assert all(logged[s]["train/loss"] == pytest.approx(losses[s], rel=1e-12) for s in losses)
     assert record.user_config()["model"]["name"] == "tiny"
+    # each rank's memory, one W&B series per rank, as the metrics row gathered it
+    rows = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").open())
+            if r["kind"] == "train"}
+    for step, row in rows.items():
+        peaks = row["mem_by_rank"]["mem_peak_gib"]
+        assert len(peaks) == 2 and row["mem_peak_gib"] == max(peaks) and min(peaks) > 0
+        assert [logged[step][f"memory/mem_peak_gib/rank{r}"] for r in (0, 1)] == peaks
     summary = json.loads((run_dir / "summary.json").read_text())
     assert record.user_summary()["final_val_loss"] == pytest.approx(summary["final_val_loss"])
 
@@ -165,4 +172,11 @@ def test_preflight_command_checks_joins_all_reduce_and_bandwidth(tmp_path):
     sizes = [row["size_bytes"] for row in report["bandwidth"]]
     assert sizes[0] == 4 * 1024 and sizes[-1] == 64 * 1024**2
     assert "64 MiB" in result.stdout and "all-reduce check passed" in result.stdout
-    assert not (only_run_dir(tmp_path) / "metrics.jsonl").exists()  # nothing trained
+    run_dir = only_run_dir(tmp_path)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in rows] == ["preflight passed"]  # nothing trained
+    # a finished state, not "running" forever, in `meshrun status` and in compare
+    status = meshrun("status", str(run_dir), "--json")
+    assert json.loads(status.stdout)["state"] == "preflight passed", status.stdout + status.stderr
+    from sweeps.compare import collect_runs
+    assert [r.state for r in collect_runs(paths=[run_dir])] == ["preflight passed"]

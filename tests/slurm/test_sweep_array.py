@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,16 +22,29 @@ SLURM = ["cluster=slurm", "cluster.gpus_per_node=0", "cluster.procs_per_node=1",
          "cluster.warning_signal=USR1@30", f"cluster.python={sys.executable}"]
 
 
-def meshrun(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def meshrun(*args: str, timeout: float = 600, path: str | None = None
+            ) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200", **({"PATH": path} if path else {})}
     return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+                          timeout=timeout, env=env)
+
+
+def logged_sacct(folder: Path) -> tuple[str, Path]:
+    """A PATH whose first `sacct` notes its arguments, one call a line, then runs the real one."""
+    real, log = shutil.which("sacct"), folder / "sacct-calls.log"
+    folder.mkdir(parents=True)
+    script = folder / "sacct"
+    script.write_text(f'#!/bin/sh\necho "$(date +%s.%N) $*" >> {log}\nexec {real} "$@"\n')
+    script.chmod(0o755)
+    return f"{folder}{os.pathsep}{os.environ['PATH']}", log
 
 
 def test_a_two_point_sweep_runs_as_one_job_array(slurm_cluster, tmp_path):
     sweep_dir = tmp_path / "sweep"
+    path, sacct_log = logged_sacct(tmp_path / "bin")
     proc = meshrun("sweep", "--yes", "--wait", "--array-parallelism", "2", "--name", "arr",
-                   "--dir", str(sweep_dir), *TINY, *SLURM, "optim.lr=1e-3,3e-3")
+                   "--dir", str(sweep_dir), *TINY, *SLURM, "optim.lr=1e-3,3e-3", path=path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "submitted 2 point(s) as array" in proc.stdout
     assert "(2 node(s) x 1 task(s) each, at most 2 at once)" in proc.stdout
@@ -44,6 +58,9 @@ def test_a_two_point_sweep_runs_as_one_job_array(slurm_cluster, tmp_path):
                             "--format=JobID,State,NNodes"], capture_output=True, text=True,
                            check=True).stdout.split()
     assert sorted(sacct) == sorted(f"{j}|COMPLETED|2" for j in job_ids)
+    # --wait asked sacct once per poll for both points' jobs, never job by job
+    calls = sacct_log.read_text().splitlines()
+    assert calls and all(f"-j {','.join(job_ids)} " in call for call in calls), calls
     for row in status["points"]:
         assert row["step"] == row["steps"] == 6
         run_dir = Path(row["run_dir"])

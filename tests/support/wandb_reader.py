@@ -195,6 +195,10 @@ def _metric_definition(metric: wandb_internal_pb2.MetricRecord) -> dict[str, Any
     definition = {"name": metric.name} if metric.name else {"glob_name": metric.glob_name}
     if metric.step_metric:
         definition["step_metric"] = metric.step_metric
+    kept = [name for name in ("min", "max", "mean", "last", "best", "none", "copy")
+            if getattr(metric.summary, name, False)]
+    if kept:
+        definition["summary"] = ",".join(kept)
     return definition
 
 

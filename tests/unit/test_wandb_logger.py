@@ -173,6 +173,8 @@ def test_system_metrics_console_and_x_axes_are_on_by_default(tmp_path: Path) -> 
     assert "rank 0: step 1 loss 10.0" in output_log.read_text()
     assert run.metric_definitions == [{"name": "step"},
                                       {"name": "tokens_seen", "step_metric": "step"},
+                                      {"glob_name": "memory/*", "step_metric": "step",
+                                       "summary": "max"},
                                       {"glob_name": "*", "step_metric": "step"}]
     assert run.user_history() == [
         {"train/loss": 1.0, "train/mfu": 0.4, "step": 1, "tokens_seen": 512},
@@ -200,3 +202,27 @@ def test_run_rows_become_namespaced_wandb_keys() -> None:
     assert wandb_values(row) == {"train/loss": 2.5, "train/mfu": 0.31, "train/mem_peak_gib": 11.5,
                                  "train/tokens_per_s": 1e5, "train/nonfinite": True}
     assert wandb_values({"kind": "eval", "step": 7, "val_loss": 2.7}) == {"eval/val_loss": 2.7}
+
+
+def test_per_rank_memory_is_one_series_per_rank_with_its_peak_kept(tmp_path: Path) -> None:
+    """Each rank's memory charted against `step` as `memory/<stat>/rank<r>` (one W&B section, a
+    regex `memory/mem_peak_gib/rank.*` overlays the ranks), its maximum in the run summary."""
+    from training.loggers import wandb_values
+    from training.metrics import memory_fields
+
+    logger = make_logger(tmp_path, system_metrics=False, console=False)
+    peaks = {1: [1.5, 2.0], 2: [3.0, 1.0], 3: [2.5, 2.5]}  # rank 0, rank 1 per step
+    for step, per_rank in peaks.items():
+        row = {"kind": "train", "step": step, "loss": 1.0,
+               **memory_fields({"mem_peak_gib": per_rank})}
+        assert row["mem_peak_gib"] == max(per_rank)
+        logger.log(wandb_values(row), step=step)
+    logger.finish()
+
+    run = read_runs(tmp_path)
+    assert [(h["step"], h["memory/mem_peak_gib/rank0"], h["memory/mem_peak_gib/rank1"],
+             h["train/mem_peak_gib"]) for h in run.user_history()] == [
+        (1, 1.5, 2.0, 2.0), (2, 3.0, 1.0, 3.0), (3, 2.5, 2.5, 2.5)]
+    summary = run.user_summary()
+    assert summary["memory/mem_peak_gib/rank0"] == {"max": 3.0}
+    assert summary["memory/mem_peak_gib/rank1"] == {"max": 2.5}
