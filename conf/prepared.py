@@ -20,6 +20,12 @@ MANIFEST = "manifest.json"
 FORMAT = "meshrun-tokens/1"
 """manifest["format"]: bumped when the layout changes, so an old reader refuses a new dir."""
 SPLITS = ("train", "val")
+SFT_KIND = "sft"
+"""manifest["kind"] of packed chat data with a loss mask (absent: plain token streams)."""
+
+
+def is_sft(manifest: dict) -> bool:
+    return manifest.get("kind") == SFT_KIND
 
 
 def read_manifest(folder: str | Path) -> dict:
@@ -54,14 +60,20 @@ def incomplete_shards(folder: str | Path, manifest: dict) -> list[str]:
             path = Path(folder).expanduser() / shard["file"]
             if not path.is_file() or path.stat().st_size != shard["tokens"] * item:
                 bad.append(shard["file"])
+            mask = Path(folder).expanduser() / shard.get("mask_file", "")
+            if "mask_file" in shard and (not mask.is_file()
+                                         or mask.stat().st_size != shard["tokens"]):
+                bad.append(shard["mask_file"])
     return bad
 
 
 def resolve_prepared(d: DataConfig, *, vocab_size: int, problems: ProblemList,
-                     check_paths: bool) -> tuple[list[str], list[str], str]:
+                     check_paths: bool,
+                     seq_len: int | None = None) -> tuple[list[str], list[str], str]:
     """(train shards, val shards, dtype) of data.prepared, adding a problem for each thing that
     would stop or spoil the run: not data=files, also train_files/val_files, no or unfinished
-    manifest, a tokenizer bigger than model.vocab_size, data.tokenizer not the one it was made with."""
+    manifest, a tokenizer bigger than model.vocab_size, data.tokenizer not the one it was made
+    with, an SFT dir whose bins are not seq_len+1 tokens."""
     key = "data.prepared"
     if d.kind is not DataKind.files:
         problems.add(key, d.prepared, f"needs data=files (data={d.kind.value})", "add data=files")
@@ -80,6 +92,11 @@ def resolve_prepared(d: DataConfig, *, vocab_size: int, problems: ProblemList,
     if bad:
         problems.add(key, d.prepared, f"shards missing or cut short: {', '.join(bad[:3])}",
                      "run the same `meshrun data prepare` again to rebuild them")
+    if seq_len is not None and is_sft(manifest) and manifest["bin_tokens"] != seq_len + 1:
+        problems.add("training.seq_len", seq_len, f"{d.prepared} is SFT data packed into bins "
+                     f"of {manifest['bin_tokens']} tokens; a training window must be one bin",
+                     f"set training.seq_len={manifest['bin_tokens'] - 1}, or prepare again "
+                     f"with --seq-len {seq_len}")
     tok = manifest["tokenizer"]
     if vocab_size < tok["vocab_size"]:
         problems.add("model.vocab_size", vocab_size, f"below the vocab size "

@@ -147,7 +147,8 @@ def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
     before = len(problems.items)
     if d.prepared:
         train, val, dtype = resolve_prepared(d, vocab_size=model.vocab_size, problems=problems,
-                                             check_paths=check_paths)
+                                             check_paths=check_paths,
+                                             seq_len=cfg.training.seq_len)
         d = replace(d, dtype=dtype, prepared=_absolute(d.prepared))
     else:
         train, val = rules.data_files(d, problems, check_paths=check_paths, expand=_expand)
