@@ -137,6 +137,11 @@ def prepare_sft(args: argparse.Namespace, console: Console) -> int:
     lines.append(f"  too long for a bin: {m['dropped_too_long']:,} dropped, "
                  f"{m['truncated']:,} truncated; {m['dropped_nothing_learned']:,} dropped "
                  "with no assistant token")
+    if m["eos_inside_conversations"]:
+        lines.append(f"  warning: {m['eos_inside_conversations']:,} EOS tokens inside "
+                     "conversations (the chat template ends turns with EOS): "
+                     "data.document_mask=true would cut conversations there; name another "
+                     "EOS with --eos-token")
     lines.append(f"  packing efficiency (real tokens / bin capacity): "
                  f"{m['packing_efficiency']:.1%}")
     lines.append(f"  train with: data=sft data.prepared={out} training.seq_len={m['seq_len']} "

@@ -13,7 +13,10 @@ Each split is packed first-fit-decreasing (launcher/sft_pack) into bins of seq_l
 padded with the pad id (EOS when the tokenizer has none) under mask 0. Bin b of a split is
 window b of its shards: SPLIT_NNNNN.bin (tokens) and SPLIT_NNNNN.mask (uint8), whole bins per
 shard. The manifest (conf/prepared.py, kind "sft") records bins, conversations, truncated and
-dropped counts and the packing efficiency (real tokens / bin capacity). Shards and manifest are
+dropped counts, the packing efficiency (real tokens / bin capacity), and how many EOS tokens
+sit INSIDE conversations (a template whose turn end is the EOS token, as Qwen2.5's and
+Llama 3.1's instruct tokenizers are configured): document masking splits at EOS, so those
+conversations would be cut into turns that cannot see each other; the CLI warns. Shards and manifest are
 written atomically; a second call with the same inputs and options does nothing.
 """
 from __future__ import annotations
@@ -97,7 +100,8 @@ def prepare_sft(inputs: list[str], *, tokenizer: str, out_dir: str,
         "inputs": [{"path": str(f.resolve()), "bytes": f.stat().st_size} for f in files],
         "options": asdict(options),
         "splits": {name: _write_split(out, name, split, bin_tokens=bin_tokens, dtype=dtype,
-                                      pad_id=pad_id, bins_per_shard=bins_per_shard)
+                                      pad_id=pad_id, eos_id=tok.info.eos_id,
+                                      bins_per_shard=bins_per_shard)
                    for name, split in splits.items()},
     }
     _totals(manifest)
@@ -131,7 +135,7 @@ def _add(split: _Split, conv: Conversation, bin_tokens: int, too_long: str) -> N
 
 
 def _write_split(out: Path, name: str, split: _Split, *, bin_tokens: int, dtype: str,
-                 pad_id: int, bins_per_shard: int) -> dict:
+                 pad_id: int, eos_id: int, bins_per_shard: int) -> dict:
     sizes = [len(c.tokens) for c in split.conversations]
     bins = first_fit_decreasing(sizes, bin_tokens) if sizes else []
     shards = []
@@ -152,6 +156,8 @@ def _write_split(out: Path, name: str, split: _Split, *, bin_tokens: int, dtype:
             "learned_tokens": int(sum(int(c.mask.sum()) for c in split.conversations)),
             "truncated": split.truncated, "dropped_too_long": split.dropped_too_long,
             "dropped_nothing_learned": split.dropped_nothing_learned,
+            "eos_inside_conversations": sum(int((c.tokens[:-1] == eos_id).sum())
+                                            for c in split.conversations),
             "packing_efficiency": packing_efficiency(sizes, n_bins=len(bins),
                                                      capacity=bin_tokens),
             "shards": shards}
@@ -169,7 +175,8 @@ def _write_shard(out: Path, stem: str, tokens: np.ndarray, mask: np.ndarray) -> 
 def _totals(manifest: dict) -> None:
     splits = manifest["splits"].values()
     for key in ("conversations", "bins", "tokens", "real_tokens", "learned_tokens",
-                "truncated", "dropped_too_long", "dropped_nothing_learned"):
+                "truncated", "dropped_too_long", "dropped_nothing_learned",
+                "eos_inside_conversations"):
         manifest[key] = sum(s[key] for s in splits)
     manifest["documents"] = manifest["conversations"]
     manifest["packing_efficiency"] = manifest["real_tokens"] / max(manifest["tokens"], 1)

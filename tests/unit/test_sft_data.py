@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from conf.prepared import MANIFEST
 from launcher.hf_tokenizer import load_tokenizer, train_bpe
 from launcher.sft_pack import first_fit_decreasing, packing_efficiency
 from launcher.sft_prepare import SftOptions, encode_conversation, prepare_sft
@@ -100,6 +101,28 @@ def test_tokenizer_chat_template_is_used_and_masked(tok_dir, tmp_path):
     assert rendered.startswith("<|im_start|>system\nYou are helpful.<|im_end|>\n")
     _check_token_by_token(tok, conv, rendered, ["the quick brown fox<|im_end|>",
                                                 "the loss falls<|im_end|>"], bos=False)
+
+
+def test_eos_inside_conversations_is_counted_and_warned(tok_dir, tmp_path):
+    """A template that ends turns with EOS: document masking would cut conversations there."""
+    folder = tmp_path / "eos_turns"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes((tok_dir / "tokenizer.json").read_bytes())
+    config = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    template = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + eos_token }}"
+                "{% endfor %}")
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config,
+                                                              "chat_template": template}))
+    chats = tmp_path / "c.jsonl"
+    chats.write_text(json.dumps({"messages": TWO_TURNS}) + "\n")
+    cmd = [sys.executable, "-m", "launcher.cli", "data", "prepare-sft", "--tokenizer",
+           str(folder), "--seq-len", "255", "--val-fraction", "0", "--out",
+           str(tmp_path / "out"), str(chats)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "out" / MANIFEST).read_text())["eos_inside_conversations"] \
+        == len(TWO_TURNS)
+    assert "warning: 5 EOS tokens inside conversations" in done.stdout
 
 
 def test_a_template_that_hides_the_content_is_refused(tok_dir):
