@@ -16,8 +16,8 @@ shard. The manifest (conf/prepared.py, kind "sft") records bins, conversations, 
 dropped counts, the packing efficiency (real tokens / bin capacity), and how many EOS tokens
 sit INSIDE conversations (a template whose turn end is the EOS token, as Qwen2.5's and
 Llama 3.1's instruct tokenizers are configured): document masking splits at EOS, so those
-conversations would be cut into turns that cannot see each other; the CLI warns. Shards and manifest are
-written atomically; a second call with the same inputs and options does nothing.
+conversations would be cut into turns that cannot see each other; the CLI warns. Shards and
+manifest are written atomically; a second call with the same inputs and options does nothing.
 """
 from __future__ import annotations
 
