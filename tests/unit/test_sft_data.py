@@ -338,8 +338,9 @@ def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_p
     """2 micro-batches of 1 bin with different learned counts: the step's loss and gradients
     are those of the mean over all learned tokens of both (not a mean of the two means)."""
     from tests.support.specs import cpu_spec
-    from training.data import build_train_batches
+    from training.data import build_train_batches, build_val_batches
     from training.model import build_model
+    from training.sft_data import PackedBins
     from training.parallel_model import ParallelModel
     from training.step import forward_backward
 
@@ -349,6 +350,12 @@ def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_p
                     "training.grad_accum_steps=2", "parallel=single")
     batches = build_train_batches(spec.data, spec.training, dp_rank=0, dp_size=1)
     assert type(batches).__name__ == "SftTrainBatches"
+    val = list(build_val_batches(spec.data, spec.training, dp_rank=0, dp_size=1))
+    val_bins = PackedBins(str(out), "val", seq_len=191, vocab_size=320)
+    for i, (inputs, targets) in enumerate(val):  # the val split's bins in order, cycled
+        expected = val_bins.micro_batch(np.array([i % val_bins.n_bins]))
+        assert torch.equal(inputs, expected[0]) and torch.equal(targets, expected[1])
+    assert len(val) == spec.training.eval_batches
     bin_ids = batches.order.window_indices(np.arange(2))
     micro = batches.next_step()
     counts = [int((t != IGNORE_INDEX).sum()) for _, t in micro]
@@ -385,3 +392,21 @@ def test_packing_efficiency_of_a_chat_length_distribution():
           f"{efficiency:.2%} ({len(bins)} bins, lower bound {math.ceil(sum(sizes) / 2049)})")
     assert efficiency > 0.97
     assert packing_efficiency([], n_bins=0, capacity=2049) == 0.0
+
+
+def test_sft_batches_resume_after_a_step_and_refuse_other_data(tok_dir, tmp_path):
+    from training.sft_data import SftTrainBatches
+
+    out, *_ = _prepared_two_turns(tok_dir, tmp_path)
+    common = dict(prepared=str(out), seq_len=191, seed=7, global_batch_size=2,
+                  micro_batch_size=1, grad_accum_steps=2, dp_rank=0, dp_size=1)
+    first = SftTrainBatches(**common)
+    first.next_step()
+    state = first.state_dict()
+    expected = first.next_step()
+    again = SftTrainBatches(**common)
+    again.load_state_dict(state)
+    for (a_in, a_t), (b_in, b_t) in zip(again.next_step(), expected):
+        assert torch.equal(a_in, b_in) and torch.equal(a_t, b_t)
+    with pytest.raises(ValueError, match="cannot resume"):
+        SftTrainBatches(**{**common, "seed": 8}).load_state_dict(state)
