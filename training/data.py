@@ -321,6 +321,11 @@ def build_train_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
                   grad_accum_steps=training.grad_accum_steps, dp_rank=dp_rank, dp_size=dp_size)
     if data.kind is DataKind.synthetic:
         return SyntheticBatches(vocab_size=data.vocab_size, **common)
+    if data.sources:
+        from training.mixture import MixtureBatches
+
+        return MixtureBatches(sources=data.sources, weights=data.weights,
+                              vocab_size=data.vocab_size, **common)
     if is_sft_data(data):
         from training.sft_data import SftTrainBatches
 
