@@ -99,8 +99,8 @@ def test_resolve_checks_sources_and_weights(sources, tmp_path):
     from tests.support.specs import cpu_spec
     from training.data import build_train_batches
 
-    base = ["model=tiny", "data=files", "parallel=single", "model.vocab_size=300", f"training.seq_len={SEQ}",
-            f"data.sources=[{sources[0]},{sources[1]}]"]
+    base = ["model=tiny", "data=files", "parallel=single", "model.vocab_size=300",
+            f"training.seq_len={SEQ}", f"data.sources=[{sources[0]},{sources[1]}]"]
     spec = cpu_spec(*base, "data.weights=[3,1]")
     assert spec.data.sources == tuple(sources) and spec.data.weights == (3.0, 1.0)
     assert len(spec.data.val_files) == 2
