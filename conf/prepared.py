@@ -20,6 +20,12 @@ MANIFEST = "manifest.json"
 FORMAT = "meshrun-tokens/1"
 """manifest["format"]: bumped when the layout changes, so an old reader refuses a new dir."""
 SPLITS = ("train", "val")
+SFT_KIND = "sft"
+"""manifest["kind"] of packed chat data with a loss mask (absent: plain token streams)."""
+
+
+def is_sft(manifest: dict) -> bool:
+    return manifest.get("kind") == SFT_KIND
 
 
 def read_manifest(folder: str | Path) -> dict:
@@ -54,15 +60,24 @@ def incomplete_shards(folder: str | Path, manifest: dict) -> list[str]:
             path = Path(folder).expanduser() / shard["file"]
             if not path.is_file() or path.stat().st_size != shard["tokens"] * item:
                 bad.append(shard["file"])
+            mask = Path(folder).expanduser() / shard.get("mask_file", "")
+            if "mask_file" in shard and (not mask.is_file()
+                                         or mask.stat().st_size != shard["tokens"]):
+                bad.append(shard["mask_file"])
     return bad
 
 
 def resolve_prepared(d: DataConfig, *, vocab_size: int, problems: ProblemList,
-                     check_paths: bool) -> tuple[list[str], list[str], str]:
+                     check_paths: bool,
+                     seq_len: int | None = None) -> tuple[list[str], list[str], str]:
     """(train shards, val shards, dtype) of data.prepared, adding a problem for each thing that
     would stop or spoil the run: not data=files, also train_files/val_files, no or unfinished
-    manifest, a tokenizer bigger than model.vocab_size, data.tokenizer not the one it was made with."""
+    manifest, a tokenizer bigger than model.vocab_size, data.tokenizer not the one it was made
+    with, an SFT dir whose bins are not seq_len+1 tokens."""
     key = "data.prepared"
+    if d.sources:
+        problems.add("data.sources", list(d.sources), "is given together with data.prepared",
+                     "name every dir in data.sources and leave data.prepared empty")
     if d.kind is not DataKind.files:
         problems.add(key, d.prepared, f"needs data=files (data={d.kind.value})", "add data=files")
     if d.train_files or d.val_files:
@@ -80,6 +95,11 @@ def resolve_prepared(d: DataConfig, *, vocab_size: int, problems: ProblemList,
     if bad:
         problems.add(key, d.prepared, f"shards missing or cut short: {', '.join(bad[:3])}",
                      "run the same `meshrun data prepare` again to rebuild them")
+    if seq_len is not None and is_sft(manifest) and manifest["bin_tokens"] != seq_len + 1:
+        problems.add("training.seq_len", seq_len, f"{d.prepared} is SFT data packed into bins "
+                     f"of {manifest['bin_tokens']} tokens; a training window must be one bin",
+                     f"set training.seq_len={manifest['bin_tokens'] - 1}, or prepare again "
+                     f"with --seq-len {seq_len}")
     tok = manifest["tokenizer"]
     if vocab_size < tok["vocab_size"]:
         problems.add("model.vocab_size", vocab_size, f"below the vocab size "
@@ -117,3 +137,45 @@ def check_tokenizer(d: DataConfig, *, vocab_size: int, problems: ProblemList) ->
         problems.add("model.vocab_size", vocab_size, f"below the tokenizer's vocab size "
                      f"{info.vocab_size} ({info.path}): its ids would index past the embedding",
                      f"set model.vocab_size={info.vocab_size} (or larger, e.g. a multiple of 64)")
+
+
+def resolve_sources(d: DataConfig, *, vocab_size: int, problems: ProblemList,
+                    check_paths: bool,
+                    seq_len: int | None = None) -> tuple[list[str], list[str], str]:
+    """(train shards, val shards, dtype) over all data.sources, each checked as data.prepared
+    is; the weights must match them, and the sources must share a tokenizer and dtype."""
+    if d.weights and (len(d.weights) != len(d.sources) or min(d.weights) <= 0):
+        problems.add("data.weights", list(d.weights), f"needs one positive weight per source "
+                     f"({len(d.sources)} sources)", "e.g. data.weights=[0.7,0.3], or leave "
+                     "it empty for equal weights")
+    train, val, dtypes, tokenizers = [], [], set(), set()
+    for source in d.sources:
+        found = ProblemList()
+        t, v, dtype = resolve_prepared(_one_source(d, source), vocab_size=vocab_size,
+                                       problems=found, check_paths=check_paths,
+                                       seq_len=seq_len)
+        for p in found.items:  # name the key the user wrote
+            key = "data.sources" if p.key == "data.prepared" else p.key
+            problems.add(key, p.value, p.rule, p.fix)
+        train, val = train + t, val + v
+        dtypes.add(dtype)
+        if (Path(source).expanduser() / MANIFEST).is_file():
+            try:
+                manifest = read_manifest(source)
+                tokenizers.add(manifest["tokenizer"]["sha256"])
+            except (ValueError, KeyError, TypeError):
+                continue  # reported by resolve_prepared
+            if is_sft(manifest):
+                problems.add("data.sources", source, "is SFT data (packed bins with a loss "
+                             "mask); a mixture takes plain token corpora", "train on one SFT "
+                             "dir with data=sft data.prepared=DIR")
+    if len(tokenizers) > 1 or len(dtypes) > 1:
+        problems.add("data.sources", list(d.sources), "were prepared with different "
+                     "tokenizers (or token dtypes)", "prepare every source with one tokenizer")
+    return train, val, (dtypes.pop() if len(dtypes) == 1 else d.dtype)
+
+
+def _one_source(d: DataConfig, source: str) -> DataConfig:
+    from dataclasses import replace
+
+    return replace(d, prepared=source, sources=[], weights=[])

@@ -15,7 +15,7 @@ from conf import name_rules, rules
 from conf.errors import ProblemList
 from conf.split_rules import check_model_split, check_recompute
 from conf.parallel_rules import resolve_parallel
-from conf.prepared import check_tokenizer, resolve_prepared
+from conf.prepared import check_tokenizer, resolve_prepared, resolve_sources
 from conf.token_files import check_token_files
 from conf.schema import (
     ClusterConfig, ClusterKind, DataKind, DeviceKind, DType, Precision, RunConfig,
@@ -147,12 +147,19 @@ def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
     before = len(problems.items)
     if d.prepared:
         train, val, dtype = resolve_prepared(d, vocab_size=model.vocab_size, problems=problems,
-                                             check_paths=check_paths)
+                                             check_paths=check_paths,
+                                             seq_len=cfg.training.seq_len)
         d = replace(d, dtype=dtype, prepared=_absolute(d.prepared))
+    elif d.sources:
+        train, val, dtype = resolve_sources(d, vocab_size=model.vocab_size, problems=problems,
+                                            check_paths=check_paths,
+                                            seq_len=cfg.training.seq_len)
+        d = replace(d, dtype=dtype, sources=[_absolute(s) for s in d.sources])
     else:
         train, val = rules.data_files(d, problems, check_paths=check_paths, expand=_expand)
     vocab = BYTE_VOCAB if d.kind is DataKind.stdlib else model.vocab_size
-    if d.kind is DataKind.files and check_paths and not (d.prepared and len(problems.items) > before):
+    if d.kind is DataKind.files and check_paths and not ((d.prepared or d.sources)
+                                                         and len(problems.items) > before):
         for key, files in (("data.train_files", train), ("data.val_files", val)):
             check_token_files(key, files, dtype=d.dtype, seq_len=cfg.training.seq_len,
                               vocab_size=model.vocab_size, problems=problems)

@@ -217,6 +217,12 @@ class DataConfig:
     tokenizer: str = ""
     """A Hugging Face tokenizer.json (or a folder holding one); empty = byte-level. Checked
     against model.vocab_size, and against the tokenizer data.prepared was made with."""
+    sources: list[str] = field(default_factory=list)
+    """files only, instead of data.prepared: several prepared dirs (`meshrun data prepare`,
+    one tokenizer) to mix; each training sample comes from one source, drawn by data.weights
+    from the seed, so a resume continues the same mixture. Validation: all their val shards."""
+    weights: list[float] = field(default_factory=list)
+    """One positive weight per data.sources entry (normalised); empty = equal weights."""
 
 
 @dataclass

@@ -156,7 +156,7 @@ class OptimSpec:
     pass
 
 
-@frozen_from(DataConfig, defaults=("prepared", "tokenizer"))
+@frozen_from(DataConfig, defaults=("prepared", "tokenizer", "sources", "weights"))
 class DataSpec:
     train_files: tuple[str, ...]
     """Absolute paths, expanded from the glob (files) or the prepared cache (stdlib)."""

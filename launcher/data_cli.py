@@ -3,6 +3,8 @@
   meshrun data train-tokenizer --vocab-size 8192 --out tok/ corpus/*.txt
   meshrun data prepare --tokenizer tok/ --out prepared/ corpus/ notes.jsonl
   meshrun run data=files data.prepared=prepared/ model.vocab_size=8192 ...
+  meshrun data prepare-sft --tokenizer tok/ --seq-len 2048 --out sft/ chats.jsonl
+  meshrun run data=sft data.prepared=sft/ training.seq_len=2048 data.document_mask=true ...
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ EXIT_BAD_INPUT = 2
 
 def register(sub) -> None:
     """Add the `data` subcommand to the `meshrun` subparsers."""
-    data = sub.add_parser("data", help="tokenizers and tokenized corpora (train-tokenizer, prepare)")
+    data = sub.add_parser("data", help="tokenizers and tokenized corpora (train-tokenizer, "
+                          "prepare, prepare-sft)")
     verbs = data.add_subparsers(dest="data_command", required=True)
     train = verbs.add_parser("train-tokenizer", help="train a byte-level BPE on local text files")
     train.add_argument("--vocab-size", type=int, required=True)
@@ -38,6 +41,35 @@ def register(sub) -> None:
     prep.add_argument("inputs", nargs="+", help="text files (one document each), .jsonl, "
                       ".parquet, or folders of them")
     prep.set_defaults(handler=prepare)
+    _register_sft(verbs)
+
+
+def _register_sft(verbs) -> None:
+    sft = verbs.add_parser(
+        "prepare-sft", help="chat JSONL -> packed bins of seq_len+1 tokens + a loss mask",
+        description="Render each conversation with the tokenizer's chat template "
+        "(tokenizer_config.json chat_template; else meshrun's default: "
+        "<|role|>\\n{content}<|end|>\\n per message), learn only assistant content + its "
+        "turn end, end each conversation with EOS, and pack conversations first-fit-decreasing "
+        "into bins of seq_len+1 tokens (padding masked). Train with data=sft data.prepared=OUT "
+        "training.seq_len=SEQ_LEN (add data.document_mask=true so packed conversations do "
+        "not see each other).")
+    sft.add_argument("--tokenizer", required=True, help="tokenizer.json or a folder holding one")
+    sft.add_argument("--out", required=True, help="prepared dir (shards, masks, manifest.json)")
+    sft.add_argument("--seq-len", type=int, required=True,
+                     help="the training.seq_len you will train with (bins hold seq_len+1)")
+    sft.add_argument("--messages-field", default="messages",
+                     help="JSONL: the field holding the list of {role, content} messages")
+    sft.add_argument("--val-fraction", type=float, default=0.01,
+                     help="share of conversations (deterministic, by position) for validation")
+    sft.add_argument("--too-long", choices=("drop", "truncate"), default="drop",
+                     help="a conversation longer than a bin: drop it (default) or cut it")
+    sft.add_argument("--shard-tokens", type=int, default=1 << 26,
+                     help="tokens per shard (rounded down to whole bins)")
+    sft.add_argument("--bos-token", default="", help="name the BOS token (default: detected)")
+    sft.add_argument("--eos-token", default="", help="name the EOS token (default: detected)")
+    sft.add_argument("inputs", nargs="+", help=".jsonl files, or folders of them")
+    sft.set_defaults(handler=prepare_sft)
 
 
 def train_tokenizer(args: argparse.Namespace, console: Console) -> int:
@@ -77,6 +109,42 @@ def prepare(args: argparse.Namespace, console: Console) -> int:
         lines.append(f"  {split}: {s['documents']:,} documents, {s['tokens']:,} tokens, "
                      f"{len(s['shards'])} shard(s)")
     lines.append(f"  train with: data=files data.prepared={result.out_dir} "
+                 f"model.vocab_size={m['tokenizer']['vocab_size']} (or larger)")
+    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def prepare_sft(args: argparse.Namespace, console: Console) -> int:
+    from launcher.sft_prepare import SftOptions, prepare_sft as run_prepare_sft
+
+    options = SftOptions(seq_len=args.seq_len, messages_field=args.messages_field,
+                         val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
+                         too_long=args.too_long, bos_token=args.bos_token,
+                         eos_token=args.eos_token)
+    try:
+        out, m, skipped = run_prepare_sft(args.inputs, tokenizer=args.tokenizer,
+                                          out_dir=args.out, options=options)
+    except ValueError as err:
+        return _bad_input(err)
+    verb = "up to date (same inputs, tokenizer and options): nothing to do" if skipped \
+        else "prepared"
+    lines = [f"{out}: {verb} (SFT, chat template: {m['chat_template']})"]
+    for split in ("train", "val"):
+        s = m["splits"][split]
+        lines.append(f"  {split}: {s['conversations']:,} conversations in {s['bins']:,} bins of "
+                     f"{m['bin_tokens']} tokens, {s['learned_tokens']:,} learned tokens, "
+                     f"packing efficiency {s['packing_efficiency']:.1%}")
+    lines.append(f"  too long for a bin: {m['dropped_too_long']:,} dropped, "
+                 f"{m['truncated']:,} truncated; {m['dropped_nothing_learned']:,} dropped "
+                 "with no assistant token")
+    if m["eos_inside_conversations"]:
+        lines.append(f"  warning: {m['eos_inside_conversations']:,} EOS tokens inside "
+                     "conversations (the chat template ends turns with EOS): "
+                     "data.document_mask=true would cut conversations there; name another "
+                     "EOS with --eos-token")
+    lines.append(f"  packing efficiency (real tokens / bin capacity): "
+                 f"{m['packing_efficiency']:.1%}")
+    lines.append(f"  train with: data=sft data.prepared={out} training.seq_len={m['seq_len']} "
                  f"model.vocab_size={m['tokenizer']['vocab_size']} (or larger)")
     console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -8,11 +8,16 @@ shard_tokens (the last one shorter), so the shards depend on the inputs, tokeniz
 never on the number of workers. Each shard is written as NAME.tmp, fsynced and renamed; the
 manifest (conf/prepared.py) is written last, the same way. A second call whose fingerprint
 (inputs' sha256, tokenizer's sha256, options) matches the manifest, with every shard in place,
-does nothing. An interrupted call leaves no manifest; the next call starts that dir over.
+does nothing. An interrupted call leaves no manifest, but whenever a shard is finished it
+records its progress (PROGRESS: chunks done, shards, document counts, and each split's
+not-yet-sharded tail in SPLIT.pending.K), written atomically after the shard; the next call with
+the same fingerprint continues after those chunks and writes the same shards an uninterrupted
+call would. Anything else in the dir (another fingerprint, a missing shard) starts it over.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import multiprocessing
@@ -28,6 +33,7 @@ from conf.prepared import FORMAT, MANIFEST, SPLITS, incomplete_shards, read_mani
 from launcher.documents import expand_inputs, read_documents
 from launcher.hf_tokenizer import load_tokenizer
 
+PROGRESS = "progress.json"
 CHUNK_DOCS = 512
 CHUNK_CHARS = 4 << 20
 """A chunk (one task for a worker) holds at most this many documents / characters."""
@@ -72,16 +78,20 @@ def prepare(inputs: list[str], *, tokenizer: str, out_dir: str, options: Prepare
     done = _finished(out, fingerprint)
     if done is not None:
         return PrepareResult(out, done, skipped=True)
-    _clear(out)
     dtype = token_dtype(tok.vocab_size)
-    writers = {s: ShardWriter(out, s, dtype=dtype, shard_tokens=options.shard_tokens)
-               for s in SPLITS}
-    docs = {s: 0 for s in SPLITS}
+    saved = _resume_or_clear(out, fingerprint, dtype)
+    writers = {s: ShardWriter(out, s, dtype=dtype, shard_tokens=options.shard_tokens,
+                              resume=saved["splits"].get(s)) for s in SPLITS}
+    docs = saved["docs"]
     meter = _Progress(sum(f.stat().st_size for f in files), progress)
-    for chunk_chars, parts in _encode_all(files, tok.info, options, workers):
+    encoded = _encode_all(files, tok.info, options, workers, skip=saved["chunks"])
+    for chunk, (chunk_chars, parts) in enumerate(encoded, saved["chunks"] + 1):
+        written = sum(len(w.shards) for w in writers.values())
         for split, (tokens, n_docs) in zip(SPLITS, parts):
             writers[split].add(tokens)
             docs[split] += n_docs
+        if sum(len(w.shards) for w in writers.values()) > written:
+            _save_progress(out, fingerprint, chunk, docs, writers)
         meter.update(chunk_chars, sum(w.tokens for w in writers.values()))
     meter.done()
     manifest = {
@@ -94,18 +104,32 @@ def prepare(inputs: list[str], *, tokenizer: str, out_dir: str, options: Prepare
         "splits": {s: {"documents": docs[s], **writers[s].close()} for s in SPLITS},
     }
     _write_atomic(out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    _remove_progress(out)
     return PrepareResult(out, manifest, skipped=False)
 
 
 class ShardWriter:
     """Cuts one split's token stream into shards of exactly shard_tokens; atomic writes."""
 
-    def __init__(self, out: Path, split: str, *, dtype: str, shard_tokens: int):
+    def __init__(self, out: Path, split: str, *, dtype: str, shard_tokens: int,
+                 resume: dict | None = None):
         self.out, self.split, self.dtype, self.shard_tokens = out, split, dtype, shard_tokens
         self.pending: list[np.ndarray] = []
         self.pending_tokens = 0
         self.tokens = 0
         self.shards: list[dict] = []
+        if resume:  # continue from a saved progress record (see _save_progress)
+            tail = np.fromfile(out / resume["pending_file"], dtype=dtype)
+            self.pending, self.pending_tokens = [tail], len(tail)
+            self.tokens, self.shards = resume["tokens"], list(resume["shards"])
+
+    def save_pending(self, chunk: int) -> dict:
+        """Write the not-yet-sharded tail (SPLIT.pending.CHUNK); its progress record."""
+        name = f"{self.split}.pending.{chunk}"
+        tail = np.concatenate(self.pending) if self.pending else np.empty(0, self.dtype)
+        _write_atomic(self.out / name, np.ascontiguousarray(tail, dtype=self.dtype).tobytes())
+        return {"tokens": self.tokens, "shards": self.shards, "pending_file": name,
+                "pending_tokens": len(tail)}
 
     def add(self, tokens: np.ndarray) -> None:
         self.pending.append(tokens.astype(self.dtype, copy=False))
@@ -170,6 +194,55 @@ def _clear(out: Path) -> None:
         for f in out.glob(f"{split}_*.bin*"):
             f.unlink()
     (out / (MANIFEST + ".tmp")).unlink(missing_ok=True)
+    _remove_progress(out)
+
+
+def _save_progress(out: Path, fingerprint: str, chunks: int, docs: dict,
+                   writers: dict[str, ShardWriter]) -> None:
+    """Record that `chunks` chunks are in shards or pending tails; then drop older tails."""
+    splits = {s: w.save_pending(chunks) for s, w in writers.items()}
+    record = {"fingerprint": fingerprint, "chunks": chunks, "docs": dict(docs), "splits": splits}
+    _write_atomic(out / PROGRESS, (json.dumps(record) + "\n").encode())
+    keep = {s["pending_file"] for s in splits.values()}
+    for f in out.glob("*.pending.*"):
+        if f.name not in keep:
+            f.unlink()
+
+
+def _progress(out: Path, fingerprint: str, dtype: str) -> dict | None:
+    """The saved progress of an interrupted call with this fingerprint, when every shard and
+    pending tail it names is in place at its recorded size; else None."""
+    try:
+        record = json.loads((out / PROGRESS).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("fingerprint") != fingerprint:
+        return None
+    try:
+        splits = record["splits"]
+        view = {"dtype": dtype, "splits": {s: {"shards": splits[s]["shards"]} for s in SPLITS}}
+        tails = [(out / splits[s]["pending_file"], splits[s]["pending_tokens"]) for s in SPLITS]
+        whole = not incomplete_shards(out, view)
+    except (KeyError, TypeError):
+        return None
+    item = np.dtype(dtype).itemsize
+    tails_ok = all(f.is_file() and f.stat().st_size == n * item for f, n in tails)
+    return record if whole and tails_ok else None
+
+
+def _resume_or_clear(out: Path, fingerprint: str, dtype: str) -> dict:
+    """The saved progress to continue from, or (after emptying the dir) a fresh one."""
+    saved = _progress(out, fingerprint, dtype)
+    if saved is None:
+        _clear(out)
+        saved = {"chunks": 0, "docs": {s: 0 for s in SPLITS}, "splits": {}}
+    return saved
+
+
+def _remove_progress(out: Path) -> None:
+    (out / PROGRESS).unlink(missing_ok=True)
+    for f in out.glob("*.pending.*"):
+        f.unlink()
 
 
 def _chunks(files: list[Path], options: PrepareOptions) -> Iterator[tuple[int, list[str]]]:
@@ -214,16 +287,19 @@ def _encode_chunk(task: tuple[int, list[str]]):
     return sum(len(d) for d in docs), out
 
 
-def _encode_all(files: list[Path], info, options: PrepareOptions, workers: int):
-    """Encoded chunks in order: in this process for workers=1, else a process pool."""
+def _encode_all(files: list[Path], info, options: PrepareOptions, workers: int, *,
+                skip: int = 0):
+    """Encoded chunks in order, after the first `skip` (read, not tokenized): in this process
+    for workers=1, else a process pool."""
     workers = workers or os.cpu_count() or 1
     init = (info.path, info.bos_id, info.eos_id, options.val_fraction, workers == 1)
+    chunks = itertools.islice(_chunks(files, options), skip, None)
     if workers == 1:
         _init_worker(*init)
-        yield from map(_encode_chunk, _chunks(files, options))
+        yield from map(_encode_chunk, chunks)
         return
     with multiprocessing.get_context("spawn").Pool(workers, _init_worker, init) as pool:
-        yield from pool.imap(_encode_chunk, _chunks(files, options), chunksize=1)
+        yield from pool.imap(_encode_chunk, chunks, chunksize=1)
 
 
 class _Progress:

@@ -18,6 +18,7 @@ import torch
 
 from conf.schema import DataKind
 from conf.corpus import STDLIB_TOKEN_DTYPE
+from conf.prepared import is_sft, read_manifest
 from conf.spec import TOKEN_DTYPES, DataSpec, TrainingSpec
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
@@ -162,7 +163,7 @@ class _StepBatches:
             micro_batch_size=self.micro_batch_size, grad_accum_steps=self.grad_accum_steps,
             dp_rank=self.dp_rank, dp_size=self.dp_size)
         self.position += self.global_batch_size
-        return [to_micro_batch(self._samples(p)) for p in positions]
+        return [self._micro_batch(p) for p in positions]
 
     def state_dict(self) -> dict:
         return {"position": self.position, "kind": self.kind, "seed": self.seed,
@@ -177,6 +178,9 @@ class _StepBatches:
             raise ValueError("cannot resume the data order (" + "; ".join(mismatches) + "): "
                              "resume with the same data, seq_len and seed, or start a new run")
         self.position = int(state["position"])
+
+    def _micro_batch(self, positions: np.ndarray) -> MicroBatch:
+        return to_micro_batch(self._samples(positions))
 
     def _samples(self, positions: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -280,7 +284,10 @@ class ValBatches:
             positions = first + np.arange(self.micro_batch_size, dtype=np.int64)
             if self._n_samples is not None:
                 positions %= self._n_samples
-            yield to_micro_batch(self._samples(positions))
+            yield self._micro_batch(positions)
+
+    def _micro_batch(self, positions: np.ndarray) -> MicroBatch:
+        return to_micro_batch(self._samples(positions))
 
 
 def val_batches(*, files: Sequence[str], dtype: str, seq_len: int, micro_batch_size: int,
@@ -314,6 +321,15 @@ def build_train_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
                   grad_accum_steps=training.grad_accum_steps, dp_rank=dp_rank, dp_size=dp_size)
     if data.kind is DataKind.synthetic:
         return SyntheticBatches(vocab_size=data.vocab_size, **common)
+    if data.sources:
+        from training.mixture import MixtureBatches
+
+        return MixtureBatches(sources=data.sources, weights=data.weights,
+                              vocab_size=data.vocab_size, **common)
+    if is_sft_data(data):
+        from training.sft_data import SftTrainBatches
+
+        return SftTrainBatches(prepared=data.prepared, vocab_size=data.vocab_size, **common)
     return TrainBatches(files=_required(data.train_files, "train_files"),
                         dtype=token_dtype(data), vocab_size=data.vocab_size, **common)
 
@@ -325,8 +341,17 @@ def build_val_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
                   n_batches=training.eval_batches, dp_rank=dp_rank, dp_size=dp_size)
     if data.kind is DataKind.synthetic:
         return synthetic_val_batches(vocab_size=data.vocab_size, seed=training.seed, **common)
+    if is_sft_data(data):
+        from training.sft_data import sft_val_batches
+
+        return sft_val_batches(prepared=data.prepared, vocab_size=data.vocab_size, **common)
     return val_batches(files=_required(data.val_files, "val_files"), dtype=token_dtype(data),
                        vocab_size=data.vocab_size, **common)
+
+
+def is_sft_data(data: DataSpec) -> bool:
+    """data.prepared is packed chat data with a loss mask (`meshrun data prepare-sft`)."""
+    return bool(data.prepared) and is_sft(read_manifest(data.prepared))
 
 
 def token_dtype(data: DataSpec) -> str:

@@ -149,7 +149,7 @@ def test_torn_shard_is_never_read_as_complete(made, monkeypatch):
     with pytest.raises(ConfigError, match="did not finish"):
         _resolve(f"data.prepared={out}", "model.vocab_size=320")
     monkeypatch.setattr(shards.ShardWriter, "_write", real_write)
-    result = _prepare(made, out)  # the rerun starts the dir over and finishes it
+    result = _prepare(made, out)  # the rerun continues from the finished shards and finishes
     assert not result.skipped and not list(out.glob("*.tmp"))
     # a listed shard cut short (disk full, copied half-way) is refused, then rebuilt
     shard = out / result.manifest["splits"]["train"]["shards"][0]["file"]

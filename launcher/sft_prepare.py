@@ -1,0 +1,221 @@
+"""`meshrun data prepare-sft`: chat JSONL -> packed bins of seq_len+1 tokens + a loss mask.
+
+A conversation is one JSONL line holding a list of {"role", "content"} messages (field
+--messages-field, default "messages"). It is rendered by the chat template (launcher/sft_template),
+each segment tokenized on its own (no special tokens added), and becomes
+    [BOS, only with the default template] segments... EOS
+with a mask byte per token: 1 on assistant content + turn end marker, 0 elsewhere (the EOS that
+separates conversations included). Conversation i goes to validation when
+floor((i+1)*f) > floor(i*f), as in `data prepare`. A conversation longer than a bin is dropped
+(--too-long drop, the default) or cut to the bin (--too-long truncate; cut ones with nothing left
+to learn are dropped); conversations without an assistant token are dropped; all are counted.
+Each split is packed first-fit-decreasing (launcher/sft_pack) into bins of seq_len+1 tokens,
+padded with the pad id (EOS when the tokenizer has none) under mask 0. Bin b of a split is
+window b of its shards: SPLIT_NNNNN.bin (tokens) and SPLIT_NNNNN.mask (uint8), whole bins per
+shard. The manifest (conf/prepared.py, kind "sft") records bins, conversations, truncated and
+dropped counts, the packing efficiency (real tokens / bin capacity), and how many EOS tokens
+sit INSIDE conversations (a template whose turn end is the EOS token, as Qwen2.5's and
+Llama 3.1's instruct tokenizers are configured): document masking splits at EOS, so those
+conversations would be cut into turns that cannot see each other; the CLI warns. Shards and
+manifest are written atomically; a second call with the same inputs and options does nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from conf.prepared import FORMAT, MANIFEST, SFT_KIND, SPLITS
+from launcher.documents import expand_inputs
+from launcher.hf_tokenizer import Tokenizer, load_tokenizer
+from launcher.sft_pack import first_fit_decreasing, packing_efficiency
+from launcher.sft_template import ChatTemplate, load_chat_template
+from launcher.shards import _clear, _fingerprint, _finished, _write_atomic, token_dtype
+
+TOO_LONG = ("drop", "truncate")
+MASK_DTYPE = "uint8"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SftOptions:
+    seq_len: int
+    messages_field: str = "messages"
+    val_fraction: float = 0.01
+    shard_tokens: int = 1 << 26
+    too_long: str = "drop"
+    bos_token: str = ""
+    eos_token: str = ""
+
+
+@dataclass
+class Conversation:
+    tokens: np.ndarray
+    mask: np.ndarray
+
+
+@dataclass
+class _Split:
+    conversations: list[Conversation] = field(default_factory=list)
+    truncated: int = 0
+    dropped_too_long: int = 0
+    dropped_nothing_learned: int = 0
+
+
+def prepare_sft(inputs: list[str], *, tokenizer: str, out_dir: str,
+                options: SftOptions) -> tuple[Path, dict, bool]:
+    """(out dir, manifest, skipped); ValueError for bad input (named)."""
+    _check_options(options)
+    tok = load_tokenizer(tokenizer, bos_token=options.bos_token, eos_token=options.eos_token)
+    if tok.info.eos_id is None:
+        raise ValueError(f"tokenizer {tok.info.path} has no EOS token I recognise (fix: name "
+                         "it with --eos-token)")
+    template = load_chat_template(tok.info.path, bos_token=_token_text(tok, tok.info.bos_id),
+                                  eos_token=_token_text(tok, tok.info.eos_id))
+    files = expand_inputs(inputs)
+    out = Path(out_dir).expanduser()
+    fingerprint = _fingerprint(files, tok.info.sha256 + template.source, options)
+    done = _finished(out, fingerprint)
+    if done is not None:
+        return out, done, True
+    splits = {s: _Split() for s in SPLITS}
+    bin_tokens = options.seq_len + 1
+    for i, messages in enumerate(_conversations(files, options.messages_field)):
+        f = options.val_fraction
+        split = splits["val" if int((i + 1) * f) > int(i * f) else "train"]
+        _add(split, encode_conversation(messages, tok, template), bin_tokens, options.too_long)
+    _clear(out)
+    dtype = token_dtype(tok.vocab_size)
+    pad_id = tok.info.pad_id if tok.info.pad_id is not None else tok.info.eos_id
+    bins_per_shard = max(1, options.shard_tokens // bin_tokens)
+    manifest = {
+        "format": FORMAT, "kind": SFT_KIND, "fingerprint": fingerprint, "dtype": dtype,
+        "mask_dtype": MASK_DTYPE, "bin_tokens": bin_tokens, "seq_len": options.seq_len,
+        "chat_template": template.origin, "pad_id": pad_id,
+        "tokenizer": {k: getattr(tok.info, k) for k in
+                      ("path", "sha256", "vocab_size", "bos_id", "eos_id", "pad_id")},
+        "inputs": [{"path": str(f.resolve()), "bytes": f.stat().st_size} for f in files],
+        "options": asdict(options),
+        "splits": {name: _write_split(out, name, split, bin_tokens=bin_tokens, dtype=dtype,
+                                      pad_id=pad_id, eos_id=tok.info.eos_id,
+                                      bins_per_shard=bins_per_shard)
+                   for name, split in splits.items()},
+    }
+    _totals(manifest)
+    _write_atomic(out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    return out, manifest, False
+
+
+def encode_conversation(messages: list[dict], tok: Tokenizer,
+                        template: ChatTemplate) -> Conversation:
+    """Tokens and loss mask of one conversation, separator EOS included (mask 0)."""
+    segments = template.segments(messages)
+    encoded = tok.encode_batch([s.text for s in segments])
+    head = [tok.info.bos_id] if template.origin == "default" and tok.info.bos_id is not None \
+        else []
+    tokens = head + [t for ids in encoded for t in ids] + [tok.info.eos_id]
+    mask = [0] * len(head) + [int(s.learned) for s, ids in zip(segments, encoded) for _ in ids]
+    return Conversation(np.array(tokens, dtype=np.int64), np.array(mask + [0], dtype=np.uint8))
+
+
+def _add(split: _Split, conv: Conversation, bin_tokens: int, too_long: str) -> None:
+    if len(conv.tokens) > bin_tokens:
+        if too_long == "drop":
+            split.dropped_too_long += 1
+            return
+        conv = Conversation(conv.tokens[:bin_tokens], conv.mask[:bin_tokens])
+        split.truncated += 1
+    if not conv.mask.any():
+        split.dropped_nothing_learned += 1
+        return
+    split.conversations.append(conv)
+
+
+def _write_split(out: Path, name: str, split: _Split, *, bin_tokens: int, dtype: str,
+                 pad_id: int, eos_id: int, bins_per_shard: int) -> dict:
+    sizes = [len(c.tokens) for c in split.conversations]
+    bins = first_fit_decreasing(sizes, bin_tokens) if sizes else []
+    shards = []
+    for first in range(0, len(bins), bins_per_shard):
+        tokens = np.full((min(bins_per_shard, len(bins) - first), bin_tokens), pad_id,
+                         dtype=dtype)
+        mask = np.zeros(tokens.shape, dtype=MASK_DTYPE)
+        for row, members in enumerate(bins[first:first + bins_per_shard]):
+            at = 0
+            for i in members:
+                conv = split.conversations[i]
+                tokens[row, at:at + len(conv.tokens)] = conv.tokens
+                mask[row, at:at + len(conv.tokens)] = conv.mask
+                at += len(conv.tokens)
+        shards.append(_write_shard(out, f"{name}_{len(shards):05d}", tokens, mask))
+    return {"conversations": len(sizes), "bins": len(bins), "tokens": len(bins) * bin_tokens,
+            "real_tokens": sum(sizes),
+            "learned_tokens": int(sum(int(c.mask.sum()) for c in split.conversations)),
+            "truncated": split.truncated, "dropped_too_long": split.dropped_too_long,
+            "dropped_nothing_learned": split.dropped_nothing_learned,
+            "eos_inside_conversations": sum(int((c.tokens[:-1] == eos_id).sum())
+                                            for c in split.conversations),
+            "packing_efficiency": packing_efficiency(sizes, n_bins=len(bins),
+                                                     capacity=bin_tokens),
+            "shards": shards}
+
+
+def _write_shard(out: Path, stem: str, tokens: np.ndarray, mask: np.ndarray) -> dict:
+    data, mask_data = tokens.tobytes(), mask.tobytes()
+    _write_atomic(out / f"{stem}.bin", data)
+    _write_atomic(out / f"{stem}.mask", mask_data)
+    return {"file": f"{stem}.bin", "mask_file": f"{stem}.mask", "tokens": int(tokens.size),
+            "bins": int(tokens.shape[0]), "sha256": hashlib.sha256(data).hexdigest(),
+            "mask_sha256": hashlib.sha256(mask_data).hexdigest()}
+
+
+def _totals(manifest: dict) -> None:
+    splits = manifest["splits"].values()
+    for key in ("conversations", "bins", "tokens", "real_tokens", "learned_tokens",
+                "truncated", "dropped_too_long", "dropped_nothing_learned",
+                "eos_inside_conversations"):
+        manifest[key] = sum(s[key] for s in splits)
+    manifest["documents"] = manifest["conversations"]
+    manifest["packing_efficiency"] = manifest["real_tokens"] / max(manifest["tokens"], 1)
+
+
+def _conversations(files: list[Path], messages_field: str) -> Iterator[list[dict]]:
+    for path in files:
+        with path.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    yield _messages(line, messages_field, f"{path}:{number}")
+
+
+def _messages(line: str, messages_field: str, where: str) -> list[dict]:
+    try:
+        record = json.loads(line)
+    except ValueError as err:
+        raise ValueError(f"{where}: not a JSON line ({err})") from None
+    messages = record.get(messages_field) if isinstance(record, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: no non-empty list field {messages_field!r} (fix: "
+                         "--messages-field NAME)")
+    for m in messages:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)):
+            raise ValueError(f"{where}: a message is not {{\"role\": str, \"content\": str}}: "
+                             f"{str(m)[:80]}")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _check_options(options: SftOptions) -> None:
+    if options.seq_len < 1:
+        raise ValueError(f"--seq-len={options.seq_len}: must be positive (the training.seq_len "
+                         "you will train with; bins hold seq_len+1 tokens)")
+    if not 0 <= options.val_fraction < 1:
+        raise ValueError(f"--val-fraction={options.val_fraction}: must be in [0, 1)")
+    if options.too_long not in TOO_LONG:
+        raise ValueError(f"--too-long={options.too_long}: must be one of {', '.join(TOO_LONG)}")
+
+
+def _token_text(tok: Tokenizer, token_id: int | None) -> str:
+    return "" if token_id is None else tok.backend.id_to_token(token_id)
