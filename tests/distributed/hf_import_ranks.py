@@ -33,13 +33,14 @@ def hf_layout_rank(*, rank: int, world_size: int, spec_dicts: list[dict],
         spec = spec_from_dict(RunSpec, spec_dict)
         layout = build_parallel_model(spec, rank=rank, device=CPU)
         hf = _hf_tensors(spec.model.path)
-        held, sharded = [], 0
+        held, sharded, shapes = [], 0, {}
         for part in layout.parts:
             for name, param in unwrap(part).named_parameters():
                 local = param.to_local() if isinstance(param, DTensor) else param
                 whole = param.full_tensor() if isinstance(param, DTensor) else param
                 assert torch.equal(whole.detach(), hf[hf_name(name)]), (spec.parallel.name, name)
                 held.append(name)
+                shapes[name] = tuple(local.shape)
                 sharded += local.numel() < param.numel()
         logits = None
         if layout.dims.pp == 1:
@@ -47,5 +48,5 @@ def hf_layout_rank(*, rank: int, world_size: int, spec_dicts: list[dict],
                 logits = unwrap(layout.parts[0])(tokens)
             logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
         reports.append({"layout": spec.parallel.name, "held": sorted(held),
-                        "sharded": sharded, "logits": logits})
+                        "sharded": sharded, "local_shapes": shapes, "logits": logits})
     return reports

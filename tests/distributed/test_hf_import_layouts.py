@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conf.spec_io import spec_to_dict
+from parallel.cost.params import parameter_shapes, tp_local_shape
 from tests.distributed.hf_import_ranks import hf_layout_rank
 from tests.distributed.spawn import run_on_ranks
 from tests.unit.test_hf_import import hf_logits, hf_spec, make_llama, make_qwen2, tokens
@@ -38,6 +39,9 @@ def test_hf_weights_load_under_fsdp_tp_and_pp(tmp_path):
             assert "tok_embeddings.weight" in first["held"] and "norm.weight" in second["held"]
             continue
         assert first["held"] == second["held"] and first["sharded"] > 0, spec.parallel.name
+        if spec.parallel.tp == 2:  # the cost model's tp-local shapes (biases too) are the real ones
+            counted = {n: tp_local_shape(n, shape, 2) for n, shape in parameter_shapes(spec.model)}
+            assert first["local_shapes"] == counted
         for report in (first, second):
             torch.testing.assert_close(report["logits"], expected, atol=2e-5, rtol=1e-5,
                                        msg=spec.parallel.name)

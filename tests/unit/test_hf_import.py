@@ -138,6 +138,19 @@ def test_qwen2_sharded_import_and_export_keep_logits(tmp_path):
     torch.testing.assert_close(hf_logits(again, ids), expected, atol=2e-5, rtol=1e-5)
 
 
+def test_biases_start_at_zero_and_are_counted():
+    from tests.unit._specs import tiny_model_spec
+    from training.model import build_model
+
+    spec = tiny_model_spec(attention_bias=True)
+    model = build_model(spec, device=CPU, seed=0)
+    biases = {n: p for n, p in model.named_parameters() if n.endswith(".bias")}
+    assert sorted(biases) == sorted(f"layers.{i}.attention.{w}.bias" for i in range(2)
+                                    for w in ("wq", "wk", "wv"))
+    assert all(torch.count_nonzero(p) == 0 for p in biases.values())
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == parameter_shapes(spec)
+
+
 def test_name_table_inverts():
     for name in ("layers.3.attention.wv.bias", "output.weight", "layers.0.feed_forward.w2.weight"):
         assert meshrun_name(hf_name(name)) == name
