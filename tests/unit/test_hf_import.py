@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 
 import pytest
@@ -60,6 +61,14 @@ def make_qwen2(folder, *, seed: int = 1, **save):
     return model.eval()
 
 
+@pytest.fixture(scope="module")
+def saved_llama(tmp_path_factory):
+    """A tied Llama folder for the tests that only read it (or a copy of it)."""
+    folder = tmp_path_factory.mktemp("saved") / "llama"
+    make_llama(folder, tied=True)
+    return folder
+
+
 def tokens(seq: int = 40) -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(5))
 
@@ -76,28 +85,19 @@ def hf_spec(folder, *extra: str):
 
 def test_llama3_rope_frequencies_equal_transformers():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from conf.spec import Llama3RopeScaling
     from training.model import rope_tables
 
     config = transformers.LlamaConfig(**SHAPE, rope_parameters=dict(LLAMA3_ROPE))
     inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, CPU)
-    spec = hf_spec_from_config(config)
-    cos, sin = rope_tables(head_dim=16, max_seq_len=128, theta=500000.0, scaling=spec.llama3_rope)
+    scaling = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                original_max_seq_len=64)
+    cos, sin = rope_tables(head_dim=16, max_seq_len=128, theta=500000.0, scaling=scaling)
     angles = torch.outer(torch.arange(128).float(), inv_freq)
     torch.testing.assert_close(cos[:, :8], angles.cos(), atol=1e-6, rtol=0)
     torch.testing.assert_close(sin[:, 8:], angles.sin(), atol=1e-6, rtol=0)
     plain, _ = rope_tables(head_dim=16, max_seq_len=128, theta=500000.0)
     assert not torch.allclose(plain, cos, atol=1e-3)  # the scaling changes the tables
-
-
-def hf_spec_from_config(config):
-    from conf.hf_model_config import _knobs  # the same reader as resolve(), on a dict
-    from conf.spec import ModelSpec
-    from conf.schema import RopeScaling
-
-    knobs, refusals = _knobs(config.to_dict() | {"architectures": ["LlamaForCausalLM"]})
-    assert not refusals
-    knobs["rope_scaling"] = RopeScaling(knobs["rope_scaling"])
-    return ModelSpec(name="hf", max_seq_len=knobs.pop("max_seq_len"), **knobs)
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
@@ -185,8 +185,8 @@ def _edit_config(folder, **changes):
     ({"hidden_act": "gelu"}, "hidden_act=gelu"),
     ({"head_dim": 32}, "head_dim=32"),
 ])
-def test_unsupported_configs_are_clear_config_errors(tmp_path, change, message):
-    make_llama(tmp_path / "hf", tied=True)
+def test_unsupported_configs_are_clear_config_errors(tmp_path, saved_llama, change, message):
+    shutil.copytree(saved_llama, tmp_path / "hf")
     _edit_config(tmp_path / "hf", **change)
     with pytest.raises(ConfigError, match="model.path=") as err:
         hf_spec(tmp_path / "hf")
@@ -203,13 +203,12 @@ def test_hf_option_needs_a_path_and_llama3_knobs_are_checked():
     assert "model.rope_high_freq_factor=1.0: must exceed" in str(err.value)
 
 
-def test_load_from_an_hf_dir_must_match_the_model(tmp_path):
-    make_llama(tmp_path / "hf", tied=True)
-    hf_spec(tmp_path / "hf", f"checkpoint.load_from={tmp_path / 'hf'}")  # the same shape: fine
+def test_load_from_an_hf_dir_must_match_the_model(saved_llama):
+    hf_spec(saved_llama, f"checkpoint.load_from={saved_llama}")  # the same shape: fine
     with pytest.raises(ConfigError, match=r"describes another model: n_layers=2 \(the run has "
                                           r"model.n_layers=4\)"):
         resolve(compose_config(["model=debug", "data=synthetic",
-                                f"checkpoint.load_from={tmp_path / 'hf'}"]), host=CPU_HOST)
+                                f"checkpoint.load_from={saved_llama}"]), host=CPU_HOST)
 
 
 def test_export_writes_a_tokenizer_automodel_and_autotokenizer_load(tmp_path):
