@@ -282,12 +282,14 @@ class CheckpointConfig:
     keep_last: int = 2
     """Keep this many newest checkpoints; older ones are deleted after a save completes."""
     export_safetensors: bool = True
-    """At the end, export weights as safetensors in the Hugging Face Llama layout."""
+    """At the end, export a Hugging Face folder (Llama, or Qwen2 with q/k/v biases): safetensors,
+    config.json and, when the run has a tokenizer, its files and special-token ids."""
     resume_from: str = ""
     """Run dir to continue (set by `meshrun resume`); empty = a new run."""
     load_from: str = ""
     """A new run starts from this checkpoint (a step_N folder, or a run dir = its newest):
-    weights, optimizer state and data position, resharded by DCP to this run's layout."""
+    weights, optimizer state and data position, resharded by DCP to this run's layout. Or a
+    Hugging Face model folder of the run's shape: its weights only, each rank reading its part."""
 
 
 @dataclass
