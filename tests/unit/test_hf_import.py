@@ -111,12 +111,12 @@ def test_llama_import_and_export_keep_logits(tmp_path, tied):
     ids = tokens()
     expected = hf_logits(reference, ids)
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids), expected, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(ours(ids), expected, atol=1e-5, rtol=0)
     out = export_hf(ours.state_dict(), m, tmp_path / "export")
     again = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert type(again).__name__ == "LlamaForCausalLM"
     assert again.config.rope_parameters["rope_type"] == "llama3"
-    torch.testing.assert_close(hf_logits(again, ids), expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(hf_logits(again, ids), expected, atol=1e-5, rtol=0)
 
 
 def test_qwen2_sharded_import_and_export_keep_logits(tmp_path):
@@ -131,11 +131,11 @@ def test_qwen2_sharded_import_and_export_keep_logits(tmp_path):
     ids = tokens()
     expected = hf_logits(reference, ids)
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids), expected, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(ours(ids), expected, atol=1e-5, rtol=0)
     out = export_hf(ours.state_dict(), spec.model, tmp_path / "export")
     again = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert type(again).__name__ == "Qwen2ForCausalLM"
-    torch.testing.assert_close(hf_logits(again, ids), expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(hf_logits(again, ids), expected, atol=1e-5, rtol=0)
 
 
 def test_biases_start_at_zero_and_are_counted():
