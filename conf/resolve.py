@@ -13,12 +13,13 @@ from pathlib import Path
 
 from conf import name_rules, rules
 from conf.errors import ProblemList
+from conf.hf_model_config import check_hf_load_from, is_hf_model_dir, read_hf_model_config
 from conf.split_rules import check_model_split, check_recompute
 from conf.parallel_rules import resolve_parallel
 from conf.prepared import check_tokenizer, resolve_prepared, resolve_sources
 from conf.token_files import check_token_files
 from conf.schema import (
-    ClusterConfig, ClusterKind, DataKind, DeviceKind, DType, Precision, RunConfig,
+    ClusterConfig, ClusterKind, DataKind, DeviceKind, DType, Precision, RopeScaling, RunConfig,
 )
 from conf.spec import (
     CheckpointSpec, ClusterSpec, DataSpec, HostSpec, LoggingSpec, ModelSpec, OptimSpec,
@@ -28,6 +29,8 @@ from conf.spec import (
 
 BYTE_VOCAB = 256
 CPU_DEFAULT_PROCS = 2
+HF_MODEL_OPTION = "hf"
+"""The model group option whose shape comes from model.path (conf/model/hf.yaml)."""
 
 
 def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunSpec:
@@ -48,6 +51,8 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunS
     rules.check_cluster(cfg.cluster, procs, host, device, problems)
     rules.check_launch(cfg.cluster, problems)
     rules.check_checkpoint(cfg.checkpoint, problems, check_paths=check_paths)
+    if check_paths and cfg.checkpoint.load_from and is_hf_model_dir(cfg.checkpoint.load_from):
+        check_hf_load_from(cfg.checkpoint.load_from, model, problems)
     name_rules.check_wandb(cfg.logging, problems)
     name_rules.check_paths(cfg, problems, check_paths=check_paths)
     data = _resolve_data(cfg, model, problems, check_paths=check_paths)
@@ -93,7 +98,16 @@ def _resolve_device(cfg: RunConfig, host: HostSpec, problems: ProblemList) -> De
 
 
 def _resolve_model(cfg: RunConfig, problems: ProblemList) -> ModelSpec:
+    """The model knobs; with model.path, the shape comes from that folder's config.json."""
     m = cfg.model
+    if m.name == HF_MODEL_OPTION and not m.path:
+        problems.add("model.path", "''", "model=hf reads its shape and weights from a folder",
+                     "set model.path=<a Hugging Face model folder (config.json + safetensors)>")
+    if m.path:
+        knobs = read_hf_model_config(m.path, key="model.path", problems=problems) or {}
+        if "rope_scaling" in knobs:
+            knobs["rope_scaling"] = RopeScaling(knobs["rope_scaling"])
+        m = replace(m, **knobs, path=_absolute(m.path))
     kv_heads = m.n_heads if m.n_kv_heads == -1 else m.n_kv_heads
     return spec_from_config(ModelSpec, m, n_kv_heads=kv_heads)
 

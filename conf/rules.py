@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Callable
 
 from conf.errors import ProblemList
+from conf.hf_model_config import is_hf_model_dir
 from conf.rundir import CHECKPOINTS_DIR, RunDir, find_checkpoint
 from conf.checkpoint_dirs import DCP_METADATA_FILENAME, META_FILENAME, checkpoint_step
 from conf.checkpoint_verify import prelaunch_problem
 from conf.schema import (
     CheckpointConfig, ClusterConfig, ClusterKind, DataConfig, DataKind, DeviceKind, OptimConfig,
-    Precision, ScheduleConfig, ScheduleKind, TrainingConfig,
+    Precision, RopeScaling, ScheduleConfig, ScheduleKind, TrainingConfig,
 )
 from conf.spec import TOKEN_DTYPES, HostSpec, ModelSpec, TrainingSpec
 
@@ -111,11 +112,24 @@ def check_model(m: ModelSpec, problems: ProblemList) -> None:
         problems.add("model.dim", m.dim,
                      f"head dim dim/n_heads={m.head_dim} must be even for RoPE",
                      "change model.dim or model.n_heads")
+    if m.rope_scaling is RopeScaling.llama3:
+        _check_llama3_rope(m, problems)
     if m.n_heads > 0 and m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads:
         valid = ", ".join(map(str, divisors(m.n_heads)))
         problems.add("model.n_kv_heads", m.n_kv_heads,
                      f"must divide model.n_heads={m.n_heads} (grouped-query attention)",
                      f"use one of {valid}")
+
+
+def _check_llama3_rope(m: ModelSpec, problems: ProblemList) -> None:
+    if m.rope_scaling_factor < 1:
+        problems.add("model.rope_scaling_factor", m.rope_scaling_factor,
+                     "must be >= 1 (it divides the low RoPE frequencies)", "e.g. 8 or 32")
+    _positive(problems, "model", m, ("rope_low_freq_factor", "rope_original_max_seq_len"))
+    if m.rope_high_freq_factor <= m.rope_low_freq_factor:
+        problems.add("model.rope_high_freq_factor", m.rope_high_freq_factor,
+                     f"must exceed model.rope_low_freq_factor={m.rope_low_freq_factor} "
+                     "(the blend between them divides by the difference)", "e.g. 4 with 1")
 
 
 def resolve_batch(t: TrainingConfig, dp: int, problems: ProblemList) -> tuple[int, int]:
@@ -339,6 +353,8 @@ def check_checkpoint(c: CheckpointConfig, problems: ProblemList, *, check_paths:
             problems.add("checkpoint.resume_from", c.resume_from,
                          "is not a meshrun run dir (no spec.json there)",
                          "pass a folder made by `meshrun run`, e.g. runs/<name>-<timestamp>")
+    if c.load_from and check_paths and is_hf_model_dir(c.load_from):
+        return  # a Hugging Face model folder: weights only, checked against the model in resolve
     if c.load_from and check_paths and find_checkpoint(Path(c.load_from).expanduser()) is None:
         problems.add("checkpoint.load_from", c.load_from,
                      f"{_why_not_a_checkpoint(Path(c.load_from).expanduser())}; a checkpoint "

@@ -66,6 +66,11 @@ class DeviceKind(StrEnum):
     cuda = "cuda"
 
 
+class RopeScaling(StrEnum):
+    none = "none"
+    llama3 = "llama3"
+
+
 class NonFinite(StrEnum):
     stop = "stop"
     skip_step = "skip_step"
@@ -103,6 +108,22 @@ class ModelConfig:
     """RMSNorm epsilon."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of weights."""
+    attention_bias: bool = False
+    """Learned biases on the q, k and v projections (Qwen2); none on the output projection."""
+    rope_scaling: RopeScaling = RopeScaling.none
+    """RoPE frequency scaling: none, or llama3 (Llama 3.1/3.2 long context: low frequencies
+    divided by rope_scaling_factor, high ones kept, a smooth blend between)."""
+    rope_scaling_factor: float = 8.0
+    """rope_scaling=llama3: how much the low frequencies are slowed down (32 for Llama 3.2)."""
+    rope_low_freq_factor: float = 1.0
+    """rope_scaling=llama3: wavelengths above original_max / this are fully scaled."""
+    rope_high_freq_factor: float = 4.0
+    """rope_scaling=llama3: wavelengths below original_max / this are kept as they are."""
+    rope_original_max_seq_len: int = 8192
+    """rope_scaling=llama3: the context length the model was pre-trained with before scaling."""
+    path: str = ""
+    """A Hugging Face model folder (`model=hf`): resolve() reads the shape above from its
+    config.json (Llama or Qwen2), and the run starts from its safetensors weights."""
 
 
 @dataclass
@@ -267,12 +288,14 @@ class CheckpointConfig:
     keep_last: int = 2
     """Keep this many newest checkpoints; older ones are deleted after a save completes."""
     export_safetensors: bool = True
-    """At the end, export weights as safetensors in the Hugging Face Llama layout."""
+    """At the end, export a Hugging Face folder (Llama, or Qwen2 with q/k/v biases): safetensors,
+    config.json and, when the run has a tokenizer, its files and special-token ids."""
     resume_from: str = ""
     """Run dir to continue (set by `meshrun resume`); empty = a new run."""
     load_from: str = ""
     """A new run starts from this checkpoint (a step_N folder, or a run dir = its newest):
-    weights, optimizer state and data position, resharded by DCP to this run's layout."""
+    weights, optimizer state and data position, resharded by DCP to this run's layout. Or a
+    Hugging Face model folder of the run's shape: its weights only, each rank reading its part."""
 
 
 @dataclass

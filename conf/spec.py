@@ -14,7 +14,7 @@ from typing import Callable
 from conf.schema import (
     CheckpointConfig, ClusterConfig, DataConfig, DeviceKind, DType, LoggingConfig,
     ModelConfig, OptimConfig, ParallelConfig, Precision, PrecisionConfig, RecomputeConfig,
-    RecomputeMode, ScheduleConfig, TrainingConfig,
+    RecomputeMode, RopeScaling, ScheduleConfig, TrainingConfig,
 )
 
 FROZEN = dict(frozen=True, slots=True, kw_only=True)
@@ -80,14 +80,38 @@ def spec_from_config(cls: type, config: object, **resolved: object) -> object:
     return cls(**values, **resolved)
 
 
-@frozen_from(ModelConfig)
+@dataclasses.dataclass(**FROZEN)
+class Llama3RopeScaling:
+    """RoPE scaling of Llama 3.1/3.2 (model.rope_scaling=llama3), as the model computes it."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_seq_len: int
+
+
+@frozen_from(ModelConfig, defaults=("attention_bias", "rope_scaling", "rope_scaling_factor",
+                                    "rope_low_freq_factor", "rope_high_freq_factor",
+                                    "rope_original_max_seq_len", "path"))
 class ModelSpec:
     n_kv_heads: int
     """Resolved: never -1 (n_heads when the config said -1)."""
+    path: str
+    """Resolved: absolute (or empty); the shape knobs are its config.json's."""
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    @property
+    def llama3_rope(self) -> Llama3RopeScaling | None:
+        """The llama3 RoPE scaling settings; None when the frequencies are not scaled."""
+        if self.rope_scaling is not RopeScaling.llama3:
+            return None
+        return Llama3RopeScaling(factor=self.rope_scaling_factor,
+                                 low_freq_factor=self.rope_low_freq_factor,
+                                 high_freq_factor=self.rope_high_freq_factor,
+                                 original_max_seq_len=self.rope_original_max_seq_len)
 
 
 @frozen_from(PrecisionConfig, after={"compute_dtype": "name"})

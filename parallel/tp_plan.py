@@ -5,7 +5,9 @@ cost model (`parallel/cost/params.py`, which counts the tp-local shapes), so the
 drift. Megatron pairs: column-parallel weights split their output features (dim 0 of an
 `nn.Linear` weight), row-parallel ones their input features (dim 1); the embedding is split by
 vocabulary rows (dim 0) and the output head by vocabulary columns (dim 0 of its weight).
-Everything else (the norms) is replicated.
+A column-parallel layer's bias (q/k/v with model.attention_bias) is split along dim 0 with its
+output features; a row-parallel layer's bias would be whole on every rank (added once, after
+the reduction). Everything else (the norms) is replicated.
 """
 from __future__ import annotations
 
@@ -29,5 +31,8 @@ def tp_split_dim(param_name: str) -> int | None:
     tensor parallelism splits, or None when every tp rank holds it whole."""
     parts = param_name.split(".")
     if parts[0] == "layers":
-        return _SPLIT_DIM.get(".".join(parts[2:-1]))
+        dim = _SPLIT_DIM.get(".".join(parts[2:-1]))
+        if parts[-1] == "bias":
+            return 0 if dim == 0 else None
+        return dim
     return _ROOT_SPLIT_DIM.get(".".join(parts[:-1]))

@@ -1,7 +1,10 @@
-"""Export weights as a Hugging Face `LlamaForCausalLM` folder (model.safetensors + config.json).
+"""Export weights as a Hugging Face folder: `LlamaForCausalLM`, or `Qwen2ForCausalLM` when the
+model has q/k/v biases (model.safetensors, config.json, generation_config.json), plus the run's
+tokenizer files when it has a tokenizer, so `AutoTokenizer` and `AutoModelForCausalLM` load it.
 
 Our RoPE uses Hugging Face's rotate_half layout, so q/k weights are written as they are; the only
-translation is the name table below.
+translation is the name table below (read in reverse by the import, training/hf_import.py).
+Every file gets the mode a plain new file gets (0644 under umask 022).
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 from conf.spec import ModelSpec
+from conf.tokenizer_info import TOKENIZER_FILE, TokenizerInfo, read_tokenizer_info
+from parallel.cost.params import parameter_shapes
 
 # Our state-dict name -> Hugging Face Llama name; "{i}" is the block index.
 HF_NAMES: dict[str, str] = {
@@ -22,6 +27,9 @@ HF_NAMES: dict[str, str] = {
     "layers.{i}.attention.wq.weight": "model.layers.{i}.self_attn.q_proj.weight",
     "layers.{i}.attention.wk.weight": "model.layers.{i}.self_attn.k_proj.weight",
     "layers.{i}.attention.wv.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "layers.{i}.attention.wq.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "layers.{i}.attention.wk.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "layers.{i}.attention.wv.bias": "model.layers.{i}.self_attn.v_proj.bias",
     "layers.{i}.attention.wo.weight": "model.layers.{i}.self_attn.o_proj.weight",
     "layers.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
     "layers.{i}.feed_forward.w1.weight": "model.layers.{i}.mlp.gate_proj.weight",
@@ -43,6 +51,19 @@ def hf_name(name: str) -> str:
     return HF_NAMES["layers.{i}." + rest].format(i=index)
 
 
+_MESHRUN_NAMES = {hf: ours for ours, hf in HF_NAMES.items()}
+
+
+def meshrun_name(name: str) -> str | None:
+    """The inverse of `hf_name`: our state-dict key for a Hugging Face name, or None."""
+    match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name)
+    if match is None:
+        return _MESHRUN_NAMES.get(name)
+    index, rest = match.groups()
+    ours = _MESHRUN_NAMES.get("model.layers.{i}." + rest)
+    return ours.format(i=index) if ours is not None else None
+
+
 def hf_state_dict(state_dict: dict[str, torch.Tensor], model: ModelSpec) -> dict[str, torch.Tensor]:
     """Rename to Hugging Face keys; contiguous CPU tensors, no two sharing storage."""
     expected = _expected_keys(model)
@@ -61,12 +82,20 @@ def hf_state_dict(state_dict: dict[str, torch.Tensor], model: ModelSpec) -> dict
     return renamed
 
 
-def hf_config(model: ModelSpec, *, dtype: torch.dtype) -> dict:
-    """The config.json of a `LlamaForCausalLM` with this shape."""
+def hf_config(model: ModelSpec, *, dtype: torch.dtype,
+              tokenizer: TokenizerInfo | None = None) -> dict:
+    """The config.json of a `LlamaForCausalLM` (or `Qwen2ForCausalLM`, with q/k/v biases) with
+    this shape, and the tokenizer's special-token ids when there is one."""
     dtype_name = _DTYPE_NAMES[dtype]
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    rope = {"rope_type": "default"}
+    if model.llama3_rope is not None:
+        scaling = model.llama3_rope
+        rope = {"rope_type": "llama3", "factor": scaling.factor,
+                "low_freq_factor": scaling.low_freq_factor,
+                "high_freq_factor": scaling.high_freq_factor,
+                "original_max_position_embeddings": scaling.original_max_seq_len}
+    config = {
+        **_architecture(model),
         "hidden_size": model.dim,
         "intermediate_size": model.ffn_dim,
         "num_hidden_layers": model.n_layers,
@@ -76,33 +105,95 @@ def hf_config(model: ModelSpec, *, dtype: torch.dtype) -> dict:
         "vocab_size": model.vocab_size,
         "max_position_embeddings": model.max_seq_len,
         "rope_theta": model.rope_theta,
-        # transformers >= 5 reads RoPE settings from here; older versions read rope_theta above.
-        "rope_parameters": {"rope_type": "default", "rope_theta": model.rope_theta},
+        # transformers >= 5 reads RoPE settings from rope_parameters; older ones from
+        # rope_theta and rope_scaling.
+        "rope_parameters": {**rope, "rope_theta": model.rope_theta},
+        "rope_scaling": rope if model.llama3_rope is not None else None,
         "rms_norm_eps": model.norm_eps,
         "tie_word_embeddings": model.tie_embeddings,
         "hidden_act": "silu",
-        "attention_bias": False,
         "attention_dropout": 0.0,
-        "mlp_bias": False,
         "initializer_range": model.init_std,
         "torch_dtype": dtype_name,
         "dtype": dtype_name,
         "use_cache": True,
     }
+    return {**config, **special_token_ids(tokenizer)}
 
 
-def export_hf(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Path) -> Path:
-    """Write out_dir/model.safetensors and out_dir/config.json; return out_dir."""
+def _architecture(model: ModelSpec) -> dict:
+    if model.attention_bias:  # Qwen2's attention: q/k/v biases, no o bias
+        return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                "use_sliding_window": False, "sliding_window": None,
+                "max_window_layers": model.n_layers}
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "attention_bias": False, "mlp_bias": False}
+
+
+def special_token_ids(tokenizer: TokenizerInfo | None) -> dict:
+    """bos/eos/pad_token_id as Hugging Face configs name them (those the tokenizer has)."""
+    if tokenizer is None:
+        return {}
+    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+           "pad_token_id": tokenizer.pad_id}
+    return {key: value for key, value in ids.items() if value is not None}
+
+
+def export_hf(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Path, *,
+              tokenizer: str = "") -> Path:
+    """Write out_dir/model.safetensors, config.json and, with a tokenizer (`tokenizer`, else
+    one in model.path), generation_config.json and the tokenizer files; return out_dir."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = hf_state_dict(state_dict, model)
     dtype = tensors["model.embed_tokens.weight"].dtype
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    config = hf_config(model, dtype=dtype)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name in ("model.safetensors", "config.json"):
-        make_shareable(out_dir / name)
+    info = export_tokenizer(tokenizer or _model_dir_tokenizer(model), out_dir)
+    written = {"config.json": hf_config(model, dtype=dtype, tokenizer=info)}
+    if special_token_ids(info):
+        written["generation_config.json"] = {**special_token_ids(info),
+                                             "_from_model_config": True}
+    for name, content in written.items():
+        (out_dir / name).write_text(json.dumps(content, indent=2) + "\n")
+    for path in out_dir.iterdir():
+        if path.is_file():
+            make_shareable(path)
     return out_dir
+
+
+def _model_dir_tokenizer(model: ModelSpec) -> str:
+    """The tokenizer.json of the Hugging Face folder the model came from, if it has one."""
+    if model.path and (Path(model.path) / TOKENIZER_FILE).is_file():
+        return model.path
+    return ""
+
+
+def export_tokenizer(tokenizer: str, out_dir: Path) -> TokenizerInfo | None:
+    """Copy tokenizer.json and write tokenizer_config.json (the source's, completed) and
+    special_tokens_map.json next to the weights; None when the run has no tokenizer."""
+    if not tokenizer:
+        return None
+    info = read_tokenizer_info(tokenizer)
+    source = Path(info.path)
+    (out_dir / TOKENIZER_FILE).write_bytes(source.read_bytes())
+    names = _special_names(json.loads(source.read_text()), info)
+    config_path = source.parent / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    for key, name in names.items():
+        config.setdefault(key, name)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(names, indent=2) + "\n")
+    return info
+
+
+def _special_names(data: dict, info: TokenizerInfo) -> dict[str, str]:
+    """bos_token/eos_token/pad_token -> the token's text, for the ids the tokenizer has."""
+    vocab = data["model"].get("vocab")
+    by_id = {int(i): str(token) for token, i in vocab.items()} if isinstance(vocab, dict) else {}
+    by_id.update({int(t["id"]): t["content"] for t in data.get("added_tokens") or []})
+    ids = {"bos_token": info.bos_id, "eos_token": info.eos_id, "pad_token": info.pad_id}
+    return {key: by_id[i] for key, i in ids.items() if i is not None and i in by_id}
 
 
 def make_shareable(path: Path) -> None:
@@ -127,12 +218,7 @@ def current_umask() -> int:
 
 
 def _expected_keys(model: ModelSpec) -> set[str]:
-    keys = {"tok_embeddings.weight", "norm.weight"}
-    if not model.tie_embeddings:
-        keys.add("output.weight")
-    for index in range(model.n_layers):
-        keys.update(name.format(i=index) for name in HF_NAMES if name.startswith("layers."))
-    return keys
+    return {name for name, _ in parameter_shapes(model)}
 
 
 def gather_full_state(model) -> dict[str, torch.Tensor] | None:

@@ -6,8 +6,10 @@ layout starts from exactly the weights of the single-process model, and no rank 
 the whole model: the model is built on the meta device, split and sharded there, and only
 then materialised, one parameter at a time (whole on CPU, then this rank's shard kept).
 
-Conventions (Llama/torchtitan): norms 1; every other weight N(0, init_std), except the
-outputs of the residual branches (wo, w2), N(0, init_std / sqrt(2 * n_layers)).
+Conventions (Llama/torchtitan): norms 1; biases 0; every other weight N(0, init_std), except
+the outputs of the residual branches (wo, w2), N(0, init_std / sqrt(2 * n_layers)).
+A run that starts from a Hugging Face model (`hf_dir`) reads its values from there instead,
+each rank only its part (training/hf_import.py).
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ def parameter_value(name: str, shape: torch.Size, *, model: ModelSpec, seed: int
     """The full fp32 CPU value of parameter `name` (its state-dict key) for this seed."""
     if name.endswith("norm.weight"):
         return torch.ones(shape)
+    if name.endswith(".bias"):
+        return torch.zeros(shape)
     std = model.init_std
     if name.endswith(RESIDUAL_OUTPUTS):
         std = std / math.sqrt(2 * model.n_layers)
@@ -36,11 +40,17 @@ def parameter_value(name: str, shape: torch.Size, *, model: ModelSpec, seed: int
 
 
 @torch.no_grad()
-def materialize(module: nn.Module, *, model: ModelSpec, device: torch.device, seed: int) -> None:
+def materialize(module: nn.Module, *, model: ModelSpec, device: torch.device, seed: int,
+                hf_dir: str = "") -> None:
     """Allocate `module` (a model or a stage, possibly TP/FSDP-sharded, on meta) on `device`
-    and fill its parameters and RoPE tables."""
+    and fill its parameters (by seed, or from the Hugging Face folder `hf_dir`) and RoPE tables."""
     module.to_empty(device=device)
     module.reset_rope_tables()
+    if hf_dir:
+        from training.hf_import import load_hf_weights
+
+        load_hf_weights(module, folder=hf_dir)
+        return
     for name, param in module.named_parameters():
         # A DTensor's shape is its global shape: the full value, then this rank's part.
         value = parameter_value(name, param.shape, model=model, seed=seed).to(device)

@@ -192,7 +192,8 @@ def finish(tr: TrainState) -> None:
     if tr.spec.checkpoint.export_safetensors:
         state = gather_full_state(tr.model)  # collective; the full weights land on rank 0
         if tr.ctx.is_main:
-            export_dir = str(export_hf(state, tr.spec.model, RunDir(tr.run_dir).export_dir))
+            export_dir = str(export_hf(state, tr.spec.model, RunDir(tr.run_dir).export_dir,
+                                       tokenizer=tr.spec.data.tokenizer))
     if tr.loggers is not None:
         tr.loggers.event({"kind": "event", "event": "finished", "step": tr.step})
         summary = summarize(tr.run_dir, peak_source=tr.peak.source,

@@ -13,6 +13,7 @@ State-dict keys (training/export.py maps them to Hugging Face names):
   tok_embeddings.weight
   layers.{i}.attention_norm.weight
   layers.{i}.attention.{wq,wk,wv,wo}.weight
+  layers.{i}.attention.{wq,wk,wv}.bias          (only with model.attention_bias, as Qwen2)
   layers.{i}.ffn_norm.weight
   layers.{i}.feed_forward.{w1,w2,w3}.weight     (w1 gate, w3 up, w2 down)
   norm.weight
@@ -20,11 +21,13 @@ State-dict keys (training/export.py maps them to Hugging Face names):
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conf.spec import ModelSpec
+from conf.spec import Llama3RopeScaling, ModelSpec
 
 
 class RMSNorm(nn.Module):
@@ -43,14 +46,29 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(*, head_dim: int, max_seq_len: int, theta: float,
+                scaling: Llama3RopeScaling | None = None,
                 device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [max_seq_len, head_dim] in the Hugging Face (half-split) layout."""
+    """cos and sin tables [max_seq_len, head_dim] in the Hugging Face (half-split) layout;
+    `scaling` (ModelSpec.llama3_rope) rescales the frequencies as Llama 3.1/3.2 do."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
     inv_freq = 1.0 / (theta ** exponents)
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     positions = torch.arange(max_seq_len, dtype=torch.int64, device=device).float()
     angles = torch.outer(positions, inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
+    """Llama 3.1's frequency scaling: wavelengths longer than original_max / low_freq_factor
+    are slowed by `factor`, those shorter than original_max / high_freq_factor are kept, and
+    the ones between blend the two linearly in original_max / wavelength."""
+    wavelen = 2 * math.pi / inv_freq
+    context = scaling.original_max_seq_len
+    blend = ((context / wavelen - scaling.low_freq_factor)
+             / (scaling.high_freq_factor - scaling.low_freq_factor)).clamp(0.0, 1.0)
+    return (1 - blend) * inv_freq / scaling.factor + blend * inv_freq
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -71,9 +89,10 @@ class Attention(nn.Module):
         self.n_heads = model.n_heads
         self.n_kv_heads = model.n_kv_heads
         self.head_dim = model.head_dim
-        self.wq = nn.Linear(model.dim, model.n_heads * model.head_dim, bias=False)
-        self.wk = nn.Linear(model.dim, model.n_kv_heads * model.head_dim, bias=False)
-        self.wv = nn.Linear(model.dim, model.n_kv_heads * model.head_dim, bias=False)
+        bias = model.attention_bias  # Qwen2: q, k and v have biases, o has none
+        self.wq = nn.Linear(model.dim, model.n_heads * model.head_dim, bias=bias)
+        self.wk = nn.Linear(model.dim, model.n_kv_heads * model.head_dim, bias=bias)
+        self.wv = nn.Linear(model.dim, model.n_kv_heads * model.head_dim, bias=bias)
         self.wo = nn.Linear(model.n_heads * model.head_dim, model.dim, bias=False)
         self.context = None
         """Context parallel: a callable (q, k, v) -> out over the cp group, or None."""
@@ -149,7 +168,7 @@ class Transformer(nn.Module):
             model.dim, model.vocab_size, bias=False
         )
         cos, sin = rope_tables(head_dim=model.head_dim, max_seq_len=model.max_seq_len,
-                               theta=model.rope_theta)
+                               theta=model.rope_theta, scaling=model.llama3_rope)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.rope_positions: torch.Tensor | None = None
@@ -181,7 +200,8 @@ class Transformer(nn.Module):
         """Re-compute the RoPE tables (non-persistent buffers) after materialising."""
         spec = self.spec
         cos, sin = rope_tables(head_dim=spec.head_dim, max_seq_len=spec.max_seq_len,
-                               theta=spec.rope_theta, device=self.rope_cos.device)
+                               theta=spec.rope_theta, scaling=spec.llama3_rope,
+                               device=self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 

@@ -1,7 +1,7 @@
 """One rank's share of the model under the run's layout, built in a fixed order:
 
   model on meta -> PP split -> fp8 -> TP/SP -> CP -> recompute -> compile -> FSDP
-  -> materialise (training/init.py) -> DDP -> pipeline schedule
+  -> materialise (training/init.py; or a Hugging Face model's weights) -> DDP -> pipeline schedule
 
 Nothing has memory until each part is split and sharded: a rank allocates only its shards,
 filled with the single-process model's values (initialised by name). The pipeline split
@@ -24,6 +24,7 @@ from parallel.mesh import Meshes, build_mesh, fsdp_mesh
 from parallel.recompute import apply_recompute
 from parallel.tensor_parallel import apply_tp, keep_embedding_grad_sharded
 from parallel.zero1 import Zero1Partition
+from training.hf_import import hf_start_dir
 from training.init import materialize
 from training.loss import token_cross_entropy_sum
 from training.model import build_model_on_meta
@@ -131,7 +132,8 @@ def _parallelize_part(part: nn.Module, spec: RunSpec, layout: ParallelModel,
     if layout.dims.uses_fsdp:
         apply_fsdp(part, mesh=fsdp_mesh(layout.mesh, layout.dims), zero=layout.dims.zero,
                    mp_policy=mixed_precision_policy(spec.precision))
-    materialize(part, model=spec.model, device=device, seed=spec.training.seed)
+    materialize(part, model=spec.model, device=device, seed=spec.training.seed,
+                hf_dir=hf_start_dir(spec))
     if layout.dims.tp > 1:
         keep_embedding_grad_sharded(part)
     _apply_ddp(part, layout, device)

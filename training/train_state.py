@@ -8,6 +8,7 @@ from pathlib import Path
 
 from conf.rundir import RunDir, find_checkpoint
 from conf.checkpoint_dirs import complete_checkpoints, latest_checkpoint
+from conf.hf_model_config import is_hf_model_dir
 from conf.spec import RunSpec
 from parallel.cost.devices import PeakFlops
 from parallel.cost.flops import flops_per_token
@@ -76,7 +77,8 @@ def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext) -> TrainSt
     )
     if latest_checkpoint(state.checkpoint_root) is not None:
         restore(state)  # this run's own checkpoint: a resume, a requeue, or a restart
-    elif spec.checkpoint.load_from:
+    elif spec.checkpoint.load_from and not is_hf_model_dir(spec.checkpoint.load_from):
+        # (a Hugging Face folder is weights only, read when the model was materialised)
         restore(state, source=spec.checkpoint.load_from, allow_reshard=True)
     state.stop.install(spec.cluster.warning_signal)
     if ctx.is_main:

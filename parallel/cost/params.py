@@ -29,9 +29,13 @@ def parameter_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
              ("attention.wv", (kv, d)), ("attention.wo", (d, q)), ("ffn_norm", (d,)),
              ("feed_forward.w1", (f, d)), ("feed_forward.w3", (f, d)),
              ("feed_forward.w2", (d, f))]
+    biases = {"attention.wq": (q,), "attention.wk": (kv,), "attention.wv": (kv,)}
     shapes = [(EMBEDDING, (model.vocab_size, d))]
     for i in range(model.n_layers):
-        shapes += [(f"layers.{i}.{name}.weight", shape) for name, shape in block]
+        for name, shape in block:
+            shapes.append((f"layers.{i}.{name}.weight", shape))
+            if model.attention_bias and name in biases:  # Qwen2: q/k/v biases
+                shapes.append((f"layers.{i}.{name}.bias", biases[name]))
     shapes.append(("norm.weight", (d,)))
     if not model.tie_embeddings:
         shapes.append(("output.weight", (model.vocab_size, d)))
@@ -91,7 +95,7 @@ def held_layers(spec: RunSpec, pp_rank: int) -> list[int]:
 def tp_local_shape(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
     """The shape of parameter `name` on one tp rank."""
     dim = tp_split_dim(name)
-    if tp == 1 or len(shape) == 1 or dim is None:
+    if tp == 1 or dim is None or dim >= len(shape):
         return shape
     return (*shape[:dim], shape[dim] // tp, *shape[dim + 1:])
 

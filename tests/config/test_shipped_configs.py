@@ -6,7 +6,7 @@ import pytest
 
 from conf.compose import compose_config
 from conf.overrides import GROUPS, group_options
-from conf.resolve import resolve
+from conf.resolve import HF_MODEL_OPTION, resolve
 from conf.spec import HostSpec, ModelSpec, RunSpec
 from parallel.cost.flops import FLOPS_CONVENTION, flops_per_token
 from parallel.cost.params import param_counts
@@ -51,16 +51,23 @@ REL_TOL = 0.005
 def model_specs() -> dict[str, RunSpec]:
     """Each shipped model composed once with every other group at its default, on a CPU host."""
     return {name: resolve(compose_config([f"model={name}"]), host=CPU)
-            for name in group_options("model")}
+            for name in shipped_shapes()}
+
+
+def shipped_shapes() -> list[str]:
+    """Model options with a shape of their own (model=hf reads one from a folder: its tests
+    are tests/unit/test_hf_import.py)."""
+    return [name for name in group_options("model") if name != HF_MODEL_OPTION]
 
 
 def qkv_bias_params(m: ModelSpec) -> int:
-    """Qwen2.5 has biases on q, k and v (not on o); our model has none."""
+    """Qwen2.5 has biases on q, k and v (not on o)."""
     return m.n_layers * (m.n_heads * m.head_dim + 2 * m.n_kv_heads * m.head_dim)
 
 
 def test_every_model_option_has_a_row_here():
-    assert set(group_options("model")) == set(SHAPES)
+    assert set(shipped_shapes()) == set(SHAPES)
+    assert HF_MODEL_OPTION in group_options("model")
     assert set(PUBLISHED_PARAMS) <= set(SHAPES)
 
 
@@ -80,20 +87,25 @@ def test_model_resolves_to_its_shape(name: str, model_specs):
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
 def test_param_count_matches_published(name: str, model_specs):
     model = model_specs[name].model
-    ours = param_counts(model).total
-    published = PUBLISHED_PARAMS[name]
-    missing = qkv_bias_params(model) if name.startswith("qwen") else 0
-    assert abs(ours + missing - published) / published < REL_TOL, (ours, missing, published)
-    # The formula is exact: the only difference from the checkpoint is the Qwen q/k/v biases.
-    assert ours + missing == published
+    # The formula is exact, Qwen's q/k/v biases (model.attention_bias) included.
+    assert param_counts(model).total == PUBLISHED_PARAMS[name]
+    assert model.attention_bias is name.startswith("qwen")
 
 
-def test_qwen_bias_difference_is_small_and_named():
-    """The omitted biases are documented in the YAML and cost well under 0.01% of any Qwen."""
+def test_qwen_biases_are_counted():
+    """Without its q/k/v biases a Qwen2.5 would be short by exactly their count."""
     for name in ("qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_7b", "qwen2_5_32b"):
         m = ModelSpec(name=name, **dict(zip(SHAPE_FIELDS, SHAPES[name])), norm_eps=1e-6,
                       init_std=0.02)
-        assert 0 < qkv_bias_params(m) / PUBLISHED_PARAMS[name] < 1e-4
+        assert param_counts(m).total + qkv_bias_params(m) == PUBLISHED_PARAMS[name]
+
+
+@pytest.mark.parametrize(("name", "factor"), [("llama3_1b", 32.0), ("llama3_3b", 32.0),
+                                              ("llama3_8b", 8.0), ("llama3_70b", 8.0)])
+def test_llama3_models_scale_rope_as_published(name: str, factor: float, model_specs):
+    rope = model_specs[name].model.llama3_rope
+    assert (rope.factor, rope.low_freq_factor, rope.high_freq_factor,
+            rope.original_max_seq_len) == (factor, 1.0, 4.0, 8192)
 
 
 def test_tied_models_count_the_embedding_once(model_specs):

@@ -1,0 +1,52 @@
+"""Rank-side code of tests/distributed/test_hf_import_layouts.py: build a run's model under its
+layout with a Hugging Face folder's weights, and report what this rank holds and computes."""
+from __future__ import annotations
+
+import torch
+from safetensors.torch import load_file
+from torch.distributed.tensor import DTensor
+
+from conf.spec import RunSpec
+from conf.spec_io import spec_from_dict
+from training.export import hf_name
+from training.hf_import import weight_files
+
+CPU = torch.device("cpu")
+
+
+def _hf_tensors(folder: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder, read whole (the reference the shards are checked against)."""
+    return {name: t for path in set(weight_files(folder).values())
+            for name, t in load_file(path).items()}
+
+
+def hf_layout_rank(*, rank: int, world_size: int, spec_dicts: list[dict],
+                   tokens: torch.Tensor) -> list[dict]:
+    """Per spec: every parameter, gathered whole, equals its Hugging Face tensor (checked here,
+    by name); the names this rank holds, how many it holds only a shard of, and the logits
+    (when one forward gives them)."""
+    from parallel.data_parallel import unwrap
+    from training.parallel_model import build_parallel_model
+
+    reports = []
+    for spec_dict in spec_dicts:
+        spec = spec_from_dict(RunSpec, spec_dict)
+        layout = build_parallel_model(spec, rank=rank, device=CPU)
+        hf = _hf_tensors(spec.model.path)
+        held, sharded, shapes = [], 0, {}
+        for part in layout.parts:
+            for name, param in unwrap(part).named_parameters():
+                local = param.to_local() if isinstance(param, DTensor) else param
+                whole = param.full_tensor() if isinstance(param, DTensor) else param
+                assert torch.equal(whole.detach(), hf[hf_name(name)]), (spec.parallel.name, name)
+                held.append(name)
+                shapes[name] = tuple(local.shape)
+                sharded += local.numel() < param.numel()
+        logits = None
+        if layout.dims.pp == 1:
+            with torch.no_grad():
+                logits = unwrap(layout.parts[0])(tokens)
+            logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
+        reports.append({"layout": spec.parallel.name, "held": sorted(held),
+                        "sharded": sharded, "local_shapes": shapes, "logits": logits})
+    return reports

@@ -1,0 +1,94 @@
+"""Start a run from a Hugging Face model's safetensors, under any layout.
+
+The model is built on the meta device, split and sharded as usual (training/parallel_model.py);
+then each rank allocates its parts and reads, for every parameter it holds, only its own slice
+of the matching Hugging Face tensor (`safe_open(...).get_slice`): a pipeline stage reads only
+its blocks, an FSDP or TP shard only its rows or columns. No rank ever holds the whole model.
+Names map through the one table in training/export.py (HF_NAMES), read here in reverse to
+refuse tensors the model would ignore. One file (`model.safetensors`) or shards listed by
+`model.safetensors.index.json`. The folder's config.json was checked by resolve()
+(conf/hf_model_config.py).
+"""
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from conf.hf_model_config import SAFETENSORS_FILE, SAFETENSORS_INDEX, is_hf_model_dir
+from conf.spec import ModelSpec, RunSpec
+from training.export import hf_name, meshrun_name
+
+
+def hf_start_dir(spec: RunSpec) -> str:
+    """The Hugging Face folder whose weights this run starts from; '' = initialise by seed.
+    checkpoint.load_from names one (or a meshrun checkpoint, which wins); else model.path."""
+    load_from = spec.checkpoint.load_from
+    if load_from:
+        return load_from if is_hf_model_dir(load_from) else ""
+    return spec.model.path
+
+
+def weight_files(folder: str | Path) -> dict[str, Path]:
+    """Hugging Face tensor name -> the safetensors file holding it."""
+    folder = Path(folder)
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    with safe_open(str(folder / SAFETENSORS_FILE), framework="pt") as f:
+        return {name: folder / SAFETENSORS_FILE for name in f.keys()}
+
+
+def local_region(param: torch.Tensor) -> tuple[slice, ...]:
+    """The part of the full tensor this rank holds: all of it, or a DTensor's local shard
+    (FSDP and TP shards are each one contiguous block of the full tensor)."""
+    if not isinstance(param, DTensor):
+        return tuple(slice(0, size) for size in param.shape)
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh,
+                                                          param.placements)
+    return tuple(slice(start, start + size) for start, size in zip(offset, shape))
+
+
+@torch.no_grad()
+def load_hf_weights(module: nn.Module, *, folder: str | Path) -> None:
+    """Fill every parameter of `module` (a model or a pipeline stage, materialised, maybe
+    sharded) with its slice of `folder`'s weights. ValueError names missing or extra tensors."""
+    files = weight_files(folder)
+    _check_names(module, files, folder)
+    with ExitStack() as stack:
+        opened: dict[Path, object] = {}
+        for name, param in module.named_parameters():
+            source = hf_name(name)
+            path = files[source]
+            if path not in opened:
+                opened[path] = stack.enter_context(safe_open(str(path), framework="pt"))
+            value = opened[path].get_slice(source)[local_region(param)]
+            local = param.to_local() if isinstance(param, DTensor) else param
+            local.copy_(value.to(dtype=local.dtype, device=local.device))
+
+
+def _check_names(module: nn.Module, files: dict[str, Path], folder: str | Path) -> None:
+    wanted = {hf_name(name) for name, _ in module.named_parameters()}
+    missing = sorted(wanted - files.keys())
+    unknown = sorted(name for name in files if meshrun_name(name) is None)
+    if missing or unknown:
+        raise ValueError(f"{folder}: the model needs {missing or 'nothing missing'}; "
+                         f"tensors the model has no place for: {unknown or 'none'}")
+
+
+def load_hf_model(folder: str | Path, model: ModelSpec, *,
+                  device: torch.device = torch.device("cpu")) -> nn.Module:
+    """The whole model in one process, with `folder`'s weights (tools and tests)."""
+    from training.init import materialize
+    from training.model import build_model_on_meta
+
+    transformer = build_model_on_meta(model)
+    materialize(transformer, model=model, device=device, seed=0, hf_dir=str(folder))
+    return transformer
