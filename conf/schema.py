@@ -217,6 +217,12 @@ class DataConfig:
     tokenizer: str = ""
     """A Hugging Face tokenizer.json (or a folder holding one); empty = byte-level. Checked
     against model.vocab_size, and against the tokenizer data.prepared was made with."""
+    document_mask: bool = False
+    """Attention stays inside each document of a training window and RoPE positions restart
+    at each document (block-diagonal causal attention; flex attention on CUDA, an exact SDPA
+    mask elsewhere), under every layout. Documents end at the tokenizer's EOS token (it
+    belongs to the document it ends), so this needs tokenized data: data=files with
+    data.prepared or data.tokenizer. false = one causal sequence per window."""
 
 
 @dataclass
