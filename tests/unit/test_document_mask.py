@@ -191,3 +191,30 @@ def test_resolve_takes_the_tokenizer_eos_or_refuses_one_without(tmp_path):
         _resolve(*FILES, f"data.tokenizer={no_eos}", "data.document_mask=true")
     off = _resolve(*FILES, f"data.tokenizer={no_eos}")
     assert not off.data.document_mask and off.data.eos_id is None
+
+
+def test_flex_block_mask_equals_the_sdpa_mask():
+    """The flex-attention BlockMask (CUDA's path) allows exactly what the boolean SDPA mask
+    allows: a context-parallel-like shard of queries over the whole sequence, lengths that are
+    not multiples of flex's block size. Eager flex attention on CPU (slow, exact)."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from parallel.documents import document_mask, masked_attention
+
+    torch.manual_seed(0)
+    tokens = torch.randint(EOS + 1, 50, (2, 40))
+    tokens[0, [5, 17, 30]] = EOS
+    tokens[1, [9, 10]] = EOS
+    ids, _ = document_ids_and_positions(tokens, eos_id=EOS)
+    q_pos = torch.tensor([*range(0, 10), *range(30, 40)])  # cp rank 0 of 2, balanced
+    k_pos = torch.arange(40)
+    q, k, v = torch.randn(2, 4, 20, 8), torch.randn(2, 2, 40, 8), torch.randn(2, 2, 40, 8)
+    masks = {flex: document_mask(ids[:, q_pos], ids, q_positions=q_pos, k_positions=k_pos,
+                                 flex=flex) for flex in (False, True)}
+    assert isinstance(masks[False], torch.Tensor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
+        out = flex_attention(q, k, v, block_mask=masks[True], enable_gqa=True)
+    torch.testing.assert_close(out, masked_attention(q, k, v, mask=masks[False]))
