@@ -4,8 +4,10 @@ Sharding: `shard_positions` picks the global token positions a rank holds (conti
 load-balanced for causal attention) and `shard_sequence` selects them from a tensor.
 
 Attention: `context_parallel_attention` all-gathers K and V (and their global positions)
-over the cp group and runs SDPA with a causal mask built from global positions. It is exact,
-not a ring: each rank holds K/V for the whole sequence (memory O(T) per rank). torch's
+over the cp group and runs SDPA with a causal mask built from global positions (with document
+masking: causal by global position AND same document, `context_document_mask`, the document
+ids all-gathered the same way). It is exact, not a ring: each rank holds K/V for the whole
+sequence (memory O(T) per rank). torch's
 `torch.distributed.tensor.experimental.context_parallel` (ring attention) only handles the
 CUDA SDPA kernels on torch 2.13 and fails on CPU, so this exact all-gather form is used on
 every device for now.

@@ -19,6 +19,7 @@ when that document began in an earlier window.
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import torch
 import torch.nn.functional as F
@@ -82,11 +83,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask)
 
 @functools.cache
 def _flex_available() -> bool:
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
 @functools.cache

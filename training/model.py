@@ -7,7 +7,10 @@ tied or untied embeddings. Blocks live in `model.layers`, an `nn.ModuleDict` key
 not own without renumbering the rest. A stage also drops `tok_embeddings` (not first) or
 `norm`/`output` (not last); `forward` then takes or returns hidden states. The attention core and
 the SwiGLU product are methods of their own so recompute policies can target them by name, and
-context parallelism sets `rope_positions` and `Attention.core_attention` per rank.
+context parallelism sets `rope_positions`, `document_mask` and `Attention.context` per rank.
+Document masking (`data.document_mask`, parallel/documents.py): `forward(tokens, doc_ids=...,
+doc_positions=...)` builds one block-diagonal causal mask per forward for every block and
+gives RoPE each token's position inside its document.
 
 State-dict keys (training/export.py maps them to Hugging Face names):
   tok_embeddings.weight
