@@ -218,3 +218,27 @@ def test_flex_block_mask_equals_the_sdpa_mask():
         warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
         out = flex_attention(q, k, v, block_mask=masks[True], enable_gqa=True)
     torch.testing.assert_close(out, masked_attention(q, k, v, mask=masks[False]))
+
+
+@pytest.mark.parametrize("policy", ["full", "ops_attention", "attention"])
+def test_recompute_passes_the_document_mask_through(policy):
+    """Recompute re-runs blocks / the attention core with the same document mask: the same
+    loss and gradients as without recompute."""
+    from parallel.recompute import apply_recompute
+    from tests.unit.test_recompute import POLICIES
+
+    inputs, targets = packed_batch(packed_documents(LENGTHS))
+    results = []
+    for recompute in (None, POLICIES[policy]):
+        model = build_model(tiny_model_spec(), device=torch.device("cpu"), seed=7)
+        if recompute is not None:
+            apply_recompute(model, recompute=recompute)
+        layout = ParallelModel.single(model)
+        layout.document_eos_id = EOS
+        loss = forward_backward(layout, [(inputs, targets)], device=torch.device("cpu"),
+                                autocast=NO_AUTOCAST)
+        results.append((loss.local_loss_sum, {n: p.grad for n, p in model.named_parameters()}))
+    (loss, grads), (ref_loss, ref_grads) = results[1], results[0]
+    torch.testing.assert_close(loss, ref_loss, rtol=RTOL, atol=ATOL)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=RTOL, atol=ATOL)
