@@ -7,7 +7,7 @@ tables). "after + document mask": the same with data.document_mask's per-token p
 block-diagonal mask (4 documents per window). Same weights and tokens; the variants alternate
 in every round (the machine's load changes between rounds); medians over rounds.
 
-    .venv/bin/python benchmarks/rope_speed.py [--rounds 5] [--seq 2048] [--batch 2]
+    .venv/bin/python benchmarks/rope_speed.py [--rounds 5] [--seq 2048] [--batch 2] [--threads N]
 
 Shape: torchtitan's llama3 debugmodel (dim 256, 6 layers, 16 heads, ffn 768, vocab 2048),
 fp32, CPU, eager, no recompute. Also checks that before and after give the same loss.
@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from conf.spec import ModelSpec  # noqa: E402
 from parallel.documents import document_ids_and_positions  # noqa: E402
-from training.model import Attention, build_model  # noqa: E402
+from training.model import Attention, apply_rope, build_model, rope_rows  # noqa: E402
 
 EOS = 1
 
@@ -73,13 +73,43 @@ def _step(model, tokens, documents) -> float:
     return float(loss.detach())
 
 
+def rope_alone(model, *, batch: int, seq: int, rounds: int) -> dict[str, list[float]]:
+    """Forward+backward of RoPE alone on one layer's queries [batch, seq, heads, head_dim]
+    (from a linear layer's output, as in the model), before vs after, alternating."""
+    spec = model.spec
+    x = torch.randn(batch, seq, spec.n_heads * spec.head_dim, requires_grad=True)
+    grad = torch.randn(batch, spec.n_heads, seq, spec.head_dim)
+    cos_old, sin_old = model.rope_cos[:seq], model.rope_sin[:seq]
+    cos, sin = (rope_rows(t, seq=seq) for t in (model.rope_cos, model.rope_sin_signed))
+
+    def before():
+        q = x.view(batch, seq, -1, spec.head_dim).transpose(1, 2)
+        return q * cos_old + _hf_rotate_half(q) * sin_old
+
+    def after():
+        return apply_rope(x.view(batch, seq, -1, spec.head_dim), cos=cos, sin=sin).transpose(1, 2)
+
+    torch.testing.assert_close(before(), after())
+    times = {"before": [], "after": []}
+    for _ in range(rounds):
+        for name, fn in (("before", before), ("after", after)):
+            start = time.perf_counter()
+            for _ in range(5):
+                fn().backward(grad)
+            times[name].append((time.perf_counter() - start) / 5)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model = build_model(debug_model_spec(args.seq + 1), device=torch.device("cpu"), seed=0)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(2, 2048, (args.batch, args.seq + 1), generator=gen)
@@ -105,6 +135,11 @@ def main() -> None:
         print(f"  {name:24s} median {median * 1e3:8.1f} ms/step  ({base / median:.3f}x before)"
               f"  loss {losses[name]:.6f}  rounds {[round(v * 1e3) for v in values]}")
     assert abs(losses["before"] - losses["after"]) < 1e-5, losses
+    alone = rope_alone(model, batch=args.batch, seq=args.seq, rounds=4 * args.rounds)
+    print("  RoPE alone (one layer's q, forward+backward), median / min over rounds:")
+    for name, values in alone.items():
+        print(f"    {name:8s} median {statistics.median(values) * 1e3:7.2f} ms  "
+              f"min {min(values) * 1e3:7.2f} ms")
 
 
 if __name__ == "__main__":
