@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from conf import name_rules, rules
+from conf.document_rules import resolve_document_eos
 from conf.errors import ProblemList
 from conf.hf_model_config import check_hf_load_from, is_hf_model_dir, read_hf_model_config
 from conf.split_rules import check_model_split, check_recompute
@@ -183,7 +184,8 @@ def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
                      f"use model.vocab_size>={BYTE_VOCAB}")
     return spec_from_config(DataSpec, d, train_files=tuple(train), val_files=tuple(val),
                             cache_dir=_absolute(d.cache_dir), vocab_size=vocab,
-                            tokenizer=_absolute_or_empty(d.tokenizer))
+                            tokenizer=_absolute_or_empty(d.tokenizer),
+                            eos_id=resolve_document_eos(d, problems))
 
 
 def _absolute(path: str) -> str:

@@ -244,6 +244,12 @@ class DataConfig:
     from the seed, so a resume continues the same mixture. Validation: all their val shards."""
     weights: list[float] = field(default_factory=list)
     """One positive weight per data.sources entry (normalised); empty = equal weights."""
+    document_mask: bool = False
+    """Attention stays inside each document of a training window and RoPE positions restart
+    at each document (block-diagonal causal attention; flex attention on CUDA, an exact SDPA
+    mask elsewhere), under every layout. Documents end at the tokenizer's EOS token (it
+    belongs to the document it ends), so this needs tokenized data: data=files with
+    data.prepared or data.tokenizer. false = one causal sequence per window."""
 
 
 @dataclass

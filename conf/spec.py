@@ -180,7 +180,8 @@ class OptimSpec:
     pass
 
 
-@frozen_from(DataConfig, defaults=("prepared", "tokenizer", "sources", "weights"))
+@frozen_from(DataConfig, defaults=("prepared", "tokenizer", "sources", "weights",
+                                  "document_mask"))
 class DataSpec:
     train_files: tuple[str, ...]
     """Absolute paths, expanded from the glob (files) or the prepared cache (stdlib)."""
@@ -188,6 +189,8 @@ class DataSpec:
     """Absolute paths, as train_files. (cache_dir is resolved to an absolute folder.)"""
     vocab_size: int
     """Token ids are below this (256 for byte-level data)."""
+    eos_id: int | None = None
+    """Resolved: the token id that ends a document when document_mask is on; else None."""
 
 
 @frozen_from(TrainingConfig, defaults=("nonfinite",))

@@ -4,8 +4,10 @@ Sharding: `shard_positions` picks the global token positions a rank holds (conti
 load-balanced for causal attention) and `shard_sequence` selects them from a tensor.
 
 Attention: `context_parallel_attention` all-gathers K and V (and their global positions)
-over the cp group and runs SDPA with a causal mask built from global positions. It is exact,
-not a ring: each rank holds K/V for the whole sequence (memory O(T) per rank). torch's
+over the cp group and runs SDPA with a causal mask built from global positions (with document
+masking: causal by global position AND same document, `context_document_mask`, the document
+ids all-gathered the same way). It is exact, not a ring: each rank holds K/V for the whole
+sequence (memory O(T) per rank). torch's
 `torch.distributed.tensor.experimental.context_parallel` (ring attention) only handles the
 CUDA SDPA kernels on torch 2.13 and fails on CPU, so this exact all-gather form is used on
 every device for now.
@@ -16,9 +18,13 @@ incoming gradient is non-contiguous (SDPA's dK/dV are).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from parallel.documents import document_mask, masked_attention
 
 
 def shard_positions(*, seq_len: int, cp: int, cp_rank: int, balanced: bool) -> list[int]:
@@ -94,13 +100,14 @@ def causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.T
 
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                               q_positions: torch.Tensor, group) -> torch.Tensor:
+                               q_positions: torch.Tensor, group, mask=None) -> torch.Tensor:
     """Exact causal attention for a sequence sharded over the cp `group`.
 
     q: [B, Hq, Tl, D]; k, v: [B, Hkv, Tl, D] (Hkv may divide Hq: grouped-query attention),
     all local; `q_positions`: LongTensor [Tl] of this rank's global positions (its k/v hold
     the same positions). K, V and positions are all-gathered over `group`, a causal mask is
     built from global positions, and SDPA runs on the local queries. Returns [B, Hq, Tl, D].
+    With document masking, `mask` (from `context_document_mask`) replaces the causal mask.
 
     Not ring attention: K/V for the whole sequence are materialised on every rank (O(T)
     memory). torch 2.13's experimental `context_parallel` only handles CUDA SDPA kernels, so
@@ -111,10 +118,22 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     assert k.shape[2] == q.shape[2] and v.shape[2] == q.shape[2], "q, k, v must share Tl"
     k_all = all_gather_sequence(k, dim=2, group=group)
     v_all = all_gather_sequence(v, dim=2, group=group)
+    if mask is not None:
+        return masked_attention(q, k_all, v_all, mask=mask)
     k_positions = _gather_cat(q_positions, dim=0, group=group)
     mask = causal_mask(q_positions, k_positions)
     return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
                                           enable_gqa=q.shape[1] != k.shape[1])
+
+
+def context_document_mask(doc_ids: torch.Tensor, *, group, positions: torch.Tensor):
+    """Document mask (parallel/documents.py) of this rank's queries, document ids `doc_ids`
+    [B, Tl] at global `positions` [Tl], over the keys all-gathered in rank order as
+    `context_parallel_attention` gathers K/V: causal by global position AND same document."""
+    positions = positions.to(device=doc_ids.device, dtype=torch.long)
+    k_ids = _gather_cat(doc_ids, dim=1, group=group)
+    k_positions = _gather_cat(positions, dim=0, group=group)
+    return document_mask(doc_ids, k_ids, q_positions=positions, k_positions=k_positions)
 
 
 class ContextParallelAttention:
@@ -125,13 +144,18 @@ class ContextParallelAttention:
         self.group = group
         self.positions = positions
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return context_parallel_attention(q, k, v, q_positions=self.positions, group=self.group)
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 mask=None) -> torch.Tensor:
+        return context_parallel_attention(q, k, v, q_positions=self.positions, group=self.group,
+                                          mask=mask)
 
 
 def apply_context_parallel(model: torch.nn.Module, *, group, positions: torch.Tensor) -> None:
     """Make `model` (or a pipeline stage) run on the tokens at `positions` of each sequence:
-    RoPE by global position, attention over the cp group's whole sequence."""
+    RoPE by global position, attention over the cp group's whole sequence (and, with
+    document masking, each block's mask built once over it by `context_document_mask`)."""
     model.rope_positions = positions
+    model.document_mask = functools.partial(context_document_mask, group=group,
+                                            positions=positions)
     for block in model.layers.values():
         block.attention.context = ContextParallelAttention(group=group, positions=positions)

@@ -161,9 +161,13 @@ def keep_unsharded_after_forward(parts: list[nn.Module]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _step_args(*, inputs: torch.Tensor, targets: torch.Tensor, is_first: bool,
-               is_last: bool) -> tuple[tuple, dict]:
-    """Positional inputs only to the first stage, `target=` only to the last (else None)."""
-    return ((inputs,) if is_first else ()), {"target": targets if is_last else None}
+               is_last: bool, documents: dict | None) -> tuple[tuple, dict]:
+    """Positional inputs only to the first stage, `target=` only to the last (else None).
+    The `documents` keyword tensors (`doc_ids`, `doc_positions`: document masking) go to
+    every stage: torch's schedule splits keyword tensors into micro-batches along the batch
+    dim like the inputs, and hands each stage its micro-batch's share."""
+    return ((inputs,) if is_first else ()), {"target": targets if is_last else None,
+                                             **(documents or {})}
 
 
 def _loss_sum(loss: PipelineLoss, *, n_microbatches: int, is_last: bool,
@@ -183,36 +187,40 @@ def schedule_microbatches(schedule) -> int:
 
 def pipeline_forward_backward(schedule, *, inputs: torch.Tensor, targets: torch.Tensor,
                               is_first: bool, is_last: bool, loss: PipelineLoss,
-                              loss_scale: float, autocast) -> torch.Tensor:
+                              loss_scale: float, autocast,
+                              documents: dict | None = None) -> torch.Tensor:
     """Forward and backward of one training micro-batch through the pipeline.
 
     Every pp rank passes its (identical) batch; only the first stage uses `inputs`, only the
     last `targets`. Gradients accumulate into the parts' `.grad`, scaled by `loss_scale`.
     Returns the unscaled token-loss sum (0-dim fp32, detached) on the last stage, 0 elsewhere.
+    `documents`: the model's document-masking keywords for this micro-batch, or None.
     """
     loss.scale = float(loss_scale)
     return _run(schedule.step, schedule, inputs=inputs, targets=targets, is_first=is_first,
-                is_last=is_last, loss=loss, autocast=autocast)
+                is_last=is_last, loss=loss, autocast=autocast, documents=documents)
 
 
 @torch.no_grad()
 def pipeline_eval_loss_sum(schedule, *, inputs: torch.Tensor, targets: torch.Tensor,
                            is_first: bool, is_last: bool, loss: PipelineLoss,
-                           autocast) -> torch.Tensor:
+                           autocast, documents: dict | None = None) -> torch.Tensor:
     """Forward-only token-loss sum of one micro-batch (torch's `schedule.eval`), no grads.
 
     Same conventions as `pipeline_forward_backward`. Call it between optimizer steps only: the
     switch to eval (and back) re-infers shapes, which clears `.grad` of FSDP parts.
     """
     return _run(schedule.eval, schedule, inputs=inputs, targets=targets, is_first=is_first,
-                is_last=is_last, loss=loss, autocast=autocast)
+                is_last=is_last, loss=loss, autocast=autocast, documents=documents)
 
 
 def _run(method, schedule, *, inputs: torch.Tensor, targets: torch.Tensor, is_first: bool,
-         is_last: bool, loss: PipelineLoss, autocast) -> torch.Tensor:
+         is_last: bool, loss: PipelineLoss, autocast, documents: dict | None
+         ) -> torch.Tensor:
     """`schedule.step` or `schedule.eval` on one micro-batch; the unscaled loss sum."""
     loss.token_loss_sums.clear()
-    args, kwargs = _step_args(inputs=inputs, targets=targets, is_first=is_first, is_last=is_last)
+    args, kwargs = _step_args(inputs=inputs, targets=targets, is_first=is_first, is_last=is_last,
+                              documents=documents)
     with autocast:
         method(*args, return_outputs=False, **kwargs)
     return _loss_sum(loss, n_microbatches=schedule_microbatches(schedule), is_last=is_last,

@@ -154,8 +154,9 @@ class _CheckpointCoreAttention(_Swapped):
 
     prefix = "RecomputeCore"
 
-    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return checkpoint(super().core_attention, q, k, v, use_reentrant=False)
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       **kwargs) -> torch.Tensor:
+        return checkpoint(super().core_attention, q, k, v, use_reentrant=False, **kwargs)
 
 
 class _OffloadForward(_Swapped):

@@ -7,7 +7,10 @@ tied or untied embeddings. Blocks live in `model.layers`, an `nn.ModuleDict` key
 not own without renumbering the rest. A stage also drops `tok_embeddings` (not first) or
 `norm`/`output` (not last); `forward` then takes or returns hidden states. The attention core and
 the SwiGLU product are methods of their own so recompute policies can target them by name, and
-context parallelism sets `rope_positions` and `Attention.core_attention` per rank.
+context parallelism sets `rope_positions`, `document_mask` and `Attention.context` per rank.
+Document masking (`data.document_mask`, parallel/documents.py): `forward(tokens, doc_ids=...,
+doc_positions=...)` builds one block-diagonal causal mask per forward for every block and
+gives RoPE each token's position inside its document.
 
 State-dict keys (training/export.py maps them to Hugging Face names):
   tok_embeddings.weight
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conf.spec import Llama3RopeScaling, ModelSpec
+from parallel.documents import local_document_mask, masked_attention
 
 
 class RMSNorm(nn.Module):
@@ -72,13 +76,25 @@ def llama3_inv_freq(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The two halves of the last dim swapped, (x1, x2) -> (x2, x1): Hugging Face's
+    rotate_half without its negation, which `signed_sin` folds into the sin table."""
     first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
+    return torch.cat((second, first), dim=-1)
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin table [..., head_dim] with its first half negated: (-sin1, sin2), so that
+    rotate_half(x) * signed_sin(sin) equals Hugging Face's (-x2, x1) * sin."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 def apply_rope(x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, heads, T, head_dim] by position; cos/sin are [T, head_dim]."""
-    return x * cos + rotate_half(x) * sin
+    """Rotate x [B, T, heads, head_dim] by position in the Hugging Face half-split layout
+    (x1 cos - x2 sin, x2 cos + x1 sin); cos and `signed_sin` tables broadcast against x as
+    [T, 1, head_dim] or [B, T, 1, head_dim]. One multiply, one swap and one fused
+    multiply-add, on x before the heads are transposed (contiguous)."""
+    return torch.addcmul(x * cos, rotate_half(x), sin)
 
 
 class Attention(nn.Module):
@@ -97,27 +113,45 @@ class Attention(nn.Module):
         self.context = None
         """Context parallel: a callable (q, k, v) -> out over the cp group, or None."""
 
-    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
+                mask=None) -> torch.Tensor:
+        """x [B, T, dim]; cos/sin from `Transformer.rope_tables`; `mask` from
+        `Transformer.document_mask` (None: plain causal attention)."""
         batch, seq, _ = x.shape
         # -1 for the head count lets tensor parallelism shard heads without touching this code.
-        q = self.wq(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(batch, seq, -1, self.head_dim)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        # cos/sin cover at least the sequence (all positions, or this cp rank's): slice here,
-        # where the sequence is whole again under sequence parallel.
-        assert seq <= cos.shape[0], f"sequence {seq} > the {cos.shape[0]} RoPE positions"
-        cos, sin = cos[:seq], sin[:seq]
-        q = apply_rope(q, cos=cos.to(q.dtype), sin=sin.to(q.dtype))
-        k = apply_rope(k, cos=cos.to(k.dtype), sin=sin.to(k.dtype))
-        out = self.core_attention(q, k, v)
+        cos, sin = rope_rows(cos, seq=seq), rope_rows(sin, seq=seq)
+        q = apply_rope(q, cos=cos.to(q.dtype), sin=sin.to(q.dtype)).transpose(1, 2)
+        k = apply_rope(k, cos=cos.to(k.dtype), sin=sin.to(k.dtype)).transpose(1, 2)
+        out = self.core_attention(q, k, v, mask=mask)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
-    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d) + causal mask) v on [B, heads, T, head_dim]."""
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                       mask=None) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + causal mask) v on [B, heads, T, head_dim]; with a
+        document `mask`, causal within each document only."""
         if self.context is not None:
-            return self.context(q, k, v)
+            return self.context(q, k, v, mask=mask)
+        if mask is not None:
+            return masked_attention(q, k, v, mask=mask)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                               enable_gqa=q.shape[1] != k.shape[1])
+
+
+def rope_rows(table: torch.Tensor, *, seq: int) -> torch.Tensor:
+    """A RoPE table as `apply_rope` takes it for a sequence of `seq` tokens: rows [N, head_dim]
+    (N >= seq; positions 0.. or this cp rank's) -> [seq, 1, head_dim]; per-token rows
+    [B, seq, head_dim] (document positions) -> [B, seq, 1, head_dim].
+
+    Sliced here, where the sequence is whole again under sequence parallel."""
+    if table.dim() == 2:
+        assert seq <= table.shape[0], f"sequence {seq} > the {table.shape[0]} RoPE positions"
+        table = table[:seq]
+    else:
+        assert table.shape[1] == seq, f"{table.shape[1]} RoPE positions for sequence {seq}"
+    return table.unsqueeze(-2)
 
 
 
@@ -148,8 +182,9 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(model.dim, eps=model.norm_eps)
         self.feed_forward = FeedForward(model)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos=cos, sin=sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask=None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos=cos, sin=sin, mask=mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -171,16 +206,27 @@ class Transformer(nn.Module):
                                theta=model.rope_theta, scaling=model.llama3_rope)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_sin_signed", signed_sin(sin), persistent=False)
         self.rope_positions: torch.Tensor | None = None
         """Global positions of this rank's tokens (context parallel); None = 0..T-1."""
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    document_mask = staticmethod(local_document_mask)
+    """doc_ids [B, T] of this rank's tokens -> the attention mask every block uses (one
+    sequence here; context parallelism sets one over its cp group's whole sequence)."""
+
+    def forward(self, tokens: torch.Tensor, *, doc_ids: torch.Tensor | None = None,
+                doc_positions: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, vocab]; a pipeline stage may take or give hidden
-        states [B, T, dim] instead (no tok_embeddings / no norm)."""
-        cos, sin = self.rope_tables()
+        states [B, T, dim] instead (no tok_embeddings / no norm).
+
+        Document masking (parallel/documents.py): `doc_ids` [B, T] and `doc_positions` [B, T]
+        of these tokens (this cp rank's share) keep attention inside each document and give
+        RoPE each token's position inside its document. None: one causal sequence."""
+        cos, sin = self.rope_tables(doc_positions)
+        mask = None if doc_ids is None else self.document_mask(doc_ids)
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for block in self.layers.values():
-            h = block(h, cos, sin)
+            h = block(h, cos, sin, mask=mask)
         if self.norm is None:
             return h
         h = self.norm(h)
@@ -188,12 +234,16 @@ class Transformer(nn.Module):
             return F.linear(h, self.tok_embeddings.weight)
         return self.output(h)
 
-    def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin rows for positions 0, 1, ... (or this context-parallel rank's positions);
-        each attention takes the first T rows, T its (whole) sequence length."""
-        if self.rope_positions is not None:
-            return self.rope_cos[self.rope_positions], self.rope_sin[self.rope_positions]
-        return self.rope_cos, self.rope_sin
+    def rope_tables(self, positions: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and `signed_sin` rows for `positions` (any shape, e.g. [B, T] positions inside
+        documents), else for this context-parallel rank's positions, else for 0, 1, ...
+        (each attention then takes the first T rows, T its whole sequence length)."""
+        if positions is None:
+            positions = self.rope_positions
+        if positions is None:
+            return self.rope_cos, self.rope_sin_signed
+        return self.rope_cos[positions], self.rope_sin_signed[positions]
 
     @torch.no_grad()
     def reset_rope_tables(self) -> None:
@@ -204,6 +254,7 @@ class Transformer(nn.Module):
                                device=self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
+        self.rope_sin_signed.copy_(signed_sin(sin))
 
 
 def build_model_on_meta(model: ModelSpec) -> Transformer:

@@ -48,6 +48,8 @@ class ParallelModel:
     zero1: Zero1Partition | None = None
     loss_parallel: bool = False
     """Logits stay sharded over the vocabulary (tp); cross entropy runs under loss_parallel."""
+    document_eos_id: int | None = None
+    """Document masking (data.document_mask): the token id that ends a document; None = off."""
 
     @classmethod
     def single(cls, model: nn.Module) -> "ParallelModel":
@@ -88,9 +90,14 @@ class ParallelModel:
 
 def build_parallel_model(spec: RunSpec, *, rank: int, device: torch.device) -> ParallelModel:
     dims = ParallelDims.from_spec(spec.parallel)
+    if spec.data.document_mask and spec.data.eos_id is None:
+        raise ValueError("data.document_mask=true, but the spec names no EOS token id "
+                         "(resolve() could not read one): resolve the run again where the "
+                         "data is readable")
     mesh = build_mesh(dims, device=device) if dims.world_size > 1 else None
     layout = ParallelModel(dims=dims, rank=rank, mesh=mesh, parts=[],
-                        loss_parallel=dims.tp > 1 and spec.parallel.loss_parallel)
+                        loss_parallel=dims.tp > 1 and spec.parallel.loss_parallel,
+                        document_eos_id=spec.data.eos_id if spec.data.document_mask else None)
     model = build_model_on_meta(spec.model)
     layout.parts = _split(model, spec, layout)
     del model

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from parallel.data_parallel import gradient_sync
+from parallel.documents import document_ids_and_positions
 from parallel.grad_norm import clip_grads
 from training.parallel_model import ParallelModel
 from training.loss import IGNORE_INDEX, token_cross_entropy_sum
@@ -48,10 +49,20 @@ def loss_context(model: ParallelModel):
 
 
 def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-                   autocast) -> torch.Tensor:
+                   autocast, documents: dict | None = None) -> torch.Tensor:
     with autocast:
-        logits = model(inputs)
+        logits = model(inputs, **(documents or {}))
     return token_cross_entropy_sum(logits, targets)
+
+
+def document_inputs(model: ParallelModel, inputs: torch.Tensor) -> dict:
+    """The model's document-masking keywords (`doc_ids`, `doc_positions`) for a whole
+    [B, T] batch `inputs`, cut to this rank's share like the tokens (context parallel);
+    {} when the run does not mask documents."""
+    if model.document_eos_id is None:
+        return {}
+    ids, positions = document_ids_and_positions(inputs, eos_id=model.document_eos_id)
+    return {"doc_ids": model.shard_tokens(ids), "doc_positions": model.shard_tokens(positions)}
 
 
 def _whole(loss_sum: torch.Tensor) -> torch.Tensor:
@@ -73,16 +84,18 @@ def forward_backward(model: ParallelModel, micro_batches: list, *, device: torch
     total = torch.zeros((), dtype=torch.float32, device=device)
     last = len(micro_batches) - 1
     for i, (inputs, targets) in enumerate(micro_batches):
-        inputs = model.shard_tokens(inputs.to(device, non_blocking=True))
+        inputs = inputs.to(device, non_blocking=True)
+        documents = document_inputs(model, inputs)
+        inputs = model.shard_tokens(inputs)
         targets = model.shard_tokens(targets.to(device, non_blocking=True))
         with gradient_sync(model.parts, sync=i == last):
             total += _micro_batch(model, inputs, targets, scale=scale, autocast=autocast,
-                                  scaler=scaler)
+                                  scaler=scaler, documents=documents)
     return StepLoss(local_loss_sum=total, global_tokens=global_tokens)
 
 
 def _micro_batch(model: ParallelModel, inputs: torch.Tensor, targets: torch.Tensor, *,
-                 scale: float, autocast, scaler) -> torch.Tensor:
+                 scale: float, autocast, scaler, documents: dict) -> torch.Tensor:
     if model.schedule is not None:
         from parallel.pipeline import pipeline_forward_backward
 
@@ -90,9 +103,9 @@ def _micro_batch(model: ParallelModel, inputs: torch.Tensor, targets: torch.Tens
         return pipeline_forward_backward(
             model.schedule, inputs=inputs, targets=targets, is_first=model.is_first_stage,
             is_last=model.is_last_stage, loss=model.pp_loss, loss_scale=loss_scale,
-            autocast=autocast)
+            autocast=autocast, documents=documents)
     with loss_context(model):
-        loss_sum = token_loss_sum(model.parts[0], inputs, targets, autocast)
+        loss_sum = token_loss_sum(model.parts[0], inputs, targets, autocast, documents)
         scaled = loss_sum * scale
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
     return _whole(loss_sum).detach()
@@ -130,15 +143,19 @@ def eval_loss_sum(model: ParallelModel, inputs: torch.Tensor, targets: torch.Ten
                   device: torch.device, autocast) -> tuple[float, int]:
     """(sum of token losses, tokens) of this rank's share of one validation batch; only
     ranks with `model.reports_loss` hold a loss (pipeline: the last stage)."""
-    inputs = model.shard_tokens(inputs.to(device))
+    inputs = inputs.to(device)
+    documents = document_inputs(model, inputs)
+    inputs = model.shard_tokens(inputs)
     targets = model.shard_tokens(targets.to(device))
     if model.schedule is not None:
         from parallel.pipeline import pipeline_eval_loss_sum
 
         loss_sum = pipeline_eval_loss_sum(
             model.schedule, inputs=inputs, targets=targets, is_first=model.is_first_stage,
-            is_last=model.is_last_stage, loss=model.pp_loss, autocast=autocast)
+            is_last=model.is_last_stage, loss=model.pp_loss, autocast=autocast,
+            documents=documents)
     else:
         with loss_context(model):
-            loss_sum = _whole(token_loss_sum(model.parts[0], inputs, targets, autocast))
+            loss_sum = _whole(token_loss_sum(model.parts[0], inputs, targets, autocast,
+                                             documents))
     return float(loss_sum), int((targets != IGNORE_INDEX).sum())

@@ -21,7 +21,7 @@ SECTIONS = {
     spec.CheckpointSpec: schema.CheckpointConfig, spec.ClusterSpec: schema.ClusterConfig,
     spec.LoggingSpec: schema.LoggingConfig,
 }
-ADDED = {spec.PrecisionSpec: ["compute_dtype"], spec.DataSpec: ["vocab_size"]}
+ADDED = {spec.PrecisionSpec: ["compute_dtype"], spec.DataSpec: ["vocab_size", "eos_id"]}
 
 
 @pytest.mark.parametrize("section", SECTIONS, ids=lambda c: c.__name__)

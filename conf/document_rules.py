@@ -1,0 +1,60 @@
+"""data.document_mask: which token ends a document, and the refusal when none is known.
+
+Document masking needs a token id that separates the documents packed into a training
+window. Only tokenized corpora have one: the EOS of the tokenizer a `meshrun data prepare`
+corpus was made with (its manifest records it), else the EOS of `data.tokenizer`. Byte-level
+stdlib text (source files joined by newlines) and synthetic tokens have none, and raw token
+files name none unless `data.tokenizer` does.
+"""
+from __future__ import annotations
+
+from conf.errors import ProblemList
+from conf.prepared import read_manifest
+from conf.schema import DataConfig, DataKind
+from conf.tokenizer_info import read_tokenizer_info
+
+KEY = "data.document_mask"
+FIX = ("use data=files data.prepared=DIR (made by `meshrun data prepare`: documents end with "
+       "the tokenizer's EOS), or name a tokenizer with an EOS token in data.tokenizer, "
+       "or set data.document_mask=false")
+
+
+def resolve_document_eos(d: DataConfig, problems: ProblemList) -> int | None:
+    """The token id that ends a document when data.document_mask is on (else None); a problem
+    when it is on and no separator is known. A broken data.prepared or data.tokenizer is
+    reported by its own rule, not again here."""
+    if not d.document_mask:
+        return None
+    if d.kind is not DataKind.files:
+        problems.add(KEY, True, f"data={d.kind.value} has no token that ends a document ("
+                     + ("byte-level text joined by newlines" if d.kind is DataKind.stdlib
+                        else "random tokens") + ")", FIX)
+        return None
+    sources = _eos_sources(d)
+    if any(eos is not None for _, eos in sources):
+        return next(eos for _, eos in sources if eos is not None)
+    if not sources:
+        problems.add(KEY, True, "raw token files name no end-of-document token", FIX)
+    elif all(where for where, _ in sources):
+        problems.add(KEY, True, f"{' and '.join(where for where, _ in sources)}: no EOS token "
+                     "known", FIX)
+    return None
+
+
+def _eos_sources(d: DataConfig) -> list[tuple[str, int | None]]:
+    """(where, EOS id or None) of data.prepared's manifest and data.tokenizer, those given;
+    `where` is empty when the source is unreadable (its own rule reports that)."""
+    sources = []
+    if d.prepared:
+        try:
+            tokenizer = read_manifest(d.prepared)["tokenizer"]
+            sources.append((f"the tokenizer {d.prepared} was prepared with",
+                            tokenizer.get("eos_id")))
+        except (ValueError, KeyError, TypeError):
+            sources.append(("", None))
+    if d.tokenizer:
+        try:
+            sources.append((f"tokenizer {d.tokenizer}", read_tokenizer_info(d.tokenizer).eos_id))
+        except ValueError:
+            sources.append(("", None))
+    return sources

@@ -1,0 +1,94 @@
+"""Document masking: several documents packed into one training window attend only within
+themselves, and RoPE positions restart at each document.
+
+Documents are separated by an end-of-sequence token (`data.document_mask`, resolved to
+`DataSpec.eos_id`). The EOS belongs to the document it ends; the token after it starts the next
+one. The first tokens of a window (up to and including its first EOS) are one document even
+when that document began in an earlier window.
+
+- `document_ids_and_positions`: per-token document index and position inside the document,
+  computed once per micro-batch from the whole (unsharded) input tokens.
+- `document_mask`: the attention mask "key position <= query position AND same document",
+  one formula (`_allowed`) used both as a boolean SDPA mask and, on CUDA where flex attention
+  exists, as the `mask_mod` of a flex-attention `BlockMask`. Queries and keys carry their own
+  ids and positions, so the same call serves one process (keys = queries) and context
+  parallelism (keys = the all-gathered sequence, positions global).
+- `masked_attention`: attention under such a mask (SDPA for a boolean mask, flex attention
+  for a `BlockMask`).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+
+def document_ids_and_positions(tokens: torch.Tensor, *, eos_id: int
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(document index, position inside the document), both LongTensor [B, T], of `tokens`
+    [B, T]. Document 0 runs to the first EOS (inclusive); each EOS ends its document."""
+    is_eos = (tokens == eos_id).long()
+    ids = torch.cumsum(is_eos, dim=1) - is_eos
+    index = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    starts_doc = torch.ones_like(is_eos, dtype=torch.bool)
+    starts_doc[:, 1:] = is_eos[:, :-1].bool()
+    doc_start = torch.cummax(torch.where(starts_doc, index, 0), dim=1).values
+    return ids, index - doc_start
+
+
+def _allowed(q_ids: torch.Tensor, k_ids: torch.Tensor, q_positions: torch.Tensor,
+             k_positions: torch.Tensor) -> torch.Tensor:
+    """Query may attend key: causal by (global) position, and the same document."""
+    return (q_positions >= k_positions) & (q_ids == k_ids)
+
+
+def document_mask(q_ids: torch.Tensor, k_ids: torch.Tensor, *, q_positions: torch.Tensor,
+                  k_positions: torch.Tensor, flex: bool | None = None):
+    """The mask of `_allowed` for queries with document ids `q_ids` [B, Tq] at sequence
+    positions `q_positions` [Tq] over keys `k_ids` [B, Tk] at `k_positions` [Tk].
+
+    A flex-attention `BlockMask` when `flex` (default: on CUDA where torch has flex
+    attention), else a boolean tensor [B, 1, Tq, Tk] for SDPA (exact on every device).
+    """
+    if flex is None:
+        flex = q_ids.is_cuda and _flex_available()
+    if not flex:
+        return _allowed(q_ids[:, None, :, None], k_ids[:, None, None, :],
+                        q_positions[:, None], k_positions[None, :])
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b, h, q, kv):
+        return _allowed(q_ids[b, q], k_ids[b, kv], q_positions[q], k_positions[kv])
+
+    return create_block_mask(mask_mod, q_ids.shape[0], None, q_ids.shape[1], k_ids.shape[1],
+                             device=q_ids.device)
+
+
+def local_document_mask(doc_ids: torch.Tensor):
+    """`document_mask` of one whole sequence (no context parallelism): positions 0..T-1."""
+    positions = torch.arange(doc_ids.shape[1], device=doc_ids.device)
+    return document_mask(doc_ids, doc_ids, q_positions=positions, k_positions=positions)
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) under `mask`) v on [B, heads, T, head_dim] (k/v heads may
+    divide q heads); `mask` from `document_mask`."""
+    gqa = q.shape[1] != k.shape[1]
+    if isinstance(mask, torch.Tensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return _compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=gqa)
+
+
+@functools.cache
+def _flex_available() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+@functools.cache
+def _compiled_flex_attention():
+    """flex attention is only fast compiled (eager runs a slow reference); compile it once."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)

@@ -1,0 +1,244 @@
+"""Document masking in one process (parallel/documents.py, training/model.py): document ids
+and positions from EOS tokens, a packed batch equal to its documents run one by one (per
+document losses and logits, RoPE rows, gradients; fp32), the knob off leaving the model's
+plain causal path untouched, and resolve() refusing data.document_mask where no token ends a
+document. The tp / cp / pp layouts: tests/distributed/test_document_mask_layouts.py."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conf.compose import compose_config
+from conf.errors import ConfigError
+from conf.resolve import resolve
+from conf.spec import HostSpec
+from parallel.documents import document_ids_and_positions
+from tests.unit._specs import tiny_model_spec
+from training.loss import IGNORE_INDEX
+from training.model import build_model
+from training.parallel_model import ParallelModel
+from training.step import forward_backward, token_loss_sum
+
+CPU = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=8)
+NO_AUTOCAST = torch.autocast("cpu", enabled=False)
+EOS = 3
+RTOL, ATOL = 1e-5, 1e-6
+"""fp32: packed and one-by-one run different matmul shapes, so rounding differs (~1e-7)."""
+
+
+def packed_documents(lengths: list[list[int]], *, seed: int = 0) -> list[list[torch.Tensor]]:
+    """Per row, documents of the given lengths: random ids (never EOS) ending in EOS; a row's
+    last document may be cut by the window (its length then counts no EOS)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for row in lengths:
+        docs = []
+        for i, length in enumerate(row):
+            doc = torch.randint(EOS + 1, 256, (length,), generator=gen)
+            if i < len(row) - 1 or length % 2 == 0:  # some rows end mid-document
+                doc[-1] = EOS
+            docs.append(doc)
+        rows.append(docs)
+    return rows
+
+
+def packed_batch(rows: list[list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) [B, T]: next-token targets, ignored where the input ends a document
+    (the next document's first token is not the document's to predict)."""
+    inputs = torch.stack([torch.cat(docs) for docs in rows])
+    targets = torch.full_like(inputs, IGNORE_INDEX)
+    targets[:, :-1] = inputs[:, 1:]
+    targets[inputs == EOS] = IGNORE_INDEX
+    return inputs, targets
+
+
+def document_batches(rows: list[list[torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each document alone as a [1, len] batch, with the targets `packed_batch` gives it."""
+    batches = []
+    for docs in rows:
+        for doc in docs:
+            targets = torch.full_like(doc, IGNORE_INDEX)
+            targets[:-1] = doc[1:]
+            batches.append((doc[None], targets[None]))
+    return batches
+
+
+LENGTHS = [[7, 12, 13], [5, 9, 10, 8]]  # two rows of 32 tokens; row 1 ends mid-document
+
+
+def test_ids_and_positions_restart_after_each_eos():
+    tokens = torch.tensor([[5, 6, EOS, 7, EOS, EOS, 8, 9],
+                           [EOS, 4, 4, 4, 4, EOS, 4, 4]])
+    ids, positions = document_ids_and_positions(tokens, eos_id=EOS)
+    assert ids.tolist() == [[0, 0, 0, 1, 1, 2, 3, 3], [0, 1, 1, 1, 1, 1, 2, 2]]
+    assert positions.tolist() == [[0, 1, 2, 0, 1, 0, 0, 1], [0, 0, 1, 2, 3, 4, 0, 1]]
+
+
+def _recording_rope_inputs(model) -> list[torch.Tensor]:
+    """Record the rotated queries every attention core receives (first layer only)."""
+    seen = []
+    attention = model.layers["0"].attention
+    core = attention.core_attention
+
+    def record(q, k, v, **kwargs):
+        seen.append(q.detach())
+        return core(q, k, v, **kwargs)
+
+    attention.core_attention = record
+    return seen
+
+
+def test_packed_equals_documents_one_by_one():
+    """Per document: logits, first-layer rotated queries (RoPE restarts per document) and
+    loss equal the document run alone; gradients equal the sum over documents."""
+    torch.manual_seed(0)
+    model = build_model(tiny_model_spec(), device=torch.device("cpu"), seed=7)
+    rows = packed_documents(LENGTHS)
+    inputs, targets = packed_batch(rows)
+    queries = _recording_rope_inputs(model)
+    layout = ParallelModel.single(model)
+    layout.document_eos_id = EOS
+    loss = forward_backward(layout, [(inputs, targets)], device=torch.device("cpu"),
+                            autocast=NO_AUTOCAST)
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    ids, positions = document_ids_and_positions(inputs, eos_id=EOS)
+    with torch.no_grad():
+        logits = model(inputs, doc_ids=ids, doc_positions=positions)
+    packed_q = queries[-1]
+
+    total = 0.0
+    starts = [[sum(len(d) for d in docs[:i]) for i in range(len(docs))] for docs in rows]
+    batches = iter(document_batches(rows))
+    n_targets = int((targets != IGNORE_INDEX).sum())
+    for row, docs in enumerate(rows):
+        for doc, start in zip(docs, starts[row]):
+            x, y = next(batches)
+            part = slice(start, start + len(doc))
+            one = token_loss_sum(model, x, y, NO_AUTOCAST)
+            (one / n_targets).backward()
+            torch.testing.assert_close(queries[-1][0], packed_q[row, :, part], rtol=RTOL,
+                                       atol=ATOL)
+            with torch.no_grad():
+                torch.testing.assert_close(model(x)[0], logits[row, part], rtol=RTOL, atol=ATOL)
+            packed_doc_loss = torch.nn.functional.cross_entropy(
+                logits[row, part], targets[row, part], ignore_index=IGNORE_INDEX,
+                reduction="sum")
+            torch.testing.assert_close(packed_doc_loss, one.detach(), rtol=RTOL, atol=ATOL)
+            total += float(one.detach())
+    assert loss.global_tokens == n_targets
+    assert float(loss.local_loss_sum) == pytest.approx(total, rel=RTOL)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(packed_grads[name], param.grad, rtol=RTOL, atol=ATOL,
+                                   msg=lambda m, n=name: f"grad {n}: {m}")
+
+
+def test_knob_off_keeps_the_plain_causal_model():
+    """document_eos_id None (data.document_mask=false): the step calls the model without
+    document keywords, so it is bit for bit the plain causal model, EOS tokens or not."""
+    model = build_model(tiny_model_spec(), device=torch.device("cpu"), seed=7)
+    inputs, targets = packed_batch(packed_documents(LENGTHS))
+    loss = forward_backward(ParallelModel.single(model), [(inputs, targets)],
+                            device=torch.device("cpu"), autocast=NO_AUTOCAST)
+    with torch.no_grad():
+        plain = token_loss_sum(model, inputs, targets, NO_AUTOCAST)
+        masked = token_loss_sum(model, inputs, targets, NO_AUTOCAST,
+                                dict(zip(("doc_ids", "doc_positions"),
+                                         document_ids_and_positions(inputs, eos_id=EOS))))
+    assert torch.equal(loss.local_loss_sum, plain)
+    assert abs(float(masked) - float(plain)) > 1e-2  # the mask matters on this batch
+
+
+def _tokenizer(tmp_path, *, with_eos: bool) -> str:
+    vocab = {chr(ord("a") + i): i for i in range(8)}
+    added = [{"content": "</s>", "id": 8}] if with_eos else []
+    path = tmp_path / ("eos" if with_eos else "no_eos") / "tokenizer.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab, "merges": []},
+                                "added_tokens": added}))
+    return str(path)
+
+
+def _resolve(*overrides: str):
+    cfg = compose_config(["model=tiny", "logging=disabled", *overrides])
+    return resolve(cfg, host=CPU, check_paths=False)
+
+
+FILES = ("data=files", "data.train_files=/data/train.bin", "data.val_files=/data/val.bin")
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    (("data=stdlib",), "data=stdlib has no token that ends a document"),
+    (("data=synthetic",), "data=synthetic has no token that ends a document"),
+    (FILES, "raw token files name no end-of-document token"),
+])
+def test_resolve_refuses_document_mask_without_a_separator(overrides, reason):
+    with pytest.raises(ConfigError) as info:
+        _resolve(*overrides, "data.document_mask=true")
+    message = str(info.value)
+    assert "data.document_mask=true:" in message and reason in message
+    assert "data.prepared" in message and "data.document_mask=false" in message  # the fix
+
+
+def test_resolve_takes_the_tokenizer_eos_or_refuses_one_without(tmp_path):
+    spec = _resolve(*FILES, f"data.tokenizer={_tokenizer(tmp_path, with_eos=True)}",
+                    "data.document_mask=true")
+    assert spec.data.document_mask and spec.data.eos_id == 8
+    no_eos = _tokenizer(tmp_path, with_eos=False)
+    with pytest.raises(ConfigError, match="no EOS token known"):
+        _resolve(*FILES, f"data.tokenizer={no_eos}", "data.document_mask=true")
+    off = _resolve(*FILES, f"data.tokenizer={no_eos}")
+    assert not off.data.document_mask and off.data.eos_id is None
+
+
+def test_flex_block_mask_equals_the_sdpa_mask():
+    """The flex-attention BlockMask (CUDA's path) allows exactly what the boolean SDPA mask
+    allows: a context-parallel-like shard of queries over the whole sequence, lengths that are
+    not multiples of flex's block size. Eager flex attention on CPU (slow, exact)."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from parallel.documents import document_mask, masked_attention
+
+    torch.manual_seed(0)
+    tokens = torch.randint(EOS + 1, 50, (2, 40))
+    tokens[0, [5, 17, 30]] = EOS
+    tokens[1, [9, 10]] = EOS
+    ids, _ = document_ids_and_positions(tokens, eos_id=EOS)
+    q_pos = torch.tensor([*range(0, 10), *range(30, 40)])  # cp rank 0 of 2, balanced
+    k_pos = torch.arange(40)
+    q, k, v = torch.randn(2, 4, 20, 8), torch.randn(2, 2, 40, 8), torch.randn(2, 2, 40, 8)
+    masks = {flex: document_mask(ids[:, q_pos], ids, q_positions=q_pos, k_positions=k_pos,
+                                 flex=flex) for flex in (False, True)}
+    assert isinstance(masks[False], torch.Tensor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
+        out = flex_attention(q, k, v, block_mask=masks[True], enable_gqa=True)
+    torch.testing.assert_close(out, masked_attention(q, k, v, mask=masks[False]))
+
+
+@pytest.mark.parametrize("policy", ["full", "ops_attention", "attention"])
+def test_recompute_passes_the_document_mask_through(policy):
+    """Recompute re-runs blocks / the attention core with the same document mask: the same
+    loss and gradients as without recompute."""
+    from parallel.recompute import apply_recompute
+    from tests.unit.test_recompute import POLICIES
+
+    inputs, targets = packed_batch(packed_documents(LENGTHS))
+    results = []
+    for recompute in (None, POLICIES[policy]):
+        model = build_model(tiny_model_spec(), device=torch.device("cpu"), seed=7)
+        if recompute is not None:
+            apply_recompute(model, recompute=recompute)
+        layout = ParallelModel.single(model)
+        layout.document_eos_id = EOS
+        loss = forward_backward(layout, [(inputs, targets)], device=torch.device("cpu"),
+                                autocast=NO_AUTOCAST)
+        results.append((loss.local_loss_sum, {n: p.grad for n, p in model.named_parameters()}))
+    (loss, grads), (ref_loss, ref_grads) = results[1], results[0]
+    torch.testing.assert_close(loss, ref_loss, rtol=RTOL, atol=ATOL)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=RTOL, atol=ATOL)
