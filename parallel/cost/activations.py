@@ -24,8 +24,6 @@ from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, RecomputeSpec
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 FP32 = 4
-TARGET_BYTES = 8  # int64 target id per token
-MASK_BYTES = 1  # bool causal mask (context parallel)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +36,8 @@ class ActivationDtypes:
     """Matmul and attention outputs."""
     autocast: bool
     """Each matmul keeps its own compute-dtype copy of its input (autocast over fp32 weights)."""
+    casts_block_inputs: bool = False
+    """FSDP mixed precision casts each block's float inputs: the whole RoPE tables."""
 
     @classmethod
     def uniform(cls, nbytes: int) -> "ActivationDtypes":
@@ -50,7 +50,8 @@ def activation_dtypes(precision: PrecisionSpec, *, uses_fsdp: bool) -> Activatio
     if compute >= FP32:
         return ActivationDtypes.uniform(FP32)
     if uses_fsdp:
-        return ActivationDtypes(residual=compute, compute=compute, autocast=False)
+        return ActivationDtypes(residual=compute, compute=compute, autocast=False,
+                                casts_block_inputs=True)
     return ActivationDtypes(residual=FP32, compute=compute, autocast=True)
 
 
@@ -151,30 +152,73 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
 def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, seq: int,
                                 device_type: str, dtypes: ActivationDtypes,
                                 split: ActivationSplit = FP32_SPLIT) -> int:
-    """Bytes one block keeps per micro-batch that do not scale with its tokens: the RoPE
-    tables cast to the compute dtype (four [seq, head_dim], when q/k are not fp32) and,
-    under context parallelism, the [seq/cp, seq] causal mask. `seq`: the rank's sequence."""
+    """Bytes one block keeps per micro-batch that do not scale with its tokens. `seq`: the
+    rank's sequence (its cp share).
+    RoPE tables: under FSDP mixed precision the block's inputs are cast before it runs (and
+    kept whatever the policy): cos and sin whole, [max_seq_len, head_dim] (under cp the
+    rank's [seq, head_dim] rows); otherwise, when q/k are not fp32, the attention casts four
+    [seq, head_dim] slices (re-computed under full / block / ops).
+    Context parallelism: SDPA's additive mask in the compute dtype, [seq, seq x cp], made from
+    the bool causal mask (unless attention re-computes)."""
     mode = RecomputeMode(recompute.mode)
     if mode is RecomputeMode.offload and device_type != "cpu":
         return 0
     targets = selective_targets(recompute)
+    if dtypes.casts_block_inputs:
+        rope = 2 * (model.max_seq_len if split.cp == 1 else seq) * model.head_dim * dtypes.compute
+    else:
+        rope = 4 * seq * model.head_dim * dtypes.compute if dtypes.compute != FP32 else 0
     if mode is RecomputeMode.full or {"block", "ops"} & targets:
-        return 0  # re-computed: the region keeps only matmul/attention outputs
-    rope = 4 * seq * model.head_dim * dtypes.compute if dtypes.compute != FP32 else 0
-    attention_recomputed = "attention" in targets
-    mask = (MASK_BYTES * seq * seq * split.cp
-            if split.cp > 1 and not attention_recomputed else 0)
+        return rope if dtypes.casts_block_inputs else 0
+    mask = (dtypes.compute * seq * seq * split.cp
+            if split.cp > 1 and "attention" not in targets else 0)
     return rope + mask
+
+
+def rope_rows_bytes(model: ModelSpec, *, recompute: RecomputeSpec, layers: list[int],
+                    seq: int, dtypes: ActivationDtypes, split: ActivationSplit) -> int:
+    """Under cp the model indexes this rank's rows of the fp32 RoPE tables once per forward
+    (training/model.py `rope_tables`); they are kept when fp32 attention saves them or a
+    checkpointed block keeps them as its inputs (not when FSDP casts them first)."""
+    if split.cp == 1 or dtypes.casts_block_inputs or not layers:
+        return 0
+    checkpointed = any(_checkpoints_block(recompute, layer) for layer in layers)
+    if dtypes.compute != FP32 and not checkpointed:
+        return 0
+    return 2 * seq * model.head_dim * FP32
+
+
+def embedding_bytes_per_token(model: ModelSpec, *, dtypes: ActivationDtypes,
+                              split: ActivationSplit = FP32_SPLIT,
+                              recompute: RecomputeSpec | None = None) -> Fraction:
+    """Under tp, the vocabulary-parallel embedding's output redistribution (DTensor) keeps
+    copies beside the first block's input (measured on gloo ranks, not derived): two of the
+    whole sequence without sequence parallel; with it, two of the rank's share, and a third
+    unless block 0 is checkpointed whole (full, block, ops: its checkpoint keeps the input it
+    was given, not the norm's own view). Nothing without tp."""
+    if split.tp == 1:
+        return Fraction(0)
+    if not split.sequence_parallel:
+        return Fraction(2 * dtypes.residual * model.dim)
+    copies = 2 if recompute is not None and _checkpoints_block(recompute, 0) else 3
+    return Fraction(copies * dtypes.residual * model.dim, split.tp)
+
+
+def _checkpoints_block(recompute: RecomputeSpec, layer: int) -> bool:
+    return recompute.applies_to(layer) and (
+        RecomputeMode(recompute.mode) is RecomputeMode.full
+        or bool({"block", "ops"} & selective_targets(recompute)))
 
 
 def head_bytes_per_token(model: ModelSpec, *, dtypes: ActivationDtypes,
                          split: ActivationSplit = FP32_SPLIT) -> Fraction:
     """The final norm (its core ÷ tp with SP; its output whole, all-gathered for the head),
-    the fp32 log-softmax of `logits.float()` that cross entropy keeps (4 bytes a logit,
-    ÷ tp with loss_parallel, the whole vocabulary without), and the int64 target."""
+    and the fp32 log-softmax of `logits.float()` that cross entropy keeps (4 bytes a logit,
+    ÷ tp with loss_parallel, the whole vocabulary without). The targets are the batch's,
+    not activations."""
     return (Fraction(_norm_core(model, dtypes), split.sequence_share)
             + _norm_output(model, dtypes, matmuls=1)
-            + Fraction(FP32 * model.vocab_size, split.vocab_share) + TARGET_BYTES)
+            + Fraction(FP32 * model.vocab_size, split.vocab_share))
 
 
 def loss_peak_bytes(model: ModelSpec, *, tokens: int, dtypes: ActivationDtypes,
@@ -214,10 +258,11 @@ def activation_bytes(model: ModelSpec, *, tokens: int, recompute: RecomputeSpec,
                      device_type: str, dtype_bytes: int = FP32,
                      dtypes: ActivationDtypes | None = None,
                      split: ActivationSplit = FP32_SPLIT, micro_batch: int = 1,
-                     layers: list[int] | None = None, with_head: bool = True) -> int:
+                     layers: list[int] | None = None, with_head: bool = True,
+                     with_embedding: bool = True) -> int:
     """Bytes kept for backward in `device_type` memory by one micro-batch of `tokens` tokens
-    (`micro_batch` sequences; targets included) in blocks `layers` (default: all) and,
-    `with_head`, the final norm and loss; `dtypes` (default: every activation `dtype_bytes`).
+    (`micro_batch` sequences) in blocks `layers` (default: all), `with_head` the final norm
+    and loss, `with_embedding` the embedding's own; `dtypes` (default: every activation `dtype_bytes`).
     The policy covers the blocks `RecomputeSpec.applies_to` picks; the other blocks keep
     what none keeps."""
     dtypes = dtypes or ActivationDtypes.uniform(dtype_bytes)
@@ -232,8 +277,13 @@ def activation_bytes(model: ModelSpec, *, tokens: int, recompute: RecomputeSpec,
         total += block_bytes_per_micro_batch(model, recompute=policy, seq=seq,
                                              device_type=device_type,
                                              dtypes=dtypes, split=split)
+    total += rope_rows_bytes(model, recompute=recompute, layers=layers, seq=seq,
+                             dtypes=dtypes, split=split)
     if with_head:
         total += tokens * head_bytes_per_token(model, dtypes=dtypes, split=split)
+    if with_embedding:
+        total += tokens * embedding_bytes_per_token(model, dtypes=dtypes, split=split,
+                                                    recompute=recompute)
     return int(total)
 
 

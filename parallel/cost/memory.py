@@ -213,13 +213,16 @@ def layout_activation_bytes(spec: RunSpec, rank: int) -> int:
                   device_type=t.device, split=ActivationSplit.of(p),
                   dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))
     layers = held_layers(spec, pp_rank)
-    blocks = activation_bytes(spec.model, layers=layers, with_head=False, **kwargs)
+    blocks = activation_bytes(spec.model, layers=layers, with_head=False,
+                              with_embedding=False, **kwargs)
     chunks = pipeline_in_flight(p, pp_rank)
     total = blocks * chunks // p.pp_virtual_stages if p.pp > 1 else blocks
     if pp_rank == p.pp - 1:
         heads = p.pp_microbatches if p.pp > 1 and p.pp_schedule == "gpipe" else 1
-        head = activation_bytes(spec.model, layers=[], with_head=True, **kwargs)
-        total += heads * head
+        total += heads * activation_bytes(spec.model, layers=[], with_embedding=False, **kwargs)
+    if pp_rank == 0:
+        first = p.pp_microbatches if p.pp > 1 and p.pp_schedule == "gpipe" else chunks
+        total += first * activation_bytes(spec.model, layers=[], with_head=False, **kwargs)
     return total
 
 
