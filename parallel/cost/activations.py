@@ -65,11 +65,13 @@ class ActivationSplit:
     loss_parallel: bool = False
     """With tp: logits stay split over the vocabulary (else every rank holds all of it)."""
     cp: int = 1
+    fsdp: bool = False
+    """FSDP2 wraps the model (zero 2/3 over more than one rank)."""
 
     @classmethod
     def of(cls, p: ParallelSpec) -> "ActivationSplit":
         return cls(tp=p.tp, sequence_parallel=p.sequence_parallel,
-                   loss_parallel=p.loss_parallel, cp=p.cp)
+                   loss_parallel=p.loss_parallel, cp=p.cp, fsdp=p.uses_fsdp)
 
     @property
     def sequence_share(self) -> int:
@@ -195,13 +197,14 @@ def embedding_bytes_per_token(model: ModelSpec, *, dtypes: ActivationDtypes,
     copies beside the first block's input (measured on gloo ranks, not derived): two of the
     whole sequence without sequence parallel; with it, two of the rank's share, and a third
     unless block 0 is checkpointed whole (full, block, ops: its checkpoint keeps the input it
-    was given, not the norm's own view). Nothing without tp."""
+    was given, not the norm's own view); one more of the rank's share under FSDP. Nothing
+    without tp."""
     if split.tp == 1:
         return Fraction(0)
     if not split.sequence_parallel:
         return Fraction(2 * dtypes.residual * model.dim)
     copies = 2 if recompute is not None and _checkpoints_block(recompute, 0) else 3
-    return Fraction(copies * dtypes.residual * model.dim, split.tp)
+    return Fraction((copies + split.fsdp) * dtypes.residual * model.dim, split.tp)
 
 
 def _checkpoints_block(recompute: RecomputeSpec, layer: int) -> bool:

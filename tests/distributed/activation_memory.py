@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 
 import torch
 from torch import nn
@@ -65,6 +66,21 @@ def _live_bytes(ref: StorageWeakRef) -> int:
     return torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes()
 
 
+def _settled(count, *, reads: int = 3, pause_s: float = 0.02, tries: int = 50) -> int:
+    """`count()` once it stops changing: gloo releases a finished collective's buffers (the
+    gathered logits, say) from its own thread a moment after the op returns, and storages
+    are only freed, never made, between reads."""
+    last, same = count(), 1
+    for _ in range(tries):
+        if same == reads:
+            break
+        time.sleep(pause_s)
+        value = count()
+        same = same + 1 if value == last else 1
+        last = value
+    return last
+
+
 def _weights(layout) -> set[int]:
     return {_key(t) for part in layout.parts for t in [*part.parameters(), *part.buffers()]}
 
@@ -94,7 +110,8 @@ def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tenso
             for key, ref in recorder.refs.items():
                 if key not in excluded and _live_bytes(ref):
                     print(_live_bytes(ref), recorder.info.get(key), flush=True)
-        kept = sum(_live_bytes(ref) for key, ref in recorder.refs.items() if key not in excluded)
+        kept = _settled(lambda: sum(_live_bytes(ref) for key, ref in recorder.refs.items()
+                                    if key not in excluded))
     finally:
         gc.unfreeze()
     with loss_context(layout):
