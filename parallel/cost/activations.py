@@ -292,14 +292,14 @@ def activation_bytes(model: ModelSpec, *, tokens: int, recompute: RecomputeSpec,
 
 def pipeline_in_flight(p: ParallelSpec, pp_rank: int) -> int:
     """Micro-batches x virtual stages (chunks) whose activations a pipeline rank holds at
-    once: all of them under GPipe; under 1F1B the warm-up depth, pp - pp_rank; under
+    once: all of them under GPipe and looped BFS; under 1F1B the warm-up depth, pp - pp_rank; under
     interleaved 1F1B torch's warm-up (pipelining/schedules.py `_get_warmup_ops`) plus the
     chunk in its first backward: (v - 1) x micro-batches per round + 2 (pp - 1 - pp_rank) + 1.
     Each chunk holds one virtual stage's blocks (`pipeline_layers_per_chunk`)."""
     if p.pp == 1:
         return 1
     v, m = p.pp_virtual_stages, p.pp_microbatches
-    if p.pp_schedule == "gpipe":
+    if p.pp_schedule in ("gpipe", "looped_bfs"):  # every forward before any backward
         return m * v
     if v == 1:
         return min(m, p.pp - pp_rank)

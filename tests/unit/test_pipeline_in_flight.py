@@ -2,14 +2,19 @@
 op lists torch's schedules really run: the largest number of (micro-batch, virtual stage)
 chunks a rank has run forward and not yet backward. Interleaved 1F1B: torch's own
 `ScheduleInterleaved1F1B._calculate_single_rank_operations`; 1F1B: its warm-up rule
-(pipelining/schedules.py `Schedule1F1B`: min(micro-batches, stages - stage))."""
+(pipelining/schedules.py `Schedule1F1B`: min(micro-batches, stages - stage)); looped BFS:
+`ScheduleLoopedBFS._calculate_single_rank_operations`."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import types
 
-from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+from torch.distributed.pipelining.schedules import (
+    ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
+    _ComputationType,
+)
 
 from parallel.cost.activations import pipeline_in_flight
 from tests.support.specs import cpu_spec
@@ -24,12 +29,13 @@ def _parallel(**fields):
     return dataclasses.replace(_pp_base(), **fields)
 
 
-def _torch_in_flight(*, pp: int, v: int, m: int, rank: int) -> int:
+def _torch_in_flight(*, pp: int, v: int, m: int, rank: int,
+                     schedule=ScheduleInterleaved1F1B) -> int:
     rounds = max(1, m // pp)
     fake = types.SimpleNamespace(n_local_stages=v, pp_group_size=pp, _n_microbatches=m,
                                  number_of_rounds=rounds, microbatches_per_round=m // rounds,
                                  _stages=[None] * v)
-    ops = ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, rank)
+    ops = schedule._calculate_single_rank_operations(fake, rank)
     alive = most = 0
     for op in ops:
         if op is None:
@@ -52,6 +58,14 @@ def test_interleaved_in_flight_is_what_torchs_schedule_runs():
                 for rank in range(pp):
                     assert pipeline_in_flight(p, rank) == _torch_in_flight(
                         pp=pp, v=v, m=m, rank=rank), (pp, v, m, rank)
+
+
+def test_looped_bfs_in_flight_is_what_torchs_schedule_runs():
+    for pp, v, m in ((2, 2, 4), (4, 2, 8), (4, 3, 4)):
+        p = _parallel(pp=pp, pp_virtual_stages=v, pp_microbatches=m, pp_schedule="looped_bfs")
+        for rank in range(pp):
+            assert pipeline_in_flight(p, rank) == _torch_in_flight(
+                pp=pp, v=v, m=m, rank=rank, schedule=ScheduleLoopedBFS), (pp, v, m, rank)
 
 
 def test_1f1b_and_gpipe_in_flight():
