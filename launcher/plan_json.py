@@ -7,9 +7,10 @@ times seconds. Keys (schema "meshrun.plan/1"):
 - params: {total, non_embedding, embedding}
 - flops: {per_token, per_step, convention, attention ("full" | "causal")}
 - memory_bytes: the fullest rank, by kind: {params, grads, optimizer, master_weights,
-  weight_copies, activations} and by phase: {static (between steps: params + grads +
-  optimizer + master_weights), peak (backward's start: static + weight_copies +
-  activations)}
+  weight_copies, activations, loss_peak (the transient at the loss beyond the kept
+  activations: parallel.cost.activations.loss_peak_bytes)} and by phase: {static (between
+  steps: params + grads + optimizer + master_weights), peak (static + weight_copies +
+  activations + loss_peak)}
 - verdict: {fits (true | false | null: no verdict), need_bytes, device_bytes,
   usable_bytes, margin_bytes (usable - need), basis, line}
 - step_time: {step_s, run_hours, gpu_hours, assumed_mfu, peak_flops, peak_source} or null
@@ -45,6 +46,7 @@ def plan_json(spec: RunSpec, plan: Plan, suggestions: list) -> dict:
         "memory_bytes": {"params": m.params, "grads": m.grads, "optimizer": m.optimizer,
                          "master_weights": m.master_weights,
                          "weight_copies": m.weight_copies, "activations": m.activations,
+                         "loss_peak": m.loss_peak,
                          "static": m.static, "peak": m.total},
         "verdict": {"fits": v.fits, "need_bytes": v.need_bytes, "device_bytes": v.device_bytes,
                     "usable_bytes": v.usable_bytes, "margin_bytes": v.margin_bytes,

@@ -80,8 +80,9 @@ def _memory_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
         ("  master weights", f"{gib(m.master_weights)} (parameters are the fp32 masters)"),
         ("  weight copies", f"{gib(m.weight_copies)} ({_weight_copies_note(spec)}; "
                             "forward to backward)"),
-        ("  activations", f"{gib(m.activations)} (estimate: micro-batches in flight, "
-                          "recompute policy applied)"),
+        ("  activations", f"{gib(m.activations)} (kept for backward: pipeline chunks in "
+                          "flight, recompute policy, dtype, tp/sp/cp split)"),
+        ("  loss peak", f"{gib(m.loss_peak)} (transient at the loss, beyond what is kept)"),
     ]
 
 

@@ -1,18 +1,243 @@
-"""Activation bytes kept for backward, per block and per micro-batch. Torch-free."""
+"""Activation bytes kept for backward, per block and per micro-batch. Torch-free.
+
+What the code really saves (training/model.py, training/loss.py, parallel/*.py), by dtype regime
+(`ActivationDtypes`), measured per tensor with saved-tensor hooks and exact per block in
+tests/unit/test_activation_dtypes.py:
+- fp32: every activation 4 bytes.
+- autocast (bf16/fp16 compute without FSDP; parameters stay fp32): the residual stream, every
+  RMSNorm and the norm outputs stay fp32; matmul and attention outputs are in the compute
+  dtype; each matmul casts its input for itself, so wq, wk and wv each keep their own copy of
+  the attention norm's output and w1 and w3 of the ffn norm's.
+- FSDP mixed precision (parameters gathered in the compute dtype): the residual stream and
+  norm outputs are in the compute dtype; RMSNorm upcasts its input to fp32 and keeps it.
+In every regime RMSNorm keeps an fp32 input (the input itself or its upcast), its rsqrt, its
+normalised value (residual dtype) and its output (above); the RoPE tables are cast per
+attention when q/k are not fp32 (four [seq, head_dim] copies per block).
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from fractions import Fraction
+
 from conf.schema import RecomputeMode
-from conf.spec import ModelSpec, ParallelSpec, RecomputeSpec
+from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, RecomputeSpec
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-TARGET_BYTES = 8  # int64 target id per token
+FP32 = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationDtypes:
+    """Bytes per element of what a block keeps (see the module docstring)."""
+
+    residual: int
+    """The residual stream, the normalised values and (without autocast) the norm outputs."""
+    compute: int
+    """Matmul and attention outputs."""
+    autocast: bool
+    """Each matmul keeps its own compute-dtype copy of its input (autocast over fp32 weights)."""
+    casts_block_inputs: bool = False
+    """FSDP mixed precision casts each block's float inputs: the whole RoPE tables."""
+
+    @classmethod
+    def uniform(cls, nbytes: int) -> "ActivationDtypes":
+        return cls(residual=nbytes, compute=nbytes, autocast=False)
+
+
+def activation_dtypes(precision: PrecisionSpec, *, uses_fsdp: bool) -> ActivationDtypes:
+    """The regime a run's blocks compute in: fp32, FSDP mixed precision or autocast."""
+    compute = DTYPE_BYTES[precision.compute_dtype.value]
+    if compute >= FP32:
+        return ActivationDtypes.uniform(FP32)
+    if uses_fsdp:
+        return ActivationDtypes(residual=compute, compute=compute, autocast=False,
+                                casts_block_inputs=True)
+    return ActivationDtypes(residual=FP32, compute=compute, autocast=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationSplit:
+    """How tensor and context parallelism split one rank's activations."""
+
+    tp: int = 1
+    sequence_parallel: bool = True
+    """With tp: norms and the residual stream hold 1/tp of the sequence (else all of it)."""
+    loss_parallel: bool = False
+    """With tp: logits stay split over the vocabulary (else every rank holds all of it)."""
+    cp: int = 1
+    fsdp: bool = False
+    """FSDP2 wraps the model (zero 2/3 over more than one rank)."""
+
+    @classmethod
+    def of(cls, p: ParallelSpec) -> "ActivationSplit":
+        return cls(tp=p.tp, sequence_parallel=p.sequence_parallel,
+                   loss_parallel=p.loss_parallel, cp=p.cp, fsdp=p.uses_fsdp)
+
+    @property
+    def sequence_share(self) -> int:
+        """The part of the sequence a rank's norms and residual stream hold (1/this)."""
+        return self.tp if self.sequence_parallel else 1
+
+    @property
+    def vocab_share(self) -> int:
+        return self.tp if self.loss_parallel else 1
+
+
+FP32_SPLIT = ActivationSplit()
+
+
+def _norm_core(model: ModelSpec, dt: ActivationDtypes) -> int:
+    """One RMSNorm's fp32 input (or upcast), rsqrt and normalised value, per token."""
+    return FP32 * model.dim + FP32 + dt.residual * model.dim
+
+
+def _norm_output(model: ModelSpec, dt: ActivationDtypes, *, matmuls: int) -> int:
+    """A norm output the next `matmuls` column-parallel layers keep, per token of the whole
+    sequence (under tp it is all-gathered with sequence parallel, replicated without)."""
+    return (matmuls * dt.compute if dt.autocast else dt.residual) * model.dim
+
+
+def selective_targets(recompute: RecomputeSpec) -> set[str]:
+    """The targets a policy re-computes (none unless the mode is selective)."""
+    if RecomputeMode(recompute.mode) is not RecomputeMode.selective:
+        return set()
+    return set(recompute.targets)
+
+
+def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_type: str,
+                          dtypes: ActivationDtypes, split: ActivationSplit = FP32_SPLIT
+                          ) -> Fraction:
+    """Bytes one block under `recompute` keeps per token of this rank's micro-batch (its cp
+    share of the sequence, whole over tp), besides the per-block constants
+    (`block_bytes_per_micro_batch`). Terms (see `activation_elements_per_token_per_layer`
+    for which tensor each is):
+      none: per norm `_norm_core` (÷ tp with SP) and its output copies; q, k after RoPE and
+        v (k, v all-gathered over cp: x cp); attention output + fp32 lse; SwiGLU 4f; all
+        head- or ffn-split ÷ tp.
+      full / block: the block input (residual dtype, ÷ tp with SP).
+      ops: block input, the matmul outputs (row-parallel ones whole before their reduction,
+        plus the reduce-scattered share with SP), attention output + lse.
+      module targets: none minus what they re-compute (ffn also keeps its input once).
+    """
+    mode = RecomputeMode(recompute.mode)
+    d, f, heads = model.dim, model.ffn_dim, model.n_heads
+    dq, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    c, tp, seq_share = dtypes.compute, split.tp, split.sequence_share
+    block_input = Fraction(dtypes.residual * d, seq_share)
+    attention_out = Fraction(c * dq + FP32 * heads, tp)
+    if mode is RecomputeMode.offload and device_type != "cpu":
+        return Fraction(0)
+    targets = selective_targets(recompute)
+    if mode is RecomputeMode.full or "block" in targets:
+        return block_input
+    if "ops" in targets:
+        row_outputs = 2 * c * d + (2 * Fraction(c * d, tp) if tp > 1 and split.sequence_parallel
+                                   else 0)
+        kept = (block_input + Fraction(c * (dq + 2 * kv) + 2 * c * f, tp) + row_outputs
+                + attention_out)
+        return kept - (attention_out if "attention" in targets else 0)
+    gathered_kv = split.cp if "attention" not in targets else 1
+    none = (2 * Fraction(_norm_core(model, dtypes), seq_share)
+            + _norm_output(model, dtypes, matmuls=3) + _norm_output(model, dtypes, matmuls=2)
+            + Fraction(c * dq + 2 * c * kv * gathered_kv, tp)
+            + attention_out + Fraction(4 * c * f, tp))
+    if "ffn" in targets:
+        targets.discard("swiglu")
+        # its checkpoint keeps the ffn norm's output itself, not w1's and w3's copies of it
+        none += dtypes.residual * d - _norm_output(model, dtypes, matmuls=2)
+    saved = {"ffn": Fraction(4 * c * f, tp), "swiglu": Fraction(c * f, tp),
+             "attention": Fraction(FP32 * heads, tp),
+             "norm": 2 * Fraction(FP32 * d + FP32, seq_share)}
+    return none - sum(saved[target] for target in targets)
+
+
+def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, seq: int,
+                                device_type: str, dtypes: ActivationDtypes,
+                                split: ActivationSplit = FP32_SPLIT) -> int:
+    """Bytes one block keeps per micro-batch that do not scale with its tokens. `seq`: the
+    rank's sequence (its cp share).
+    RoPE tables: under FSDP mixed precision the block's inputs are cast before it runs (and
+    kept whatever the policy): cos and sin whole, [max_seq_len, head_dim] (under cp the
+    rank's [seq, head_dim] rows); otherwise, when q/k are not fp32, the attention casts four
+    [seq, head_dim] slices (re-computed under full / block / ops).
+    Context parallelism: SDPA's additive mask in the compute dtype, [seq, seq x cp], made from
+    the bool causal mask (unless attention re-computes)."""
+    mode = RecomputeMode(recompute.mode)
+    if mode is RecomputeMode.offload and device_type != "cpu":
+        return 0
+    targets = selective_targets(recompute)
+    if dtypes.casts_block_inputs:
+        rope = 2 * (model.max_seq_len if split.cp == 1 else seq) * model.head_dim * dtypes.compute
+    else:
+        rope = 4 * seq * model.head_dim * dtypes.compute if dtypes.compute != FP32 else 0
+    if mode is RecomputeMode.full or {"block", "ops"} & targets:
+        return rope if dtypes.casts_block_inputs else 0
+    mask = (dtypes.compute * seq * seq * split.cp
+            if split.cp > 1 and "attention" not in targets else 0)
+    return rope + mask
+
+
+def rope_rows_bytes(model: ModelSpec, *, recompute: RecomputeSpec, layers: list[int],
+                    seq: int, dtypes: ActivationDtypes, split: ActivationSplit) -> int:
+    """Under cp the model indexes this rank's rows of the fp32 RoPE tables once per forward
+    (training/model.py `rope_tables`); they are kept when fp32 attention saves them or a
+    checkpointed block keeps them as its inputs (not when FSDP casts them first)."""
+    if split.cp == 1 or dtypes.casts_block_inputs or not layers:
+        return 0
+    checkpointed = any(_checkpoints_block(recompute, layer) for layer in layers)
+    if dtypes.compute != FP32 and not checkpointed:
+        return 0
+    return 2 * seq * model.head_dim * FP32
+
+
+def embedding_bytes_per_token(model: ModelSpec, *, dtypes: ActivationDtypes,
+                              split: ActivationSplit = FP32_SPLIT,
+                              recompute: RecomputeSpec | None = None) -> Fraction:
+    """Under tp, the vocabulary-parallel embedding's output redistribution (DTensor) keeps
+    copies beside the first block's input (measured on gloo ranks, not derived): two of the
+    whole sequence without sequence parallel; with it, two of the rank's share, and a third
+    unless block 0 is checkpointed whole (full, block, ops: its checkpoint keeps the input it
+    was given, not the norm's own view); one more of the rank's share under FSDP. Nothing
+    without tp."""
+    if split.tp == 1:
+        return Fraction(0)
+    if not split.sequence_parallel:
+        return Fraction(2 * dtypes.residual * model.dim)
+    copies = 2 if recompute is not None and _checkpoints_block(recompute, 0) else 3
+    return Fraction((copies + split.fsdp) * dtypes.residual * model.dim, split.tp)
+
+
+def _checkpoints_block(recompute: RecomputeSpec, layer: int) -> bool:
+    return recompute.applies_to(layer) and (
+        RecomputeMode(recompute.mode) is RecomputeMode.full
+        or bool({"block", "ops"} & selective_targets(recompute)))
+
+
+def head_bytes_per_token(model: ModelSpec, *, dtypes: ActivationDtypes,
+                         split: ActivationSplit = FP32_SPLIT) -> Fraction:
+    """The final norm (its core ÷ tp with SP; its output whole, all-gathered for the head),
+    and the fp32 log-softmax of `logits.float()` that cross entropy keeps (4 bytes a logit,
+    ÷ tp with loss_parallel, the whole vocabulary without). The targets are the batch's,
+    not activations."""
+    return (Fraction(_norm_core(model, dtypes), split.sequence_share)
+            + _norm_output(model, dtypes, matmuls=1)
+            + Fraction(FP32 * model.vocab_size, split.vocab_share))
+
+
+def loss_peak_bytes(model: ModelSpec, *, tokens: int, dtypes: ActivationDtypes,
+                    split: ActivationSplit = FP32_SPLIT) -> int:
+    """Bytes alive at the loss beyond what is kept: in backward the fp32 gradient of the
+    log-softmax and the gradient of its input (8 bytes a logit), and in forward the logits
+    themselves and, below fp32, their fp32 copy; the larger of the two."""
+    per_logit = max(2 * FP32, dtypes.compute + (FP32 if dtypes.compute != FP32 else 0))
+    return tokens * per_logit * model.vocab_size // split.vocab_share
 
 
 def activation_elements_per_token_per_layer(model: ModelSpec, *, recompute: RecomputeSpec,
                                             device_type: str) -> int:
-    """Elements one block that `recompute` applies to keeps for backward per token, in the
-    memory of a `device_type` device (measured on CPU for every mode and every combination of
-    targets in tests/unit/test_recompute.py, against the storages alive after forward).
+    """Elements one block keeps per token in fp32 (bytes / 4 of `block_bytes_per_token`;
+    measured on CPU for every mode and every combination of targets in
+    tests/unit/test_recompute.py, against the storages alive after forward).
 
     none: per norm its input, x*rsqrt, weight*normed and rsqrt (3d+1); q and k after RoPE; v;
     the attention output and its log-sum-exp (one per head; the output, stored [B, T, heads,
@@ -27,57 +252,56 @@ def activation_elements_per_token_per_layer(model: ModelSpec, *, recompute: Reco
       norm: x*rsqrt and rsqrt per norm (2(d+1); its output is the next matmul's input).
     offload: what none keeps, in host memory: nothing on a GPU, all of it on a CPU device.
     """
-    mode = RecomputeMode(recompute.mode)
-    targets = set(recompute.targets)
-    d, f, heads = model.dim, model.ffn_dim, model.n_heads
-    kv = model.n_kv_heads * model.head_dim
-    attention_out = d + heads
-    none = 2 * (3 * d + 1) + (d + kv) + kv + attention_out + 4 * f
-    if mode is RecomputeMode.none:
-        return none
-    if mode is RecomputeMode.offload:
-        return none if device_type == "cpu" else 0
-    if mode is RecomputeMode.full or "block" in targets:
-        return d
-    if "ops" in targets:  # ops re-computes norms and SwiGLU; a policy cannot single out ffn
-        ops = d + (d + 2 * kv) + attention_out + d + 2 * f + d
-        return ops - (attention_out if "attention" in targets else 0)
-    saved = {"ffn": 4 * f, "swiglu": f, "attention": heads, "norm": 2 * (d + 1)}
-    if "ffn" in targets:
-        targets.discard("swiglu")  # ffn covers it
-    return none - sum(saved[target] for target in targets)
-
-
-def activation_elements_per_token_outside_blocks(model: ModelSpec) -> int:
-    """The last block's output, the final norm's two products and rsqrt, and the fp32
-    log-softmax over the vocabulary that cross entropy keeps."""
-    return 3 * model.dim + 1 + model.vocab_size
+    per_token = block_bytes_per_token(model, recompute=recompute, device_type=device_type,
+                                      dtypes=ActivationDtypes.uniform(FP32))
+    return int(per_token) // FP32
 
 
 def activation_bytes(model: ModelSpec, *, tokens: int, recompute: RecomputeSpec,
-                     dtype_bytes: int, device_type: str, layers: list[int] | None = None,
-                     with_head: bool = True) -> int:
+                     device_type: str, dtype_bytes: int = FP32,
+                     dtypes: ActivationDtypes | None = None,
+                     split: ActivationSplit = FP32_SPLIT, micro_batch: int = 1,
+                     layers: list[int] | None = None, with_head: bool = True,
+                     with_embedding: bool = True) -> int:
     """Bytes kept for backward in `device_type` memory by one micro-batch of `tokens` tokens
-    (targets included) in blocks `layers` (default: all) and, `with_head`, the final norm
-    and loss. The policy covers the blocks `RecomputeSpec.applies_to` picks; the other
-    blocks keep what none keeps."""
+    (`micro_batch` sequences) in blocks `layers` (default: all), `with_head` the final norm
+    and loss, `with_embedding` the embedding's own; `dtypes` (default: every activation `dtype_bytes`).
+    The policy covers the blocks `RecomputeSpec.applies_to` picks; the other blocks keep
+    what none keeps."""
+    dtypes = dtypes or ActivationDtypes.uniform(dtype_bytes)
     none = RecomputeSpec(mode=RecomputeMode.none)
     layers = list(range(model.n_layers)) if layers is None else layers
-    chosen = sum(1 for layer in layers if recompute.applies_to(layer))
-    per_token = (chosen * activation_elements_per_token_per_layer(
-                     model, recompute=recompute, device_type=device_type)
-                 + (len(layers) - chosen) * activation_elements_per_token_per_layer(
-                     model, recompute=none, device_type=device_type))
+    seq = tokens // micro_batch
+    total = Fraction(0)
+    for layer in layers:
+        policy = recompute if recompute.applies_to(layer) else none
+        total += tokens * block_bytes_per_token(model, recompute=policy, device_type=device_type,
+                                                dtypes=dtypes, split=split)
+        total += block_bytes_per_micro_batch(model, recompute=policy, seq=seq,
+                                             device_type=device_type,
+                                             dtypes=dtypes, split=split)
+    total += rope_rows_bytes(model, recompute=recompute, layers=layers, seq=seq,
+                             dtypes=dtypes, split=split)
     if with_head:
-        per_token += activation_elements_per_token_outside_blocks(model)
-    return tokens * (per_token * dtype_bytes + (TARGET_BYTES if with_head else 0))
+        total += tokens * head_bytes_per_token(model, dtypes=dtypes, split=split)
+    if with_embedding:
+        total += tokens * embedding_bytes_per_token(model, dtypes=dtypes, split=split,
+                                                    recompute=recompute)
+    return int(total)
 
 
 def pipeline_in_flight(p: ParallelSpec, pp_rank: int) -> int:
-    """Pipeline micro-batches whose activations a rank holds at once: all of them under
-    GPipe; under 1F1B-style schedules the warm-up depth, pp - pp_rank (x stages per rank)."""
+    """Micro-batches x virtual stages (chunks) whose activations a pipeline rank holds at
+    once: all of them under GPipe and looped BFS; under 1F1B the warm-up depth, pp - pp_rank; under
+    interleaved 1F1B torch's warm-up (pipelining/schedules.py `_get_warmup_ops`) plus the
+    chunk in its first backward: (v - 1) x micro-batches per round + 2 (pp - 1 - pp_rank) + 1.
+    Each chunk holds one virtual stage's blocks (`pipeline_layers_per_chunk`)."""
     if p.pp == 1:
         return 1
-    if p.pp_schedule == "gpipe":
-        return p.pp_microbatches
-    return min(p.pp_microbatches * p.pp_virtual_stages, (p.pp - pp_rank) * p.pp_virtual_stages)
+    v, m = p.pp_virtual_stages, p.pp_microbatches
+    if p.pp_schedule in ("gpipe", "looped_bfs"):  # every forward before any backward
+        return m * v
+    if v == 1:
+        return min(m, p.pp - pp_rank)
+    per_round = m // max(1, m // p.pp)
+    return min(m * v, (v - 1) * per_round + 2 * (p.pp - 1 - pp_rank) + 1)

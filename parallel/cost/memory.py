@@ -19,14 +19,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from conf.spec import RunSpec
-from parallel.cost.activations import DTYPE_BYTES, activation_bytes, pipeline_in_flight
+from conf.schema import RecomputeMode
+from conf.spec import ModelSpec, RecomputeSpec, RunSpec
+from parallel.cost.activations import (
+    DTYPE_BYTES,
+    ActivationSplit,
+    activation_bytes,
+    activation_dtypes,
+    loss_peak_bytes,
+    pipeline_in_flight,
+    selective_targets,
+)
 from parallel.cost.params import (
     EMBEDDING,
     fsdp_local_numel,
     held_layers,
     held_parameters,
     numel,
+    parameter_shapes,
     tp_local_shape,
 )
 from parallel.dims import ParallelDims, zero1_owners
@@ -94,9 +104,37 @@ def weight_copy_bytes(spec: RunSpec, rank: int) -> int:
         return compute * (root + sum(sorted(blocks.values(), reverse=True)[:2]))
     if compute >= PARAM_BYTES:
         return 0  # fp32 compute: autocast casts nothing
-    tied = spec.model.tie_embeddings
     return compute * sum(size for (name, shape), size in zip(held, local.values())
-                         if len(shape) == 2 and (name != EMBEDDING or tied))
+                         if autocast_keeps_copy(name, shape, spec.model, spec.recompute,
+                                                device_type=spec.training.device))
+
+
+def autocast_keeps_copy(name: str, shape: tuple[int, ...], model: ModelSpec,
+                        recompute: RecomputeSpec, *, device_type: str) -> bool:
+    """Is autocast's compute-dtype copy of weight `name` saved from forward to backward?
+    Matmul weights only (the head, and the embedding when tied), and in a block only where
+    its matmul is not re-computed (a checkpointed region saves no cast) nor offloaded to host
+    memory (a GPU's offload hooks move the copies too, as they are not parameters)."""
+    if len(shape) != 2:
+        return False
+    if not name.startswith("layers."):
+        return name != EMBEDDING or model.tie_embeddings
+    policy = recompute if recompute.applies_to(int(name.split(".")[1])) else None
+    if policy is None or policy.mode is RecomputeMode.none:
+        return True
+    if policy.mode is RecomputeMode.offload:
+        return device_type == "cpu"
+    targets = selective_targets(policy)
+    if policy.mode is RecomputeMode.full or {"block", "ops"} & targets:
+        return False
+    return not ("ffn" in targets and ".feed_forward." in name)
+
+
+def autocast_copied_weights(model: ModelSpec, recompute: RecomputeSpec, *,
+                            device_type: str) -> list[int]:
+    """Elements of each weight whose autocast copy a whole model keeps (one process)."""
+    return [numel(shape) for name, shape in parameter_shapes(model)
+            if autocast_keeps_copy(name, shape, model, recompute, device_type=device_type)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +148,8 @@ class MemoryEstimate:
     weight_copies: int
     """Compute-dtype copies of the weights held from forward to backward (weight_copy_bytes)."""
     activations: int
+    loss_peak: int = 0
+    """Transient bytes at the loss beyond the kept activations (activations.loss_peak_bytes)."""
 
     @property
     def static(self) -> int:
@@ -118,8 +158,9 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        """The peak: the static bytes, plus weight copies and activations at backward's start."""
-        return self.static + self.weight_copies + self.activations
+        """The peak: the static bytes, plus weight copies and activations at backward's
+        start, plus the loss's transient."""
+        return self.static + self.weight_copies + self.activations + self.loss_peak
 
 
 def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate:
@@ -128,14 +169,15 @@ def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate
     Parameters, gradients and optimizer state are exact (`static_bytes`; checked on every
     rank in tests/distributed). Activations: the per-block counts measured on one process,
     for this rank's tokens (micro-batch / pipeline micro-batches / cp), its blocks, and the
-    pipeline micro-batches in flight; split evenly over tp (an approximation)."""
+    pipeline chunks in flight, in the run's dtype regime and tp/sp/cp split."""
     if rank is None:
         return max((estimate_memory(spec, rank=r) for r in representative_ranks(spec)),
                    key=lambda m: m.total)
     static = static_bytes(spec, rank)
     return MemoryEstimate(params=static.params, grads=static.grads, optimizer=static.optimizer,
                           master_weights=0, weight_copies=weight_copy_bytes(spec, rank),
-                          activations=layout_activation_bytes(spec, rank))
+                          activations=layout_activation_bytes(spec, rank),
+                          loss_peak=loss_peak_bytes_of(spec, rank))
 
 
 def representative_ranks(spec: RunSpec) -> list[int]:
@@ -158,13 +200,38 @@ def representative_ranks(spec: RunSpec) -> list[int]:
 
 
 def layout_activation_bytes(spec: RunSpec, rank: int) -> int:
-    """Activation bytes `rank` keeps at its fullest: its blocks' micro-batches in flight."""
+    """Activation bytes `rank` keeps at its fullest: the pipeline chunks in flight, each with
+    one virtual stage's blocks (this rank's blocks / virtual stages), in the run's dtype
+    regime and tp/sp/cp split (activations.py); the head on the last pipeline rank, for one
+    micro-batch (for all of them under GPipe)."""
     p, t = spec.parallel, spec.training
     dims = ParallelDims.from_spec(p)
     pp_rank = dims.coordinates(rank)["pp"]
+    micro_batch = t.micro_batch_size // p.pp_microbatches
+    tokens = micro_batch * t.seq_len // p.cp
+    kwargs = dict(tokens=tokens, micro_batch=micro_batch, recompute=spec.recompute,
+                  device_type=t.device, split=ActivationSplit.of(p),
+                  dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))
+    layers = held_layers(spec, pp_rank)
+    blocks = activation_bytes(spec.model, layers=layers, with_head=False,
+                              with_embedding=False, **kwargs)
+    chunks = pipeline_in_flight(p, pp_rank)
+    total = blocks * chunks // p.pp_virtual_stages if p.pp > 1 else blocks
+    if pp_rank == p.pp - 1:
+        heads = p.pp_microbatches if p.pp > 1 and p.pp_schedule == "gpipe" else 1
+        total += heads * activation_bytes(spec.model, layers=[], with_embedding=False, **kwargs)
+    if pp_rank == 0:
+        first = p.pp_microbatches if p.pp > 1 and p.pp_schedule == "gpipe" else chunks
+        total += first * activation_bytes(spec.model, layers=[], with_head=False, **kwargs)
+    return total
+
+
+def loss_peak_bytes_of(spec: RunSpec, rank: int) -> int:
+    """The transient at the loss (activations.loss_peak_bytes) on the last pipeline rank."""
+    p, t = spec.parallel, spec.training
+    dims = ParallelDims.from_spec(p)
+    if dims.coordinates(rank)["pp"] != p.pp - 1:
+        return 0
     tokens = t.micro_batch_size // p.pp_microbatches * t.seq_len // p.cp
-    per_micro_batch = activation_bytes(
-        spec.model, tokens=tokens, recompute=spec.recompute, device_type=t.device,
-        dtype_bytes=DTYPE_BYTES[spec.precision.compute_dtype.value],
-        layers=held_layers(spec, pp_rank), with_head=pp_rank == p.pp - 1)
-    return per_micro_batch * pipeline_in_flight(p, pp_rank) // p.tp
+    return loss_peak_bytes(spec.model, tokens=tokens, split=ActivationSplit.of(p),
+                           dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))

@@ -54,7 +54,8 @@ def test_plan_json_holds_the_whole_plan_and_re_planned_suggestions():
     plan = make_plan(spec)
     m = out["memory_bytes"]
     assert m["peak"] == plan.memory.total == out["verdict"]["need_bytes"]
-    assert m["static"] + m["weight_copies"] + m["activations"] == m["peak"]
+    assert m["static"] + m["weight_copies"] + m["activations"] + m["loss_peak"] == m["peak"]
+    assert m["loss_peak"] > 0
     assert m["weight_copies"] > 0
     assert out["flops"]["per_token"] == plan.flops_per_token
     assert out["flops"]["attention"] == "full" and "6N + 12*L*H*Q*T" in out["flops"]["convention"]

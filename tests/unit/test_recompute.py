@@ -277,7 +277,9 @@ def _check_plan_estimate(recompute: RecomputeSpec, batch: torch.Tensor) -> None:
         estimate = activation_bytes(tiny_model_spec(n_layers=n), tokens=tokens,
                                     recompute=recompute, dtype_bytes=BYTES_FP32,
                                     device_type="cpu")
-        assert 0 <= bytes_ - estimate <= 64, (recompute, n, bytes_, estimate)
+        # _loss slices the targets out of the batch, so flatten copies them (8 B a token);
+        # the trainer's targets are contiguous and not activations
+        assert 0 <= bytes_ - estimate - 8 * tokens <= 64, (recompute, n, bytes_, estimate)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

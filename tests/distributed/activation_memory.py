@@ -1,0 +1,140 @@
+"""Rank-side code of tests/distributed/test_activation_memory.py: what one forward under a
+layout keeps for backward on this rank, against the plan (parallel.cost.memory).
+
+Measured as tests/unit/test_recompute.py does, per rank: the storages created during forward
+(a TorchDispatchMode sees every op; a DTensor counts its local shard) that are still alive when
+forward returns, unique, minus the weights: parameters (sharded, or gathered by FSDP and
+still held), autocast's casts of parameters (the plan's weight copies) and storages FSDP has
+already freed (resized to 0). Saved-tensor hooks alone miss what checkpointed regions keep
+(their own hooks, the ops policy's cache), so they are not the measure here.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from conf.spec import RunSpec
+from conf.spec_io import spec_from_dict
+
+CPU = torch.device("cpu")
+DEBUG = os.environ.get("MESHRUN_DEBUG_ACTIVATIONS")
+"""Set to print every kept storage (bytes, the op that made it, shape, dtype) on rank 0."""
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+def _key(tensor: torch.Tensor) -> int:
+    return StorageWeakRef(_local(tensor).untyped_storage()).cdata
+
+
+class _Storages(TorchDispatchMode):
+    """Every storage an op returns (weak), and which are casts of parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.refs: dict[int, StorageWeakRef] = {}
+        self.weight_casts: set[int] = set()
+        self.info = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                ref = StorageWeakRef(_local(leaf).untyped_storage())
+                self.refs.setdefault(ref.cdata, ref)
+                if DEBUG:
+                    self.info.setdefault(ref.cdata, (str(func), tuple(leaf.shape), leaf.dtype))
+                if (func is torch.ops.aten._to_copy.default
+                        and isinstance(args[0], nn.Parameter)):
+                    self.weight_casts.add(ref.cdata)
+        return out
+
+
+def _live_bytes(ref: StorageWeakRef) -> int:
+    if ref.expired():
+        return 0
+    return torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes()
+
+
+def _settled(count, *, reads: int = 3, pause_s: float = 0.02, tries: int = 50) -> int:
+    """`count()` once it stops changing: gloo releases a finished collective's buffers (the
+    gathered logits, say) from its own thread a moment after the op returns, and storages
+    are only freed, never made, between reads."""
+    last, same = count(), 1
+    for _ in range(tries):
+        if same == reads:
+            break
+        time.sleep(pause_s)
+        value = count()
+        same = same + 1 if value == last else 1
+        last = value
+    return last
+
+
+def _weights(layout) -> set[int]:
+    return {_key(t) for part in layout.parts for t in [*part.parameters(), *part.buffers()]}
+
+
+def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    """Activation bytes one forward of this rank's micro-batch keeps (module docstring)."""
+    from training.loss import token_cross_entropy_sum
+    from training.precision import autocast_context
+    from training.step import loss_context
+
+    before = _weights(layout) | {_key(inputs), _key(targets)}
+    if layout.cp_positions is not None:
+        before.add(_key(layout.cp_positions))
+    recorder = _Storages()
+    gc.collect()  # the previous layout's garbage
+    gc.freeze()
+    try:
+        with recorder, loss_context(layout):
+            with autocast_context(spec.precision, CPU):
+                logits = layout.parts[0](inputs)
+            loss = token_cross_entropy_sum(logits, targets)
+            del logits
+        torch.distributed.barrier()  # no collective still running, holding a buffer
+        gc.collect()
+        excluded = before | _weights(layout) | recorder.weight_casts
+        if DEBUG and torch.distributed.get_rank() == 0:
+            for key, ref in recorder.refs.items():
+                if key not in excluded and _live_bytes(ref):
+                    print(_live_bytes(ref), recorder.info.get(key), flush=True)
+        kept = _settled(lambda: sum(_live_bytes(ref) for key, ref in recorder.refs.items()
+                                    if key not in excluded))
+    finally:
+        gc.unfreeze()
+    with loss_context(layout):
+        loss.backward()
+    return kept
+
+
+def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> list[dict]:
+    """For each spec: (name, measured, planned) activation bytes of this rank."""
+    from parallel.cost.memory import layout_activation_bytes
+    from training.data import build_train_batches
+    from training.parallel_model import build_parallel_model
+
+    rows = []
+    for spec_dict in spec_dicts:
+        spec = spec_from_dict(RunSpec, spec_dict)
+        layout = build_parallel_model(spec, rank=rank, device=CPU)
+        batches = build_train_batches(spec.data, spec.training,
+                                      dp_rank=layout.dims.dp_rank(rank),
+                                      dp_size=layout.dims.dp).next_step()
+        inputs, targets = (layout.shard_tokens(t) for t in batches[0])
+        measured = kept_bytes(layout, spec, inputs, targets)
+        rows.append({"name": spec.parallel.name, "rank": rank, "measured": measured,
+                     "plan": layout_activation_bytes(spec, rank)})
+        del layout
+    return rows

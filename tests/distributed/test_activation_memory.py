@@ -1,0 +1,99 @@
+"""The plan's activation term per rank (parallel.cost.memory.layout_activation_bytes) EQUALS
+what one forward keeps for backward on that rank (tests/distributed/activation_memory.py:
+storages alive after forward, weights and autocast's weight casts apart), for the parity
+layouts without pipelining, every recompute policy family and fp32 / bf16 (autocast over
+fp32 weights for ddp, zero1, tp, cp; FSDP mixed precision for zero 2/3), with sequence
+parallel and loss parallel on and off. Equal up to the loss's two fp32 scalars (8 bytes).
+
+Pipeline layouts are not here: their forward and backward interleave inside the schedule, so
+"alive after forward" is not one moment. The static terms (params, grads, optimizer state)
+are checked on every rank of every parity layout (tests/distributed/layout_parity.py
+`check_memory`). Configurations are grouped by world size, one spawn each."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conf.spec_io import spec_to_dict
+from tests.distributed.activation_memory import activation_rank
+from tests.distributed.spawn import run_on_ranks
+from tests.support.specs import cpu_spec
+
+pytestmark = pytest.mark.distributed
+
+BASE = ("model=tiny", "model.n_layers=2", "data=synthetic", "training.seq_len=32",
+        "training.micro_batch_size=2", "training.grad_accum_steps=1")
+SCALARS = 8  # the loss sum and cross entropy's total weight, fp32
+
+TWO_RANKS = {
+    "ddp": ["parallel=ddp"],
+    "zero1": ["parallel=zero1"],
+    "zero2": ["parallel=zero2"],
+    "zero3": ["parallel=zero3"],
+    "tp_sp": ["parallel=tp"],
+    "tp_no_sp": ["parallel=tp", "parallel.sequence_parallel=false"],
+    "tp_loss_parallel": ["parallel=tp", "parallel.loss_parallel=true"],
+    "tp_no_sp_loss_parallel": ["parallel=tp", "parallel.sequence_parallel=false",
+                               "parallel.loss_parallel=true"],
+    "cp_balanced": ["parallel=cp"],
+    "cp_contiguous": ["parallel=cp", "parallel.cp_balanced=false"],
+}
+FOUR_RANKS = {
+    "hsdp_2x2": ["parallel=hsdp"],
+    "dp2_tp2": ["parallel=fsdp_tp"],
+    "cp2_tp2": ["parallel.dp_replicate=1", "parallel.cp=2", "parallel.tp=2", "parallel.zero=3"],
+    "ddp2_cp2": ["parallel.dp_replicate=2", "parallel.cp=2"],
+    "zero1_cp2": ["parallel.dp_replicate=1", "parallel.dp_shard=2", "parallel.zero=1",
+                  "parallel.cp=2"],
+}
+POLICIES = ["none", "full_every2", "selective", "selective_attention"]
+"""full_every2 re-computes block 0 whole and keeps block 1 whole; offload keeps what none keeps
+on a CPU device (tests/unit/test_recompute.py)."""
+PRECISIONS = ["fp32", "bf16"]
+
+
+def _specs(layouts: dict[str, list[str]], world: int, policies: list[str]) -> list:
+    """Every layout x precision x policy; composed once per layout and precision (composing
+    costs most of a second), the policy's section swapped in."""
+    recompute = {policy: cpu_spec(*BASE, f"recompute={policy}").recompute
+                 for policy in policies}
+    specs = []
+    for name, extra in layouts.items():
+        for precision in PRECISIONS:
+            spec = cpu_spec(*BASE, f"cluster.procs_per_node={world}", f"precision={precision}",
+                            *extra)
+            specs += [dataclasses.replace(
+                spec, recompute=recompute[policy],
+                parallel=dataclasses.replace(spec.parallel,
+                                             name=f"{name}-{precision}-{policy}"))
+                for policy in policies]
+    return specs
+
+
+KNOWN_GAPS = {
+    "dp2_tp2-bf16-none": "FSDP + tp in bf16 without recompute keeps less than the plan's "
+                         "RoPE-table and embedding terms say (-8 KiB a block); not explained yet",
+    "cp2_tp2-bf16-none": "as dp2_tp2-bf16-none, with cp",
+}
+"""Configurations where the plan is known to be wrong: checked to STILL be wrong, so the
+entry goes when the formula is fixed."""
+
+
+def _check(results: list[list[dict]]) -> None:
+    wrong = [f"{row['name']} rank {row['rank']}: kept {row['measured']} B, plan "
+             f"{row['plan']} B" for rows in results for row in rows
+             if (row["measured"] - row["plan"] != SCALARS) != (row["name"] in KNOWN_GAPS)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_two_rank_activations_equal_the_plan(tmp_path):
+    specs = _specs(TWO_RANKS, 2, POLICIES)
+    _check(run_on_ranks(activation_rank, world_size=2, workdir=tmp_path, timeout_s=600,
+                        kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]}))
+
+
+def test_four_rank_activations_equal_the_plan(tmp_path):
+    specs = _specs(FOUR_RANKS, 4, ["none", "full", "selective"])
+    _check(run_on_ranks(activation_rank, world_size=4, workdir=tmp_path, timeout_s=600,
+                        kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]}))
