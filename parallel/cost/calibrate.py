@@ -1,0 +1,168 @@
+"""Fit the step-time model's constants to measured runs. Torch-free.
+
+Two fits, each from what a measurement can identify:
+- links, from a preflight bandwidth table (all-reduce of S bytes over n ranks takes
+  t = 2(n-1) alpha + 2(n-1)/n S / B): a least-squares line of t over S gives B (slope) and
+  alpha (intercept); the link is intra-node when every rank ran on one host, else inter-node;
+- compute, from finished runs' step times: with the links fixed, each run's time is
+  measured = x * A + y * P + C, x = 1 / matmul_efficiency, y = layer overhead (s), A = the
+  compute (bubble included) at efficiency 1, P = the block passes (bubble included), C = the
+  communication and optimizer time; (x, y) minimise the squared relative error over the runs
+  (y = 0 when the runs cannot tell the two apart or the fit would make it negative). The
+  overlap rule makes C depend on x, so the fit is repeated a few times.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from conf.rundir import RunDir, read_metrics_rows
+from conf.spec import RunSpec
+from parallel.cost.plan import Plan, make_plan
+from parallel.cost.step_time import (Hardware, block_passes, bubble_factor, estimate_time,
+                                     hardware_of, step_parts)
+
+FIT_ROUNDS = 4
+WARMUP_STEPS = 2
+"""Train rows left out of a run's measured step time (compile, caches, allocator)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sample:
+    """One measured run: its spec and its median step time."""
+
+    name: str
+    spec: RunSpec
+    measured_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    device: str
+    constants: dict
+    """cluster.* knob name -> fitted value (only the ones the measurements identified)."""
+    errors: dict
+    """sample name -> (measured s, predicted s) after the fit."""
+
+    @property
+    def median_abs_error(self) -> float:
+        return statistics.median(abs(p / m - 1) for m, p in self.errors.values()) \
+            if self.errors else 0.0
+
+
+def fit_link(rows: list[dict], *, world_size: int) -> tuple[float, float]:
+    """(GB/s, latency us) from all-reduce timings {size_bytes, time_ms} over `world_size`."""
+    if world_size < 2 or len(rows) < 2:
+        raise ValueError("a bandwidth fit needs 2 or more ranks and 2 or more message sizes")
+    n = world_size
+    sizes = [float(r["size_bytes"]) for r in rows]
+    times = [float(r["time_ms"]) * 1e-3 for r in rows]
+    slope, intercept = _line(sizes, times)
+    if slope <= 0:
+        raise ValueError("the bandwidth table's times do not grow with the message size")
+    gbps = 2 * (n - 1) / n / slope / 1e9
+    return gbps, max(0.0, intercept / (2 * (n - 1))) * 1e6
+
+
+def link_constants(report: dict) -> dict:
+    """cluster.* constants a preflight.json identifies (its link's bandwidth and latency)."""
+    gbps, latency_us = fit_link(report["bandwidth"], world_size=report["world_size"])
+    where = "intra_node" if len(report.get("ranks_by_host", {})) <= 1 else "inter_node"
+    return {f"{where}_gbps": gbps, f"{where}_latency_us": latency_us}
+
+
+def fit_compute(samples: list[Sample], *, base: dict) -> dict:
+    """{matmul_efficiency, layer_overhead_us} that best explain `samples` (module docstring),
+    the other constants taken from `base` (a calibration entry)."""
+    if not samples:
+        raise ValueError("no measured runs to fit")
+    plans = [make_plan(s.spec) for s in samples]
+    constants = {**base, "matmul_efficiency": base.get("matmul_efficiency", 0.5),
+                 "layer_overhead_us": base.get("layer_overhead_us", 0.0)}
+    for _ in range(FIT_ROUNDS):
+        rows = [_features(s.spec, plan, _hardware(s.spec, constants))
+                for s, plan in zip(samples, plans)]
+        x, y = _solve([(a, p, s.measured_s - c) for (a, p, c), s in zip(rows, samples)],
+                      [s.measured_s for s in samples])
+        constants = {**constants, "matmul_efficiency": min(1.0, 1 / x),
+                     "layer_overhead_us": y * 1e6}
+    return {k: constants[k] for k in ("matmul_efficiency", "layer_overhead_us")}
+
+
+def calibrate(samples: list[Sample], *, preflights: list[dict] = (), base: dict | None = None,
+              device: str = "") -> Calibration:
+    """Links from the preflight tables, then compute from the runs; errors per run."""
+    constants = dict(base or {})
+    for report in preflights:
+        constants.update(link_constants(report))
+    if samples:
+        constants.update(fit_compute(samples, base=constants))
+    errors = {s.name: (s.measured_s, predict(s.spec, constants)) for s in samples}
+    return Calibration(device=device, constants=constants, errors=errors)
+
+
+def predict(spec: RunSpec, constants: dict) -> float:
+    """Predicted step time of `spec` under calibration `constants`."""
+    return estimate_time(spec, make_plan(spec), hardware=_hardware(spec, constants)).step_s
+
+
+def _hardware(spec: RunSpec, constants: dict) -> Hardware:
+    hw = hardware_of(spec, calibration=constants)
+    if hw is None:
+        raise ValueError(f"no peak FLOP/s known for {spec.host.gpu_name!r}: set "
+                         "cluster.peak_tflops")
+    return hw
+
+
+def _features(spec: RunSpec, plan: Plan, hw: Hardware) -> tuple[float, float, float]:
+    """(A, P, C) of the module docstring for one run."""
+    unit = replace(hw, matmul_efficiency=1.0, layer_overhead_s=0.0)
+    parts = step_parts(spec, plan, unit)
+    stretch = 1 + bubble_factor(spec)
+    fitted = step_parts(spec, plan, hw)
+    return (parts.compute_s * stretch, block_passes(spec) / hw.core_share * stretch,
+            fitted.comm_exposed_s + fitted.optimizer_s)
+
+
+def _solve(rows: list[tuple[float, float, float]], measured: list[float]) -> tuple[float, float]:
+    """Least squares of a*x + p*y = r weighted by 1/measured; y >= 0, x > 0."""
+    w = [1 / m for m in measured]
+    saa = sum((a * wi) ** 2 for (a, _, _), wi in zip(rows, w))
+    spp = sum((p * wi) ** 2 for (_, p, _), wi in zip(rows, w))
+    sap = sum(a * p * wi * wi for (a, p, _), wi in zip(rows, w))
+    sar = sum(a * r * wi * wi for (a, _, r), wi in zip(rows, w))
+    spr = sum(p * r * wi * wi for (_, p, r), wi in zip(rows, w))
+    det = saa * spp - sap * sap
+    if det > 1e-9 * saa * spp:
+        x, y = (sar * spp - spr * sap) / det, (saa * spr - sap * sar) / det
+        if y >= 0 and x > 0:
+            return x, y
+    x = sar / saa if saa > 0 else math.inf
+    if not x > 0 or math.isinf(x):
+        raise ValueError("the measured times are shorter than the model's communication "
+                         "alone: the runs cannot fit a matmul efficiency")
+    return x, 0.0
+
+
+def read_run(run_dir: Path) -> Sample:
+    """A finished (or running) run dir as a Sample: its spec and the median step_time_s of
+    its train rows after WARMUP_STEPS. ValueError names what is missing."""
+    rd = RunDir(run_dir)
+    if not rd.spec_file.exists():
+        raise ValueError(f"{run_dir}: not a run dir (no spec.json)")
+    rows = [r for r in read_metrics_rows(rd.metrics_file)
+            if r.get("kind") == "train" and "step_time_s" in r]
+    times = [r["step_time_s"] for r in rows[WARMUP_STEPS:]] or [r["step_time_s"] for r in rows]
+    if not times:
+        raise ValueError(f"{run_dir}: metrics.jsonl has no train rows with step_time_s")
+    return Sample(name=Path(run_dir).name, spec=rd.read_spec(),
+                  measured_s=statistics.median(times))
+
+
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return slope, my - slope * mx
