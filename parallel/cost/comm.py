@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from conf.spec import RunSpec
 from parallel.cost.activations import DTYPE_BYTES
+from parallel.cost.params import param_counts
 from parallel.dims import MESH_AXES
 
 RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
@@ -147,8 +148,6 @@ class _Shape:
 
     @classmethod
     def of(cls, spec: RunSpec) -> "_Shape":
-        from parallel.cost.params import param_counts
-
         p, t, m = spec.parallel, spec.training, spec.model
         compute = spec.precision.compute_dtype.value
         low = DTYPE_BYTES.get(compute, 4)

@@ -28,6 +28,7 @@ from parallel.cost.calibrate_store import CONSTANTS, load_entry
 from parallel.cost.comm import Collective, Link, exposed_s, step_collectives
 from parallel.cost.devices import CPU_KEY, DEVICES, PeakFlops, device_facts, gpu_peak
 from parallel.cost.flops import ATTENTION_TERMS
+from parallel.cost.params import param_counts
 from parallel.cost.plan import Plan
 
 DEFAULT_MATMUL_EFFICIENCY = 0.5
@@ -164,7 +165,6 @@ def block_passes(spec: RunSpec) -> int:
 
 def optimizer_params(spec: RunSpec) -> float:
     """Parameters whose AdamW update one rank runs: its tp/pp part, sharded by zero >= 1."""
-    from parallel.cost.params import param_counts
 
     p = spec.parallel
     shards = p.dp_shard * p.cp if p.zero >= 2 else p.dp_cp if p.zero == 1 else 1
