@@ -14,9 +14,13 @@ absolute error, twice: calibrated on CALIBRATION_SET only (the rest are held out
 every layout. Targets (issue 10): Spearman >= 0.9, median error <= 20%; reported, not asserted.
 
     .venv/bin/python benchmarks/layout_step_time.py [model=debug ...]   # default: tiny, 4 layers
+    .venv/bin/python benchmarks/layout_step_time.py --report FILE   # re-fit a saved run
+
+Each run saves its measurements to /tmp/layout_step_time.json (LAST_RUN) for --report.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
@@ -27,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 WARMUP, STEPS = 2, 6
+LAST_RUN = Path(tempfile.gettempdir()) / "layout_step_time.json"
 COMMON = ["model=tiny", "model.n_layers=4", "data=synthetic", "training.seq_len=64",
           "training.global_batch_size=8", "training.micro_batch_size=2",
           "training.grad_accum_steps=-1"]
@@ -175,6 +180,8 @@ def main() -> None:
     import os
 
     extra = sys.argv[1:]
+    if extra[:1] == ["--report"]:
+        return report_saved(Path(extra[1]))
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} cores, load average {load:.1f} at start")
     specs, measured = {}, {}
@@ -198,7 +205,24 @@ def main() -> None:
         link = run_on_ranks(measure_link, world_size=2, workdir=Path(tmp), kwargs={},
                             timeout_s=600)[0]
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    LAST_RUN.write_text(json.dumps({"extra": extra, "measured": measured, "link": link}))
     report_model(specs, measured, link)
+
+
+def report_saved(path: Path) -> None:
+    """The model's report on measurements a previous run saved."""
+    import dataclasses
+    import os
+
+    from tests.support.specs import cpu_spec
+
+    saved = json.loads(path.read_text())
+    specs = {}
+    for name, (world, overrides) in LAYOUTS.items():
+        spec = cpu_spec(*COMMON, *overrides, *saved["extra"], f"cluster.procs_per_node={world}")
+        specs[name] = dataclasses.replace(spec, host=dataclasses.replace(
+            spec.host, cpu_count=os.cpu_count() or 1))
+    report_model(specs, saved["measured"], saved["link"])
 
 
 if __name__ == "__main__":

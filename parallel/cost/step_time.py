@@ -12,8 +12,8 @@ Torch-free. Read top to bottom, a step of one rank takes
 The bubble is the schedule's idle fraction (pp-1)/(m+pp-1) of the whole pipeline time for
 GPipe/1F1B, divided by the virtual stages v for interleaved schedules (zero-bubble and looped
 schedules are counted as interleaved). On a CPU, each rank gets one core, and when a node runs
-more ranks than it has cores they share them: compute, overhead and optimizer time grow by
-ranks/cores.
+more ranks than it has cores they share them: compute, overhead, optimizer and communication
+time (gloo copies and waits on the same cores) grow by ranks/cores.
 
 Every constant comes from, in order: a `cluster.*` knob that is not 0, the calibration
 (`meshrun plan --calibrate`, parallel.cost.calibrate_store), the device catalogue
@@ -228,6 +228,9 @@ def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware |
                                 DEFAULT_LATENCY_US["inter-node"]) * 1e-6)
     ranks = spec.cluster.procs_per_node
     share = min(1.0, spec.host.cpu_count / ranks) if cpu else 1.0
+    if cpu:  # gloo moves bytes and waits on peers with the same (shared) cores
+        intra, inter = (Link(name=k.name, gbps=k.gbps * share, latency_s=k.latency_s / share)
+                        for k in (intra, inter))
     return Hardware(
         device=CPU_KEY if cpu else (facts.key if facts else spec.host.gpu_name), peak=peak,
         matmul_efficiency=pick("matmul_efficiency", None, DEFAULT_MATMUL_EFFICIENCY),
