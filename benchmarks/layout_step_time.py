@@ -115,8 +115,9 @@ def measure_single(spec) -> dict:
             "held": sum(held_bytes(layout, optimizers, grads_bytes=grads).values())}
 
 
-CALIBRATION_SET = ("single", "ddp", "pp2 x dp2")
-"""Layouts the held-out calibration fits on (1, 2 and 4 ranks: the core sharing is the model's)."""
+CALIBRATION_SET = ("single", "ddp", "tp (SP)", "pp2 x dp2")
+"""Layouts the held-out calibration fits on (1, 2 and 4 ranks: the core sharing is the
+model's; one tp layout for the tensor-parallel overhead)."""
 
 
 def measure_link(*, rank: int, world_size: int) -> dict:

@@ -348,6 +348,9 @@ class ClusterConfig:
     """Fraction of the dense peak the model's matmuls reach (0 = calibrated, else 0.5)."""
     layer_overhead_us: float = 0.0
     """Fixed cost per block per micro-batch (forward + backward: launches, Python), us."""
+    tp_overhead_us: float = 0.0
+    """Extra fixed cost per tensor-parallel block per micro-batch (DTensor's dispatch of its
+    ops and collectives, beyond their bytes), us."""
     calibration: str = "auto"
     """Calibration file written by `meshrun plan --calibrate`: auto = ~/.meshrun/calibration.json
     when it exists ($MESHRUN_HOME instead of ~/.meshrun when set), none = do not use one, or a

@@ -14,11 +14,10 @@ from rich.console import Console
 
 from conf.errors import ConfigError, Problem
 from conf.rundir import RunDir
-from parallel.cost.calibrate import Sample, calibrate, read_run
+from parallel.cost.calibrate import COMPUTE_CONSTANTS, Sample, calibrate, read_run
 from parallel.cost.calibrate_store import default_path, device_key, read_file, store_entry
 
 KEY = "--calibrate"
-COMPUTE_CONSTANTS = ("matmul_efficiency", "layer_overhead_us")
 
 
 def run_calibrate(paths: list[Path], *, out: Path | None, console: Console) -> int:

@@ -105,7 +105,7 @@ def time_rows(e) -> list[tuple[str, str]]:
             ("  communication", f"{b.comm_exposed_s * 1e3:.1f} ms exposed of "
                                 f"{b.comm_s * 1e3:.1f} ms (ms by axis: {axes})"),
             ("  bubble, overhead", f"{b.bubble_s * 1e3:.1f} ms pipeline bubble; "
-                                   f"{b.overhead_s * 1e3:.1f} ms per-block overhead"),
+                                   f"{b.overhead_s * 1e3:.1f} ms per-block overhead (TP included)"),
             ("  optimizer", f"{b.optimizer_s * 1e3:.1f} ms (AdamW memory traffic)")]
     if e.gpu_hours is not None:
         rows.append(("est. run time", f"{e.run_hours:.2f} h; {e.gpu_hours:.1f} GPU-hours"))

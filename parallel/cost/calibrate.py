@@ -5,15 +5,15 @@ Two fits, each from what a measurement can identify:
   t = 2(n-1) alpha + 2(n-1)/n S / B): a least-squares line of t over S gives B (slope) and
   alpha (intercept); the link is intra-node when every rank ran on one host, else inter-node;
 - compute, from finished runs' step times: with the links fixed, each run's time is
-  measured = x * A + y * P + C, x = 1 / matmul_efficiency, y = layer overhead (s), A = the
-  compute (bubble included) at efficiency 1, P = the block passes (bubble included), C = the
-  communication and optimizer time; (x, y) minimise the squared relative error over the runs
-  (y = 0 when the runs cannot tell the two apart or the fit would make it negative). The
-  overlap rule makes C depend on x, so the fit is repeated a few times.
+  measured = x * A + y * P + z * T + C, x = 1 / matmul_efficiency, y = layer overhead (s),
+  z = tensor-parallel overhead (s), A = the compute (bubble included) at efficiency 1, P = the
+  block passes (bubble included), T = P for runs with tp > 1 (else 0), C = the communication
+  and optimizer time; (x, y, z) minimise the squared relative error over the runs (an
+  overhead the runs cannot identify, or that would come out negative, is 0). The overlap
+  rule makes C depend on x, so the fit is repeated a few times.
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +25,8 @@ from parallel.cost.step_time import (Hardware, block_passes, bubble_factor, esti
                                      hardware_of, step_parts)
 
 FIT_ROUNDS = 4
+COMPUTE_CONSTANTS = ("matmul_efficiency", "layer_overhead_us", "tp_overhead_us")
+"""What the run fit sets (the links come from preflight tables)."""
 WARMUP_STEPS = 2
 """Train rows left out of a run's measured step time (compile, caches, allocator)."""
 
@@ -74,21 +76,20 @@ def link_constants(report: dict) -> dict:
 
 
 def fit_compute(samples: list[Sample], *, base: dict) -> dict:
-    """{matmul_efficiency, layer_overhead_us} that best explain `samples` (module docstring),
-    the other constants taken from `base` (a calibration entry)."""
+    """{matmul_efficiency, layer_overhead_us, tp_overhead_us} that best explain `samples`
+    (module docstring), the other constants taken from `base` (a calibration entry)."""
     if not samples:
         raise ValueError("no measured runs to fit")
     plans = [make_plan(s.spec) for s in samples]
-    constants = {**base, "matmul_efficiency": base.get("matmul_efficiency", 0.5),
-                 "layer_overhead_us": base.get("layer_overhead_us", 0.0)}
+    constants = {**base, "matmul_efficiency": base.get("matmul_efficiency", 0.5)}
     for _ in range(FIT_ROUNDS):
         rows = [_features(s.spec, plan, _hardware(s.spec, constants))
                 for s, plan in zip(samples, plans)]
-        x, y = _solve([(a, p, s.measured_s - c) for (a, p, c), s in zip(rows, samples)],
-                      [s.measured_s for s in samples])
+        x, y, z = _solve([(*cols, s.measured_s - c) for (*cols, c), s in zip(rows, samples)],
+                         [s.measured_s for s in samples])
         constants = {**constants, "matmul_efficiency": min(1.0, 1 / x),
-                     "layer_overhead_us": y * 1e6}
-    return {k: constants[k] for k in ("matmul_efficiency", "layer_overhead_us")}
+                     "layer_overhead_us": y * 1e6, "tp_overhead_us": z * 1e6}
+    return {k: constants[k] for k in COMPUTE_CONSTANTS}
 
 
 def calibrate(samples: list[Sample], *, preflights: list[dict] = (), base: dict | None = None,
@@ -116,34 +117,55 @@ def _hardware(spec: RunSpec, constants: dict) -> Hardware:
     return hw
 
 
-def _features(spec: RunSpec, plan: Plan, hw: Hardware) -> tuple[float, float, float]:
-    """(A, P, C) of the module docstring for one run."""
-    unit = replace(hw, matmul_efficiency=1.0, layer_overhead_s=0.0)
+def _features(spec: RunSpec, plan: Plan, hw: Hardware) -> tuple[float, float, float, float]:
+    """(A, P, T, C) of the module docstring for one run."""
+    unit = replace(hw, matmul_efficiency=1.0, layer_overhead_s=0.0, tp_overhead_s=0.0)
     parts = step_parts(spec, plan, unit)
     stretch = 1 + bubble_factor(spec)
+    passes = block_passes(spec) / hw.core_share * stretch
     fitted = step_parts(spec, plan, hw)
-    return (parts.compute_s * stretch, block_passes(spec) / hw.core_share * stretch,
+    return (parts.compute_s * stretch, passes, passes if spec.parallel.tp > 1 else 0.0,
             fitted.comm_exposed_s + fitted.optimizer_s)
 
 
-def _solve(rows: list[tuple[float, float, float]], measured: list[float]) -> tuple[float, float]:
-    """Least squares of a*x + p*y = r weighted by 1/measured; y >= 0, x > 0."""
-    w = [1 / m for m in measured]
-    saa = sum((a * wi) ** 2 for (a, _, _), wi in zip(rows, w))
-    spp = sum((p * wi) ** 2 for (_, p, _), wi in zip(rows, w))
-    sap = sum(a * p * wi * wi for (a, p, _), wi in zip(rows, w))
-    sar = sum(a * r * wi * wi for (a, _, r), wi in zip(rows, w))
-    spr = sum(p * r * wi * wi for (_, p, r), wi in zip(rows, w))
-    det = saa * spp - sap * sap
-    if det > 1e-9 * saa * spp:
-        x, y = (sar * spp - spr * sap) / det, (saa * spr - sap * sar) / det
-        if y >= 0 and x > 0:
-            return x, y
-    x = sar / saa if saa > 0 else math.inf
-    if not x > 0 or math.isinf(x):
-        raise ValueError("the measured times are shorter than the model's communication "
-                         "alone: the runs cannot fit a matmul efficiency")
-    return x, 0.0
+def _solve(rows: list[tuple[float, ...]], measured: list[float]) -> tuple[float, ...]:
+    """Least squares of sum(col_j * u_j) = r (the last entry of a row), weighted by
+    1/measured; u_0 > 0, the others >= 0: a column the runs cannot identify or that comes out
+    negative is dropped (its u is 0) and the rest refitted."""
+    n = len(rows[0]) - 1
+    active = [j for j in range(n) if any(row[j] for row in rows)]
+    while active:
+        u = _weighted_lstsq([[row[j] for j in active] for row in rows],
+                            [row[-1] for row in rows], [1 / m for m in measured])
+        if u is not None and u[0] > 0 and all(v >= 0 for v in u[1:]):
+            out = [0.0] * n
+            for j, v in zip(active, u):
+                out[j] = v
+            return tuple(out)
+        if len(active) == 1:
+            break
+        worst = min(range(1, len(active)), key=lambda i: u[i] if u is not None else 0)
+        active.pop(worst if u is not None else len(active) - 1)
+    raise ValueError("the measured times are shorter than the model's communication alone: "
+                     "the runs cannot fit a matmul efficiency")
+
+
+def _weighted_lstsq(a: list[list[float]], r: list[float], w: list[float]) -> list[float] | None:
+    """Normal equations, solved by Gaussian elimination; None when singular."""
+    k = len(a[0])
+    m = [[sum(row[i] * row[j] * wi * wi for row, wi in zip(a, w)) for j in range(k)]
+         + [sum(row[i] * ri * wi * wi for row, ri, wi in zip(a, r, w))] for i in range(k)]
+    scale = max(abs(m[i][i]) for i in range(k)) or 1.0
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda i: abs(m[i][col]))
+        if abs(m[pivot][col]) <= 1e-12 * scale:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for i in range(k):
+            if i != col:
+                f = m[i][col] / m[col][col]
+                m[i] = [a_ - f * b_ for a_, b_ in zip(m[i], m[col])]
+    return [m[i][k] / m[i][i] for i in range(k)]
 
 
 def read_run(run_dir: Path) -> Sample:

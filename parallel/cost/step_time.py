@@ -2,7 +2,8 @@
 Torch-free. Read top to bottom, a step of one rank takes
 
     compute   = (matmul FLOPs + recompute re-run FLOPs) / (ranks x peak x matmul_efficiency)
-    overhead  = layer_overhead x blocks on the rank x micro-batches through them
+    overhead  = (layer_overhead + tp_overhead if tp > 1) x blocks on the rank x micro-batches
+                through them
     bubble    = (compute + overhead) x (pp - 1) / (virtual stages x pipeline micro-batches)
     comm      = the exposed part of every collective (parallel.cost.comm: volumes per mesh
                 axis, the link each axis uses, alpha-beta ring costs, the overlap rule)
@@ -53,6 +54,8 @@ class Hardware:
     """Dense peak of one device (one core on CPU) in the compute dtype."""
     matmul_efficiency: float
     layer_overhead_s: float
+    tp_overhead_s: float = 0.0
+    """Extra per tensor-parallel block pass (counted only when tp > 1)."""
     hbm_gbps: float
     intra: Link
     inter: Link
@@ -126,7 +129,8 @@ def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
     recompute_flops = recompute_flops_per_token(spec, attention=plan.flops_attention) * \
         plan.tokens_per_step
     compute_s = (plan.flops_per_step + recompute_flops) / (world * hw.rank_flops)
-    overhead_s = hw.layer_overhead_s * block_passes(spec) / hw.core_share
+    per_pass = hw.layer_overhead_s + (hw.tp_overhead_s if p.tp > 1 else 0.0)
+    overhead_s = per_pass * block_passes(spec) / hw.core_share
     bubble_s = (compute_s + overhead_s) * bubble_factor(spec)
     collectives = collectives_of(spec, hw)
     by_axis: dict[str, float] = {}
@@ -235,6 +239,7 @@ def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware |
         device=CPU_KEY if cpu else (facts.key if facts else spec.host.gpu_name), peak=peak,
         matmul_efficiency=pick("matmul_efficiency", None, DEFAULT_MATMUL_EFFICIENCY),
         layer_overhead_s=pick("layer_overhead_us", None, 0.0) * 1e-6,
+        tp_overhead_s=pick("tp_overhead_us", None, 0.0) * 1e-6,
         hbm_gbps=pick("hbm_gbps", get("hbm_gbps"), 1000.0), intra=intra, inter=inter,
         ranks_per_node=ranks, core_share=share, overlaps_comm=not cpu, sources=sources)
 

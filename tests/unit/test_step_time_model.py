@@ -166,7 +166,8 @@ def test_bad_knobs_and_files_are_named():
 
 # --- the fit ------------------------------------------------------------------------------
 
-TRUTH = {"matmul_efficiency": 0.37, "layer_overhead_us": 900.0, "intra_node_gbps": 1.5,
+TRUTH = {"matmul_efficiency": 0.37, "layer_overhead_us": 900.0, "tp_overhead_us": 2500.0,
+         "intra_node_gbps": 1.5,
          "intra_node_latency_us": 80.0}
 LAYOUTS = (("parallel=single",), ("parallel=ddp",), ("parallel=zero3",), ("parallel=tp",),
            ("parallel=pp",), ("parallel=3d",))
@@ -189,6 +190,16 @@ def test_the_fit_recovers_known_constants():
     fitted = fit_compute(_samples(), base=links)
     assert fitted["matmul_efficiency"] == pytest.approx(0.37, rel=1e-6)
     assert fitted["layer_overhead_us"] == pytest.approx(900.0, rel=1e-6)
+    assert fitted["tp_overhead_us"] == pytest.approx(2500.0, rel=1e-6)
+
+
+def test_the_fit_sets_an_overhead_the_runs_cannot_see_to_zero():
+    """No tp run: the tp overhead is not identifiable and comes out 0, the rest exact."""
+    no_tp = [s for s in _samples() if s.spec.parallel.tp == 1]
+    links = {k: TRUTH[k] for k in ("intra_node_gbps", "intra_node_latency_us")}
+    fitted = fit_compute(no_tp, base=links)
+    assert fitted["tp_overhead_us"] == 0.0
+    assert fitted["matmul_efficiency"] == pytest.approx(0.37, rel=1e-6)
 
 
 def test_the_link_fit_recovers_alpha_and_beta():
