@@ -108,7 +108,9 @@ Why they differ:
 - tokens/s: the plan assumes the catalogue's H100 SXM peak (989 TFLOP/s bf16 at 700 W) and a
   matmul efficiency of 50% with nothing calibrated; torchtitan ran HBM2e H100s at 500 W (their
   footnote: the real peak is between SXM and NVL, unknown), eager, reaching ~34% of the SXM
-  peak. Calibrating on one measured run (`meshrun plan --calibrate`) replaces the 50%. The
+  peak; their per-op SAC also re-runs every other matmul in backward (meshrun's `ops`
+  policy keeps them all, so the plan counts no re-run FLOPs). Calibrating on one measured
+  run (`meshrun plan --calibrate`) replaces the 50%. The
   8 -> 128 GPU drop (published -2.7%) comes from FSDP traffic moving onto InfiniBand: the
   plan's overlap rule hides all but the first/last block's share of it.
 - memory: the plan counts bytes allocated at the backward's start; torchtitan reports the
