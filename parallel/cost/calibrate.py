@@ -3,7 +3,8 @@
 Two fits, each from what a measurement can identify:
 - links, from a preflight bandwidth table (all-reduce of S bytes over n ranks takes
   t = 2(n-1) alpha + 2(n-1)/n S / B): a least-squares line of t over S gives B (slope) and
-  alpha (intercept); the link is intra-node when every rank ran on one host, else inter-node;
+  alpha (intercept), in relative error (so the small messages set alpha and one slow large
+  message does not swamp it); the link is intra-node when every rank ran on one host, else inter-node;
 - compute, from finished runs' step times: with the links fixed, each run's time is
   measured = x * A + y * P + z * T + C, x = 1 / matmul_efficiency, y = layer overhead (s),
   z = tensor-parallel overhead (s), A = the compute (bubble included) at efficiency 1, P = the
@@ -61,7 +62,8 @@ def fit_link(rows: list[dict], *, world_size: int) -> tuple[float, float]:
     n = world_size
     sizes = [float(r["size_bytes"]) for r in rows]
     times = [float(r["time_ms"]) * 1e-3 for r in rows]
-    slope, intercept = _line(sizes, times)
+    fit = _weighted_lstsq([[1.0, size] for size in sizes], times, [1 / t for t in times])
+    intercept, slope = fit if fit is not None else (0.0, 0.0)
     if slope <= 0:
         raise ValueError("the bandwidth table's times do not grow with the message size")
     gbps = 2 * (n - 1) / n / slope / 1e9
@@ -181,10 +183,3 @@ def read_run(run_dir: Path) -> Sample:
         raise ValueError(f"{run_dir}: metrics.jsonl has no train rows with step_time_s")
     return Sample(name=Path(run_dir).name, spec=rd.read_spec(),
                   measured_s=statistics.median(times))
-
-
-def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
-    return slope, my - slope * mx

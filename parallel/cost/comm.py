@@ -15,9 +15,11 @@ degrees after it); it stays inside a node when that block fits in (and tiles) a 
 Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a rank:
 - FSDP (zero 2/3) over dp_shard x cp: parameters all-gathered once per micro-batch in forward
   (zero 3: again in backward, after the forward reshard), gradients reduce-scattered once per
-  micro-batch (FSDP2 reduces every backward);
+  micro-batch (FSDP2 reduces every backward); one call per FSDP unit (each block, and the
+  root: embedding, norm, head), so the latency is paid L + 1 times;
 - DDP (zero 0/1) over dp_replicate x dp_shard x cp: gradients all-reduced once per step; zero 1
-  also all-gathers the updated parameters from their owners after the optimizer step;
+  also all-gathers the updated parameters from their owners after the optimizer step, one
+  call per parameter tensor (each is broadcast by its owner);
 - HSDP: the replicate axis all-reduces the shard's gradients once per micro-batch;
 - TP: per block, per micro-batch, 2 in forward and 2 in backward (attention and MLP): an
   all-reduce of the block's activations, or with sequence parallelism an all-gather plus a
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 
 from conf.spec import RunSpec
 from parallel.cost.activations import DTYPE_BYTES
-from parallel.cost.params import param_counts
+from parallel.cost.params import param_counts, parameter_shapes
 from parallel.dims import MESH_AXES
 
 RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
@@ -145,6 +147,8 @@ class _Shape:
     """Tokens of one micro-batch on one rank (after the cp split)."""
     layers: int
     """Blocks on one pipeline rank."""
+    tensors: int
+    """Parameter tensors on one pipeline rank."""
 
     @classmethod
     def of(cls, spec: RunSpec) -> "_Shape":
@@ -157,21 +161,23 @@ class _Shape:
                    grad_bytes=DTYPE_BYTES.get(spec.precision.reduce_dtype.value, 4),
                    act_bytes=low if compute != "fp32" else 4, micro_batches=micro,
                    tokens_per_micro_batch=t.micro_batch_size * t.seq_len // p.cp,
-                   layers=max(1, m.n_layers // p.pp))
+                   layers=max(1, m.n_layers // p.pp),
+                   tensors=max(1, len(parameter_shapes(m)) // p.pp))
 
 
 def _data_parallel(spec: RunSpec, s: _Shape, link) -> list[Collective]:
     p = spec.parallel
     shard = p.dp_shard * p.cp
     if p.zero in (2, 3):
-        gathers = 2 if p.zero == 3 else 1
+        gathers, units = (2 if p.zero == 3 else 1), s.layers + 1
         out = [Collective(axis="fsdp", op="all_gather", group=shard,
-                          size_bytes=s.stage_params * s.param_bytes,
-                          calls=gathers * s.micro_batches, link=link("dp_shard", "cp"),
-                          why=f"zero {p.zero}: parameters gathered {gathers}x per micro-batch"),
+                          size_bytes=s.stage_params * s.param_bytes / units,
+                          calls=gathers * s.micro_batches * units, link=link("dp_shard", "cp"),
+                          why=f"zero {p.zero}: each unit gathered {gathers}x per micro-batch"),
                Collective(axis="fsdp", op="reduce_scatter", group=shard,
-                          size_bytes=s.stage_params * s.grad_bytes, calls=s.micro_batches,
-                          link=link("dp_shard", "cp"), why="gradients, every micro-batch")]
+                          size_bytes=s.stage_params * s.grad_bytes / units,
+                          calls=s.micro_batches * units, link=link("dp_shard", "cp"),
+                          why="each unit's gradients, every micro-batch")]
         if p.dp_replicate > 1:
             out.append(Collective(axis="hsdp", op="all_reduce", group=p.dp_replicate,
                                   size_bytes=s.stage_params * s.grad_bytes / shard,
@@ -184,7 +190,7 @@ def _data_parallel(spec: RunSpec, s: _Shape, link) -> list[Collective]:
                       link=link("dp_replicate", "dp_shard", "cp"), why="gradients, once a step")]
     if p.zero == 1:
         out.append(Collective(axis="zero1", op="all_gather", group=group,
-                              size_bytes=s.stage_params * 4, calls=1,
+                              size_bytes=s.stage_params * 4 / s.tensors, calls=s.tensors,
                               link=link("dp_replicate", "dp_shard", "cp"),
                               why="updated parameters from their owners"))
     return out
