@@ -6,10 +6,21 @@ bytes of parameters + gradients + optimizer state actually held next to the plan
 All layouts run in this one invocation (world sizes 1, 2, 4, 8 on this machine's cores), so
 the ratios between them are comparable; absolute times on a 2-core machine are not.
 
+Then the step-time model (parallel/cost/step_time.py) is calibrated on this machine
+(parallel/cost/calibrate.py: the link from an all-reduce bandwidth table over 2 ranks, as
+preflight measures it; matmul efficiency and per-block overhead from the measured runs) and
+predicts every layout: predicted vs measured, the Spearman rank correlation and the median
+absolute error, twice: calibrated on CALIBRATION_SET only (the rest are held out), and on
+every layout. Targets (issue 10): Spearman >= 0.9, median error <= 20%; reported, not asserted.
+
     .venv/bin/python benchmarks/layout_step_time.py [model=debug ...]   # default: tiny, 4 layers
+    .venv/bin/python benchmarks/layout_step_time.py --report FILE   # re-fit a saved run
+
+Each run saves its measurements to /tmp/layout_step_time.json (LAST_RUN) for --report.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
@@ -20,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 WARMUP, STEPS = 2, 6
+LAST_RUN = Path(tempfile.gettempdir()) / "layout_step_time.json"
 COMMON = ["model=tiny", "model.n_layers=4", "data=synthetic", "training.seq_len=64",
           "training.global_batch_size=8", "training.micro_batch_size=2",
           "training.grad_accum_steps=-1"]
@@ -103,17 +115,83 @@ def measure_single(spec) -> dict:
             "held": sum(held_bytes(layout, optimizers, grads_bytes=grads).values())}
 
 
+CALIBRATION_SET = ("single", "ddp", "tp (SP)", "pp2 x dp2")
+"""Layouts the held-out calibration fits on (1, 2 and 4 ranks: the core sharing is the
+model's; one tp layout for the tensor-parallel overhead)."""
+
+
+def measure_link(*, rank: int, world_size: int) -> dict:
+    """The preflight bandwidth table (all-reduce, gloo) over `world_size` ranks."""
+    import torch
+
+    from training.preflight import bandwidth_table
+
+    rows = bandwidth_table(device=torch.device("cpu"), max_bytes=4 << 20, iters=10)
+    return {"world_size": world_size, "bandwidth": rows, "ranks_by_host": {"localhost": [0, 1]}}
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    def ranks(values):
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+
+
+def report_model(specs: dict, measured: dict, link_report: dict) -> None:
+    from parallel.cost.calibrate import Sample, calibrate, predict
+
+    samples = {name: Sample(name=name, spec=specs[name], measured_s=measured[name])
+               for name in specs}
+    for label, names in (("held out: calibrated on " + ", ".join(CALIBRATION_SET),
+                          CALIBRATION_SET), ("calibrated on every layout", tuple(specs))):
+        fit = calibrate([samples[n] for n in names], preflights=[link_report])
+        print(f"\nstep-time model, {label}:")
+        print("  " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(fit.constants.items())))
+        print(f"  {'layout':18} {'measured ms':>11} {'predicted ms':>12} {'error':>7}")
+        predicted = {n: predict(specs[n], fit.constants) for n in specs}
+        for n in specs:
+            print(f"  {n:18} {measured[n] * 1e3:>11.1f} {predicted[n] * 1e3:>12.1f} "
+                  f"{predicted[n] / measured[n] - 1:>+7.1%}")
+        errors = [abs(predicted[n] / measured[n] - 1) for n in specs]
+        rho = spearman([measured[n] for n in specs], [predicted[n] for n in specs])
+        print(f"  Spearman {rho:.3f} (target >= 0.9); median |error| "
+              f"{statistics.median(errors):.1%} (target <= 20%)")
+
+
 def main() -> None:
     from conf.spec_io import spec_to_dict
     from tests.distributed.spawn import run_on_ranks
     from tests.support.specs import cpu_spec
     from parallel.cost.memory import estimate_memory
 
+    import dataclasses
+    import os
+
     extra = sys.argv[1:]
+    if extra[:1] == ["--report"]:
+        return report_saved(Path(extra[1]))
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} cores, load average {load:.1f} at start")
+    specs, measured = {}, {}
     print(f"{'layout':18} {'ranks':>5} {'step ms':>9} {'held MiB':>9} {'plan MiB':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, (world, overrides) in LAYOUTS.items():
             spec = cpu_spec(*COMMON, *overrides, *extra, f"cluster.procs_per_node={world}")
+            spec = dataclasses.replace(spec, host=dataclasses.replace(
+                spec.host, cpu_count=os.cpu_count() or 1))
             if world == 1:
                 results = [measure_single(spec)]
             else:
@@ -124,6 +202,28 @@ def main() -> None:
             held = max(r["held"] for r in results)
             print(f"{name:18} {world:>5} {results[0]['step_s'] * 1e3:>9.1f} "
                   f"{held / 2**20:>9.3f} {planned / 2**20:>9.3f}", flush=True)
+            specs[name], measured[name] = spec, results[0]["step_s"]
+        link = run_on_ranks(measure_link, world_size=2, workdir=Path(tmp), kwargs={},
+                            timeout_s=600)[0]
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    LAST_RUN.write_text(json.dumps({"extra": extra, "measured": measured, "link": link}))
+    report_model(specs, measured, link)
+
+
+def report_saved(path: Path) -> None:
+    """The model's report on measurements a previous run saved."""
+    import dataclasses
+    import os
+
+    from tests.support.specs import cpu_spec
+
+    saved = json.loads(path.read_text())
+    specs = {}
+    for name, (world, overrides) in LAYOUTS.items():
+        spec = cpu_spec(*COMMON, *overrides, *saved["extra"], f"cluster.procs_per_node={world}")
+        specs[name] = dataclasses.replace(spec, host=dataclasses.replace(
+            spec.host, cpu_count=os.cpu_count() or 1))
+    report_model(specs, saved["measured"], saved["link"])
 
 
 if __name__ == "__main__":

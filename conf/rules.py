@@ -232,6 +232,12 @@ def check_optim(o: OptimConfig, problems: ProblemList) -> None:
             problems.add(f"optim.{name}", getattr(o, name), "must be >= 0", "give a value >= 0")
 
 
+TIME_MODEL_KEYS = ("peak_tflops", "hbm_gbps", "intra_node_gbps", "inter_node_gbps",
+                   "intra_node_latency_us", "inter_node_latency_us", "matmul_efficiency",
+                   "layer_overhead_us", "tp_overhead_us")
+"""The step-time model's cluster knobs (parallel/cost/step_time.py): 0 or more."""
+
+
 def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: DeviceKind,
                   problems: ProblemList) -> None:
     if c.kind is ClusterKind.local and c.nodes != 1:
@@ -242,6 +248,13 @@ def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: DeviceKi
     if c.gpu_compute_capability < 0:
         problems.add("cluster.gpu_compute_capability", c.gpu_compute_capability,
                      "must be >= 0 (0 = unknown)", "e.g. 9.0 for H100, 8.0 for A100")
+    for key in TIME_MODEL_KEYS:
+        if getattr(c, key) < 0:
+            problems.add(f"cluster.{key}", getattr(c, key), "must be >= 0 (0 = calibrated or "
+                         "the device catalogue)", "give a positive value, or 0")
+    if c.matmul_efficiency > 1:
+        problems.add("cluster.matmul_efficiency", c.matmul_efficiency,
+                     "is a fraction of the peak, at most 1", "e.g. 0.5")
     if procs <= 0:
         problems.add("cluster.procs_per_node", procs, "must be positive, or -1 for auto",
                      "give a value >= 1")

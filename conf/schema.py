@@ -365,6 +365,31 @@ class ClusterConfig:
     """Largest all-reduce message of the bandwidth table (4 KiB up to this)."""
     python: str = ""
     """slurm/nodes: Python executable on the compute nodes; empty = this one."""
+    # The step-time model (parallel/cost/step_time.py). Each value: 0 = from the calibration
+    # (`cluster.calibration`), else the device catalogue (parallel/cost/devices.py).
+    peak_tflops: float = 0.0
+    """Dense peak TFLOP/s of one device in the compute dtype (on CPU: of one core)."""
+    hbm_gbps: float = 0.0
+    """Device memory bandwidth, GB/s (the optimizer step's time)."""
+    intra_node_gbps: float = 0.0
+    """Collective bandwidth between ranks of one node (NVLink), GB/s per direction per rank."""
+    inter_node_gbps: float = 0.0
+    """Collective bandwidth between nodes (InfiniBand), GB/s per direction per rank."""
+    intra_node_latency_us: float = 0.0
+    """Latency (alpha) of one step of a collective inside a node, microseconds."""
+    inter_node_latency_us: float = 0.0
+    """Latency (alpha) of one step of a collective between nodes, microseconds."""
+    matmul_efficiency: float = 0.0
+    """Fraction of the dense peak the model's matmuls reach (0 = calibrated, else 0.5)."""
+    layer_overhead_us: float = 0.0
+    """Fixed cost per block per micro-batch (forward + backward: launches, Python), us."""
+    tp_overhead_us: float = 0.0
+    """Extra fixed cost per tensor-parallel block per micro-batch (DTensor's dispatch of its
+    ops and collectives, beyond their bytes), us."""
+    calibration: str = "auto"
+    """Calibration file written by `meshrun plan --calibrate`: auto = ~/.meshrun/calibration.json
+    when it exists ($MESHRUN_HOME instead of ~/.meshrun when set), none = do not use one, or a
+    path. The entry for this run's device is used (values set above win over it)."""
 
 
 @dataclass

@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "uses) or causal (halved, FlashAttention's count)")
     plan.add_argument("--json", action="store_true",
                       help="print the whole plan as JSON (keys: launcher/plan_json.py)")
+    plan.add_argument("--calibrate", nargs="+", type=Path, metavar="RUN_DIR",
+                      help="fit the step-time model to these runs (metrics, preflight.json), "
+                           "print the error per run, store it (launcher/calibrate_cmd.py)")
+    plan.add_argument("--calibration-out", type=Path, default=None, metavar="FILE",
+                      help="--calibrate: the file to write (default ~/.meshrun/calibration.json)")
     plan.add_argument("overrides", nargs="*")
     hydra_flags.add_config_dir_arg(plan)
     resume = sub.add_parser("resume", help="continue a run dir from its latest checkpoint")
@@ -80,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "handler", None) is not None:
             return args.handler(args, console)
         if args.command == "plan":
+            if args.calibrate:
+                from launcher.calibrate_cmd import run_calibrate
+                return run_calibrate(args.calibrate, out=args.calibration_out, console=console)
             return commands.plan(args.overrides, console=console, attention=args.attention_flops,
                                  as_json=args.json)
         if args.command == "resume":

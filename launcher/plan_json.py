@@ -13,8 +13,12 @@ times seconds. Keys (schema "meshrun.plan/1"):
   activations + loss_peak)}
 - verdict: {fits (true | false | null: no verdict), need_bytes, device_bytes,
   usable_bytes, margin_bytes (usable - need), basis, line}
-- step_time: {step_s, run_hours, gpu_hours, assumed_mfu, peak_flops, peak_source} or null
-  (CPU, or a GPU with no known peak)
+- step_time: the step-time model (parallel/cost/step_time.py) or null (a GPU with no known
+  peak): {step_s, run_hours, gpu_hours (null on CPU), tokens_per_s_per_device, mfu,
+  peak_flops, peak_source, matmul_efficiency, breakdown: {compute_s, recompute_s,
+  overhead_s, bubble_s, comm_s, comm_exposed_s, optimizer_s, comm_by_axis: {axis: s}},
+  collectives: [{axis, op, group, size_bytes, calls, link, seconds}], sources: {constant:
+  cluster | calibration | catalogue | default}}
 - suggestions: when it does not fit, [{what, overrides, memory_bytes (peak), fits,
   margin_bytes}], each re-planned (launcher.advice); else []
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 from conf.spec import RunSpec
 from parallel.cost.plan import Plan
-from parallel.cost.step_time import ASSUMED_MFU, estimate_time
+from parallel.cost.step_time import TimeEstimate, estimate_time
 
 SCHEMA = "meshrun.plan/1"
 
@@ -51,11 +55,25 @@ def plan_json(spec: RunSpec, plan: Plan, suggestions: list) -> dict:
         "verdict": {"fits": v.fits, "need_bytes": v.need_bytes, "device_bytes": v.device_bytes,
                     "usable_bytes": v.usable_bytes, "margin_bytes": v.margin_bytes,
                     "basis": v.basis, "line": v.line},
-        "step_time": None if time is None else {
-            "step_s": time.step_s, "run_hours": time.run_hours, "gpu_hours": time.gpu_hours,
-            "assumed_mfu": ASSUMED_MFU, "peak_flops": time.peak.flops,
-            "peak_source": time.peak.source},
+        "step_time": None if time is None else time_json(time),
         "suggestions": [{"what": s.what, "overrides": s.overrides,
                          "memory_bytes": s.plan.memory.total, "fits": s.plan.verdict.fits,
                          "margin_bytes": s.plan.verdict.margin_bytes} for s in suggestions],
     }
+
+
+def time_json(e: TimeEstimate) -> dict:
+    b = e.breakdown
+    return {"step_s": e.step_s, "run_hours": e.run_hours, "gpu_hours": e.gpu_hours,
+            "tokens_per_s_per_device": e.tokens_per_s_per_device, "mfu": e.mfu,
+            "peak_flops": e.peak.flops, "peak_source": e.peak.source,
+            "matmul_efficiency": e.hardware.matmul_efficiency,
+            "breakdown": {"compute_s": b.compute_s, "recompute_s": b.recompute_s,
+                          "overhead_s": b.overhead_s, "bubble_s": b.bubble_s,
+                          "comm_s": b.comm_s, "comm_exposed_s": b.comm_exposed_s,
+                          "optimizer_s": b.optimizer_s, "comm_by_axis": b.comm_by_axis},
+            "collectives": [{"axis": c.axis, "op": c.op, "group": c.group,
+                             "size_bytes": c.size_bytes, "calls": c.calls,
+                             "link": c.link.name, "seconds": c.seconds}
+                            for c in e.collectives],
+            "sources": e.hardware.sources}

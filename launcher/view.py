@@ -8,7 +8,7 @@ from conf.spec import RunSpec
 from launcher.rank_view import layout_line, rank_table
 from parallel.cost.devices import GIB
 from parallel.cost.plan import Plan
-from parallel.cost.step_time import ASSUMED_MFU, estimate_time
+from parallel.cost.step_time import estimate_time
 
 
 def human(n: float) -> str:
@@ -87,14 +87,30 @@ def _memory_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
 
 
 def _time_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
-    if spec.training.device != "cuda":
-        return [("est. step time", "n/a on CPU (MFU uses a measured matmul peak at run time)")]
     estimate = estimate_time(spec, plan)
     if estimate is None:
-        return [("est. step time", f"unknown peak for {spec.host.gpu_name}")]
-    return [("est. step time", f"{estimate.step_s:.3f} s at {ASSUMED_MFU:.0%} MFU of "
-                               f"{estimate.peak.source}"),
-            ("est. run time", f"{estimate.run_hours:.2f} h; {estimate.gpu_hours:.1f} GPU-hours")]
+        return [("est. step time", f"unknown peak for {spec.host.gpu_name} "
+                                   "(set cluster.peak_tflops)")]
+    return time_rows(estimate)
+
+
+def time_rows(e) -> list[tuple[str, str]]:
+    """The step-time model's lines (parallel.cost.step_time), one term each."""
+    b, hw = e.breakdown, e.hardware
+    axes = ", ".join(f"{axis} {s * 1e3:.1f}" for axis, s in b.comm_by_axis.items()) or "none"
+    rows = [("est. step time", f"{e.step_s:.3f} s; {e.tokens_per_s_per_device:,.0f} tokens/s "
+                               f"per device; MFU {e.mfu:.1%} of {e.peak.source}"),
+            ("  compute", f"{b.compute_s * 1e3:.1f} ms at {hw.matmul_efficiency:.0%} matmul "
+                          f"efficiency ({hw.sources.get('matmul_efficiency')}); recompute "
+                          f"{b.recompute_s * 1e3:.1f} ms of it"),
+            ("  communication", f"{b.comm_exposed_s * 1e3:.1f} ms exposed of "
+                                f"{b.comm_s * 1e3:.1f} ms (ms by axis: {axes})"),
+            ("  bubble, overhead", f"{b.bubble_s * 1e3:.1f} ms pipeline bubble; "
+                                   f"{b.overhead_s * 1e3:.1f} ms per-block overhead (TP included)"),
+            ("  optimizer", f"{b.optimizer_s * 1e3:.1f} ms (AdamW memory traffic)")]
+    if e.gpu_hours is not None:
+        rows.append(("est. run time", f"{e.run_hours:.2f} h; {e.gpu_hours:.1f} GPU-hours"))
+    return rows
 
 
 def suggestion_table(suggestions: list) -> Table:

@@ -1,9 +1,19 @@
-"""The device catalogue: dense peak FLOP/s per dtype and memory (HBM) per GPU. Torch-free.
+"""The device and network catalogue: dense peak FLOP/s per dtype, memory (HBM) size and
+bandwidth, the intra-node (NVLink) and inter-node (InfiniBand) bandwidth per GPU and the GPUs
+per node. Torch-free.
 
 Peaks from vendor datasheets, never the 2:4-sparse numbers: the bf16/fp16 dense tensor-core
 peak, and for fp32 runs the TF32 dense peak. Keys match substrings of the device name as CUDA
 (or `cluster.gpu_name`) reports it; the first entry that matches and knows the fact asked for
 wins, so longer names come first. The plan, the sweep preview and the MFU metric all read it.
+
+Bandwidths are GB/s (1e9 bytes/s) per GPU in one direction, the figure a ring collective
+moves data at (NVLink's "900 GB/s" for H100 is both directions summed: 450 per direction;
+an NDR InfiniBand port is 400 Gb/s = 50 GB/s, one port per GPU on DGX/HGX nodes). Sources:
+NVIDIA datasheets (A100 SXM4 40/80GB, H100 SXM5, H200 SXM, HGX B200) and the DGX A100/H100/
+B200 user guides for the one-NIC-per-GPU InfiniBand fabric. The last row, `CPU_KEY`, is one
+CPU core of a CPU run (gloo over shared memory/loopback): rough figures that
+`meshrun plan --calibrate` replaces with this machine's own.
 """
 from __future__ import annotations
 
@@ -24,17 +34,43 @@ class Device:
     """fp32 (TF32 dense) peak."""
     memory_gib: float | None
     """Device memory in GiB, for names that do not say it (e.g. "...-80GB" does)."""
+    hbm_gbps: float | None = None
+    """Device memory (HBM) bandwidth, GB/s."""
+    intra_node_gbps: float | None = None
+    """Bandwidth to the other GPUs of its node (NVLink), GB/s per direction per GPU."""
+    inter_node_gbps: float | None = None
+    """Bandwidth to other nodes (InfiniBand, one NIC per GPU), GB/s per direction per GPU."""
+    gpus_per_node: int | None = None
+    """GPUs in the usual node of this device (HGX/DGX: 8)."""
 
+
+CPU_KEY = "CPU core"
+"""The catalogue row of one CPU core (peaks per core; the plan multiplies by the cores a rank
+gets)."""
+
+_NVLINK3, _NVLINK4, _NVLINK5 = 300.0, 450.0, 900.0  # GB/s per direction per GPU
+_IB_HDR, _IB_NDR = 25.0, 50.0  # 200 / 400 Gb/s per GPU
 
 DEVICES: tuple[Device, ...] = (
-    Device("GB200", 2.5e15, 1.25e15, 186),
-    Device("B200", 2.25e15, 1.1e15, 180),
-    Device("H200", 989e12, 494e12, 141),
-    Device("H100 PCIe", 756e12, 378e12, 80),
+    Device("GB200", 2.5e15, 1.25e15, 186, hbm_gbps=8000, intra_node_gbps=_NVLINK5,
+           inter_node_gbps=_IB_NDR, gpus_per_node=4),
+    Device("B200", 2.25e15, 1.1e15, 180, hbm_gbps=8000, intra_node_gbps=_NVLINK5,
+           inter_node_gbps=_IB_NDR, gpus_per_node=8),  # HGX B200: 18 PF dense bf16 / 8 GPUs
+    Device("H200", 989e12, 494e12, 141, hbm_gbps=4800, intra_node_gbps=_NVLINK4,
+           inter_node_gbps=_IB_NDR, gpus_per_node=8),
+    Device("H100 PCIe", 756e12, 378e12, 80, hbm_gbps=2000, intra_node_gbps=32.0,
+           inter_node_gbps=_IB_NDR, gpus_per_node=8),  # PCIe Gen5 x16 between GPUs
     Device("H100 NVL", None, None, 94),
-    Device("H100", 989e12, 494e12, 80),
-    Device("H800", 989e12, 494e12, 80),
-    Device("A100", 312e12, 156e12, 40),
+    Device("H100", 989e12, 494e12, 80, hbm_gbps=3350, intra_node_gbps=_NVLINK4,
+           inter_node_gbps=_IB_NDR, gpus_per_node=8),  # H100 SXM5
+    Device("H800", 989e12, 494e12, 80, hbm_gbps=3350, intra_node_gbps=200.0,
+           inter_node_gbps=_IB_NDR, gpus_per_node=8),  # NVLink cut to 400 GB/s both ways
+    Device("A100-SXM4-80GB", 312e12, 156e12, 80, hbm_gbps=2039, intra_node_gbps=_NVLINK3,
+           inter_node_gbps=_IB_HDR, gpus_per_node=8),
+    Device("A100 80GB", 312e12, 156e12, 80, hbm_gbps=2039, intra_node_gbps=_NVLINK3,
+           inter_node_gbps=_IB_HDR, gpus_per_node=8),
+    Device("A100", 312e12, 156e12, 40, hbm_gbps=1555, intra_node_gbps=_NVLINK3,
+           inter_node_gbps=_IB_HDR, gpus_per_node=8),  # A100 SXM4 40GB
     Device("A800", 312e12, 156e12, 80),
     Device("L40S", 362e12, 183e12, 48),
     Device("L4", 121e12, 60e12, 24),
@@ -45,6 +81,9 @@ DEVICES: tuple[Device, ...] = (
     Device("V100", 125e12, 15.7e12, 16),
     Device("MI300X", 1307e12, 654e12, 192),
     Device("MI250X", 383e12, 95.7e12, 128),
+    # One core, AVX2 FMA at ~2.5 GHz: 2 x 8 fp32 lanes x 2 = 32 FLOP/cycle; gloo between
+    # processes of one machine: a few GB/s and ~50 us per message (rough: calibrate).
+    Device(CPU_KEY, None, 80e9, None, hbm_gbps=10, intra_node_gbps=2.0, inter_node_gbps=1.0),
 )
 
 
@@ -82,3 +121,9 @@ def _find(device_name: str, field: str, *, match_case: bool) -> Device | None:
         if key in name and getattr(device, field) is not None:
             return device
     return None
+
+
+def device_facts(device_name: str) -> Device | None:
+    """The first catalogue row whose key is in `device_name` (any case), whatever it knows."""
+    name = device_name.lower()
+    return next((d for d in DEVICES if d.key.lower() in name), None)

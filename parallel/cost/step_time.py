@@ -1,31 +1,248 @@
-"""Step and run time at an assumed MFU of the GPUs' dense peak. Torch-free."""
+"""The step-time model: compute, communication per mesh axis, pipeline bubble, optimizer.
+Torch-free. Read top to bottom, a step of one rank takes
+
+    compute   = (matmul FLOPs + recompute re-run FLOPs) / (ranks x peak x matmul_efficiency)
+    overhead  = (layer_overhead + tp_overhead if tp > 1) x blocks on the rank x micro-batches
+                through them
+    bubble    = (compute + overhead) x (pp - 1) / (virtual stages x pipeline micro-batches)
+    comm      = the exposed part of every collective (parallel.cost.comm: volumes per mesh
+                axis, the link each axis uses, alpha-beta ring costs, the overlap rule)
+    optimizer = AdamW's memory traffic over the rank's optimizer shard / HBM bandwidth
+    step      = compute + overhead + bubble + comm + optimizer
+
+The bubble is the schedule's idle fraction (pp-1)/(m+pp-1) of the whole pipeline time for
+GPipe/1F1B, divided by the virtual stages v for interleaved schedules (zero-bubble and looped
+schedules are counted as interleaved). On a CPU, each rank gets one core, and when a node runs
+more ranks than it has cores they share them: compute, overhead, optimizer and communication
+time (gloo copies and waits on the same cores) grow by ranks/cores.
+
+Every constant comes from, in order: a `cluster.*` knob that is not 0, the calibration
+(`meshrun plan --calibrate`, parallel.cost.calibrate_store), the device catalogue
+(parallel.cost.devices); matmul_efficiency falls back to DEFAULT_MATMUL_EFFICIENCY.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from conf.spec import RunSpec
-from parallel.cost.devices import PeakFlops, gpu_peak
+from parallel.cost.calibrate_store import CONSTANTS, load_entry
+from parallel.cost.comm import Collective, Link, exposed_s, step_collectives
+from parallel.cost.devices import CPU_KEY, DEVICES, PeakFlops, device_facts, gpu_peak
+from parallel.cost.flops import ATTENTION_TERMS
+from parallel.cost.params import param_counts
 from parallel.cost.plan import Plan
 
-ASSUMED_MFU = 0.4  # what time estimates assume a GPU run achieves (labelled where shown)
+DEFAULT_MATMUL_EFFICIENCY = 0.5
+"""Fraction of the dense peak matmuls reach when nothing is calibrated (large bf16 GEMMs on
+H100 reach 0.6-0.8 of peak; attention, norms and small shapes pull a layer below that)."""
+
+ADAMW_BYTES_PER_PARAM = 28
+"""HBM traffic of one fp32 AdamW update per parameter: read parameter, gradient and two
+moments (16 bytes), write parameter and two moments (12)."""
+
+DEFAULT_LATENCY_US = {"intra-node": 10.0, "inter-node": 20.0, "cpu": 50.0}
+"""alpha per collective step when neither a knob nor a calibration gives one."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hardware:
+    """The constants one rank's step is timed with, and where each came from."""
+
+    device: str
+    """The calibration key (parallel.cost.calibrate_store.device_key)."""
+    peak: PeakFlops
+    """Dense peak of one device (one core on CPU) in the compute dtype."""
+    matmul_efficiency: float
+    layer_overhead_s: float
+    tp_overhead_s: float = 0.0
+    """Extra per tensor-parallel block pass (counted only when tp > 1)."""
+    hbm_gbps: float
+    intra: Link
+    inter: Link
+    ranks_per_node: int
+    core_share: float
+    """Fraction of a device one rank gets: 1 on a GPU; on CPU min(1, cores / ranks per node)."""
+    overlaps_comm: bool
+    """Can collectives run under compute (GPU: yes; CPU: gloo shares the cores, no)?"""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Constant -> "cluster", "calibration", "catalogue" or "default"."""
+
+    @property
+    def rank_flops(self) -> float:
+        """Matmul FLOP/s one rank achieves."""
+        return self.peak.flops * self.matmul_efficiency * self.core_share
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepBreakdown:
+    compute_s: float
+    """Matmuls, recompute's re-run included."""
+    recompute_s: float
+    """The re-run's share of compute_s."""
+    overhead_s: float
+    bubble_s: float
+    comm_s: float
+    """All communication, hidden or not."""
+    comm_exposed_s: float
+    optimizer_s: float
+    comm_by_axis: dict[str, float] = field(default_factory=dict)
+    """Seconds per step of each axis' collectives (fsdp, ddp, zero1, hsdp, tp, cp, pp)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimeEstimate:
     step_s: float
     run_hours: float
-    gpu_hours: float
+    gpu_hours: float | None
+    """run_hours x ranks on GPUs; None on CPU."""
     peak: PeakFlops
+    tokens_per_s_per_device: float
+    mfu: float
+    """Model FLOPs (the plan's, recompute not counted) / (step time x ranks x peak)."""
+    breakdown: StepBreakdown
+    collectives: tuple[Collective, ...]
+    hardware: Hardware
 
 
-def estimate_time(spec: RunSpec, plan: Plan) -> TimeEstimate | None:
-    """Step time at ASSUMED_MFU of the GPUs' dense peak; None on CPU or for an unknown GPU."""
-    if spec.training.device != "cuda":
+def estimate_time(spec: RunSpec, plan: Plan, *,
+                  hardware: Hardware | None = None) -> TimeEstimate | None:
+    """The step-time model (module docstring); None for a GPU with no known peak."""
+    hardware = hardware or hardware_of(spec)
+    if hardware is None:
         return None
-    peak = gpu_peak(spec.host.gpu_name, spec.precision.compute_dtype.value)
-    if peak is None:
-        return None
-    step_s = plan.flops_per_step / (plan.world_size * peak.flops * ASSUMED_MFU)
+    parts = step_parts(spec, plan, hardware)
+    step_s = parts.compute_s + parts.overhead_s + parts.bubble_s + parts.comm_exposed_s + \
+        parts.optimizer_s
+    world = plan.world_size
     run_hours = step_s * spec.training.steps / 3600
-    return TimeEstimate(step_s=step_s, run_hours=run_hours,
-                        gpu_hours=run_hours * plan.world_size, peak=peak)
+    return TimeEstimate(
+        step_s=step_s, run_hours=run_hours,
+        gpu_hours=run_hours * world if spec.training.device == "cuda" else None,
+        peak=hardware.peak, tokens_per_s_per_device=plan.tokens_per_step / step_s / world,
+        mfu=plan.flops_per_step / (step_s * world * hardware.peak.flops),
+        breakdown=parts, collectives=tuple(collectives_of(spec, hardware)), hardware=hardware)
+
+
+def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
+    """Every term of the step (module docstring)."""
+    world, p = plan.world_size, spec.parallel
+    recompute_flops = recompute_flops_per_token(spec, attention=plan.flops_attention) * \
+        plan.tokens_per_step
+    compute_s = (plan.flops_per_step + recompute_flops) / (world * hw.rank_flops)
+    per_pass = hw.layer_overhead_s + (hw.tp_overhead_s if p.tp > 1 else 0.0)
+    overhead_s = per_pass * block_passes(spec) / hw.core_share
+    bubble_s = (compute_s + overhead_s) * bubble_factor(spec)
+    collectives = collectives_of(spec, hw)
+    by_axis: dict[str, float] = {}
+    for c in collectives:
+        by_axis[c.axis] = by_axis.get(c.axis, 0.0) + c.seconds
+    exposed = exposed_s(collectives, compute_s=compute_s, layers=spec.model.n_layers // p.pp,
+                        overlaps=hw.overlaps_comm)
+    optimizer_s = optimizer_params(spec) * ADAMW_BYTES_PER_PARAM / (hw.hbm_gbps * 1e9) / \
+        hw.core_share
+    return StepBreakdown(compute_s=compute_s,
+                         recompute_s=recompute_flops / (world * hw.rank_flops),
+                         overhead_s=overhead_s, bubble_s=bubble_s, comm_s=sum(by_axis.values()),
+                         comm_exposed_s=exposed, optimizer_s=optimizer_s, comm_by_axis=by_axis)
+
+
+def collectives_of(spec: RunSpec, hw: Hardware) -> list[Collective]:
+    return step_collectives(spec, ranks_per_node=hw.ranks_per_node, intra=hw.intra,
+                            inter=hw.inter)
+
+
+def bubble_factor(spec: RunSpec) -> float:
+    """Pipeline idle time over busy time: (pp-1) / (v x m); 0 without a pipeline."""
+    p = spec.parallel
+    if p.pp <= 1:
+        return 0.0
+    virtual = p.pp_virtual_stages if p.pp_schedule != "gpipe" and p.pp_schedule != "1f1b" else 1
+    return (p.pp - 1) / (virtual * p.pp_microbatches)
+
+
+def block_passes(spec: RunSpec) -> int:
+    """Blocks one rank runs forward + backward in a step: its blocks x micro-batches x
+    pipeline micro-batches."""
+    p = spec.parallel
+    return (spec.model.n_layers // p.pp) * spec.training.grad_accum_steps * p.pp_microbatches
+
+
+def optimizer_params(spec: RunSpec) -> float:
+    """Parameters whose AdamW update one rank runs: its tp/pp part, sharded by zero >= 1."""
+    p = spec.parallel
+    shards = p.dp_shard * p.cp if p.zero >= 2 else p.dp_cp if p.zero == 1 else 1
+    return param_counts(spec.model).total / (p.pp * p.tp * shards)
+
+
+def recompute_flops_per_token(spec: RunSpec, *, attention: str = "full") -> float:
+    """FLOPs per token the recompute policy re-runs in backward: full (or selective block) the
+    forward of each recomputed block (2 x its matmul parameters + the attention core);
+    selective attention the attention core's forward; selective ffn the MLP's forward;
+    ops/swiglu/norm re-run element-wise work only (no matmul FLOPs)."""
+    r, m, t = spec.recompute, spec.model, spec.training
+    mode = r.mode.value
+    if mode in ("none", "offload"):
+        return 0.0
+    targets = set(r.targets)
+    q = m.n_heads * m.head_dim
+    attention_fwd = ATTENTION_TERMS[attention] / 3 * q * t.seq_len
+    ffn_fwd = 2 * 3 * m.dim * m.ffn_dim
+    attn_proj_fwd = 2 * (2 * m.dim * q + 2 * m.dim * m.n_kv_heads * m.head_dim)
+    if mode == "full" or "block" in targets:
+        per_layer = attn_proj_fwd + attention_fwd + ffn_fwd
+    else:
+        per_layer = ("attention" in targets) * attention_fwd + ("ffn" in targets) * ffn_fwd
+    recomputed = len(range(0, m.n_layers, max(1, r.every_n_layers)))
+    return per_layer * recomputed
+
+
+def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware | None:
+    """The constants for `spec` (module docstring for the order); None for an unknown GPU."""
+    c = spec.cluster
+    calibration = load_entry(spec) if calibration is None else calibration
+    cpu = spec.training.device != "cuda"
+    facts = next(d for d in DEVICES if d.key == CPU_KEY) if cpu else \
+        device_facts(spec.host.gpu_name)
+    sources: dict[str, str] = {}
+
+    def pick(name: str, catalogue: float | None, default: float | None = None) -> float | None:
+        for source, value in (("cluster", getattr(c, name) or None),
+                              ("calibration", calibration.get(name)),
+                              ("catalogue", catalogue), ("default", default)):
+            if value is not None:
+                sources[name] = source
+                return float(value)
+        return None
+
+    dtype = spec.precision.compute_dtype.value
+    table = facts.fp32_flops if cpu else (gpu_peak(spec.host.gpu_name, dtype) or
+                                          PeakFlops(flops=0.0, source="")).flops or None
+    peak_tflops = pick("peak_tflops", table / 1e12 if table else None)
+    if peak_tflops is None:
+        return None
+    what = f"{facts.key} {dtype} dense" if facts is not None else spec.host.gpu_name
+    peak = PeakFlops(flops=peak_tflops * 1e12, source=f"{sources['peak_tflops']}:{what}")
+    get = (lambda attr: getattr(facts, attr) if facts is not None else None)
+    latency = DEFAULT_LATENCY_US["cpu"] if cpu else None
+    intra = Link(name="intra-node", gbps=pick("intra_node_gbps", get("intra_node_gbps"), 100.0),
+                 latency_s=pick("intra_node_latency_us", None, latency or
+                                DEFAULT_LATENCY_US["intra-node"]) * 1e-6)
+    inter = Link(name="inter-node", gbps=pick("inter_node_gbps", get("inter_node_gbps"), 25.0),
+                 latency_s=pick("inter_node_latency_us", None, latency or
+                                DEFAULT_LATENCY_US["inter-node"]) * 1e-6)
+    ranks = spec.cluster.procs_per_node
+    share = min(1.0, spec.host.cpu_count / ranks) if cpu else 1.0
+    if cpu:  # gloo moves bytes and waits on peers with the same (shared) cores
+        intra, inter = (Link(name=k.name, gbps=k.gbps * share, latency_s=k.latency_s / share)
+                        for k in (intra, inter))
+    return Hardware(
+        device=CPU_KEY if cpu else (facts.key if facts else spec.host.gpu_name), peak=peak,
+        matmul_efficiency=pick("matmul_efficiency", None, DEFAULT_MATMUL_EFFICIENCY),
+        layer_overhead_s=pick("layer_overhead_us", None, 0.0) * 1e-6,
+        tp_overhead_s=pick("tp_overhead_us", None, 0.0) * 1e-6,
+        hbm_gbps=pick("hbm_gbps", get("hbm_gbps"), 1000.0), intra=intra, inter=inter,
+        ranks_per_node=ranks, core_share=share, overlaps_comm=not cpu, sources=sources)
+
+
+__all__ = ["CONSTANTS", "DEFAULT_MATMUL_EFFICIENCY", "Hardware", "StepBreakdown",
+           "TimeEstimate", "estimate_time", "hardware_of"]

@@ -1,0 +1,91 @@
+"""`meshrun plan --calibrate RUN_DIR...`: fit the step-time model to measured runs, print the
+prediction error per run, store the constants (parallel.cost.calibrate_store) for later plans.
+
+Each RUN_DIR contributes its preflight.json bandwidth table (the link its ranks used) and,
+when it has train rows in metrics.jsonl, its median step time. Runs are grouped by device
+(one calibration entry each); a device's links are fitted first, then its compute.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from conf.errors import ConfigError, Problem
+from conf.rundir import RunDir
+from parallel.cost.calibrate import COMPUTE_CONSTANTS, Sample, calibrate, read_run
+from parallel.cost.calibrate_store import default_path, device_key, read_file, store_entry
+
+KEY = "--calibrate"
+
+
+def run_calibrate(paths: list[Path], *, out: Path | None, console: Console) -> int:
+    """Fit, print and store; a path that gives nothing to fit raises ConfigError (exit 2)."""
+    samples, preflights = _read(paths)
+    target = out or default_path()
+    devices = sorted({device_key(s.spec) for s in samples} | set(preflights))
+    for device in devices:
+        mine = [s for s in samples if device_key(s.spec) == device]
+        base = _stored_links(target, device)
+        try:
+            result = calibrate(mine, preflights=preflights.get(device, []), base=base,
+                               device=device)
+        except ValueError as error:
+            raise ConfigError([Problem(KEY, " ".join(map(str, paths)), str(error),
+                                       "give finished runs with metrics.jsonl")]) from None
+        stored = {**result.constants, "runs": len(mine),
+                  "median_abs_error": result.median_abs_error}
+        store_entry(target, device, stored)
+        _print(console, device, result, target)
+    return 0
+
+
+def _read(paths: list[Path]) -> tuple[list[Sample], dict[str, list[dict]]]:
+    samples, preflights, problems = [], {}, []
+    for path in paths:
+        rd = RunDir(path)
+        if not Path(path).is_dir() or not rd.spec_file.exists():
+            problems.append(Problem(KEY, path, "is not a run dir (no spec.json)",
+                                    "give run dirs made by `meshrun run` or `meshrun preflight`"))
+            continue
+        found = False
+        if rd.preflight_file.exists():
+            report = json.loads(rd.preflight_file.read_text())
+            if len(report.get("bandwidth", [])) >= 2 and report.get("world_size", 1) >= 2:
+                key = device_key(rd.read_spec())
+                preflights.setdefault(key, []).append(report)
+                found = True
+        try:
+            samples.append(read_run(path))
+            found = True
+        except ValueError:
+            pass
+        if not found:
+            problems.append(Problem(KEY, path, "has neither train step times (metrics.jsonl) "
+                                    "nor a preflight bandwidth table of 2+ ranks",
+                                    "let the run take a few steps, or run `meshrun preflight`"))
+    if problems:
+        raise ConfigError(problems, title="Cannot calibrate")
+    return samples, preflights
+
+
+def _stored_links(path: Path, device: str) -> dict:
+    """The stored entry of `device` without its compute constants (refitted each time)."""
+    if not path.exists():
+        return {}
+    entry = read_file(path, key="calibration file")["devices"].get(device, {})
+    return {k: v for k, v in entry.items()
+            if k not in (*COMPUTE_CONSTANTS, "runs", "median_abs_error")}
+
+
+def _print(console: Console, device: str, result, target: Path) -> None:
+    print(f"calibration for {device} -> {target}")
+    for key, value in sorted(result.constants.items()):
+        print(f"  {key} = {value:.4g}")
+    if result.errors:
+        print(f"  {'run':30} {'measured s':>11} {'predicted s':>11} {'error':>7}")
+        for name, (measured, predicted) in result.errors.items():
+            print(f"  {name[:30]:30} {measured:>11.4f} {predicted:>11.4f} "
+                  f"{predicted / measured - 1:>+7.1%}")
+        print(f"  median absolute error {result.median_abs_error:.1%}")

@@ -1,0 +1,185 @@
+"""Fit the step-time model's constants to measured runs. Torch-free.
+
+Two fits, each from what a measurement can identify:
+- links, from a preflight bandwidth table (all-reduce of S bytes over n ranks takes
+  t = 2(n-1) alpha + 2(n-1)/n S / B): a least-squares line of t over S gives B (slope) and
+  alpha (intercept), in relative error (so the small messages set alpha and one slow large
+  message does not swamp it); the link is intra-node when every rank ran on one host, else inter-node;
+- compute, from finished runs' step times: with the links fixed, each run's time is
+  measured = x * A + y * P + z * T + C, x = 1 / matmul_efficiency, y = layer overhead (s),
+  z = tensor-parallel overhead (s), A = the compute (bubble included) at efficiency 1, P = the
+  block passes (bubble included), T = P for runs with tp > 1 (else 0), C = the communication
+  and optimizer time; (x, y, z) minimise the squared relative error over the runs (an
+  overhead the runs cannot identify, or that would come out negative, is 0). The overlap
+  rule makes C depend on x, so the fit is repeated a few times.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from conf.rundir import RunDir, read_metrics_rows
+from conf.spec import RunSpec
+from parallel.cost.plan import Plan, make_plan
+from parallel.cost.step_time import (Hardware, block_passes, bubble_factor, estimate_time,
+                                     hardware_of, step_parts)
+
+FIT_ROUNDS = 4
+COMPUTE_CONSTANTS = ("matmul_efficiency", "layer_overhead_us", "tp_overhead_us")
+"""What the run fit sets (the links come from preflight tables)."""
+WARMUP_STEPS = 2
+"""Train rows left out of a run's measured step time (compile, caches, allocator)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sample:
+    """One measured run: its spec and its median step time."""
+
+    name: str
+    spec: RunSpec
+    measured_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    device: str
+    constants: dict
+    """cluster.* knob name -> fitted value (only the ones the measurements identified)."""
+    errors: dict
+    """sample name -> (measured s, predicted s) after the fit."""
+
+    @property
+    def median_abs_error(self) -> float:
+        return statistics.median(abs(p / m - 1) for m, p in self.errors.values()) \
+            if self.errors else 0.0
+
+
+def fit_link(rows: list[dict], *, world_size: int) -> tuple[float, float]:
+    """(GB/s, latency us) from all-reduce timings {size_bytes, time_ms} over `world_size`."""
+    if world_size < 2 or len(rows) < 2:
+        raise ValueError("a bandwidth fit needs 2 or more ranks and 2 or more message sizes")
+    n = world_size
+    sizes = [float(r["size_bytes"]) for r in rows]
+    times = [float(r["time_ms"]) * 1e-3 for r in rows]
+    fit = _weighted_lstsq([[1.0, size] for size in sizes], times, [1 / t for t in times])
+    intercept, slope = fit if fit is not None else (0.0, 0.0)
+    if slope <= 0:
+        raise ValueError("the bandwidth table's times do not grow with the message size")
+    gbps = 2 * (n - 1) / n / slope / 1e9
+    return gbps, max(0.0, intercept / (2 * (n - 1))) * 1e6
+
+
+def link_constants(report: dict) -> dict:
+    """cluster.* constants a preflight.json identifies (its link's bandwidth and latency)."""
+    gbps, latency_us = fit_link(report["bandwidth"], world_size=report["world_size"])
+    where = "intra_node" if len(report.get("ranks_by_host", {})) <= 1 else "inter_node"
+    return {f"{where}_gbps": gbps, f"{where}_latency_us": latency_us}
+
+
+def fit_compute(samples: list[Sample], *, base: dict) -> dict:
+    """{matmul_efficiency, layer_overhead_us, tp_overhead_us} that best explain `samples`
+    (module docstring), the other constants taken from `base` (a calibration entry)."""
+    if not samples:
+        raise ValueError("no measured runs to fit")
+    plans = [make_plan(s.spec) for s in samples]
+    constants = {**base, "matmul_efficiency": base.get("matmul_efficiency", 0.5)}
+    for _ in range(FIT_ROUNDS):
+        rows = [_features(s.spec, plan, _hardware(s.spec, constants))
+                for s, plan in zip(samples, plans)]
+        x, y, z = _solve([(*cols, s.measured_s - c) for (*cols, c), s in zip(rows, samples)],
+                         [s.measured_s for s in samples])
+        constants = {**constants, "matmul_efficiency": min(1.0, 1 / x),
+                     "layer_overhead_us": y * 1e6, "tp_overhead_us": z * 1e6}
+    return {k: constants[k] for k in COMPUTE_CONSTANTS}
+
+
+def calibrate(samples: list[Sample], *, preflights: list[dict] = (), base: dict | None = None,
+              device: str = "") -> Calibration:
+    """Links from the preflight tables, then compute from the runs; errors per run."""
+    constants = dict(base or {})
+    for report in preflights:
+        constants.update(link_constants(report))
+    if samples:
+        constants.update(fit_compute(samples, base=constants))
+    errors = {s.name: (s.measured_s, predict(s.spec, constants)) for s in samples}
+    return Calibration(device=device, constants=constants, errors=errors)
+
+
+def predict(spec: RunSpec, constants: dict) -> float:
+    """Predicted step time of `spec` under calibration `constants`."""
+    return estimate_time(spec, make_plan(spec), hardware=_hardware(spec, constants)).step_s
+
+
+def _hardware(spec: RunSpec, constants: dict) -> Hardware:
+    hw = hardware_of(spec, calibration=constants)
+    if hw is None:
+        raise ValueError(f"no peak FLOP/s known for {spec.host.gpu_name!r}: set "
+                         "cluster.peak_tflops")
+    return hw
+
+
+def _features(spec: RunSpec, plan: Plan, hw: Hardware) -> tuple[float, float, float, float]:
+    """(A, P, T, C) of the module docstring for one run."""
+    unit = replace(hw, matmul_efficiency=1.0, layer_overhead_s=0.0, tp_overhead_s=0.0)
+    parts = step_parts(spec, plan, unit)
+    stretch = 1 + bubble_factor(spec)
+    passes = block_passes(spec) / hw.core_share * stretch
+    fitted = step_parts(spec, plan, hw)
+    return (parts.compute_s * stretch, passes, passes if spec.parallel.tp > 1 else 0.0,
+            fitted.comm_exposed_s + fitted.optimizer_s)
+
+
+def _solve(rows: list[tuple[float, ...]], measured: list[float]) -> tuple[float, ...]:
+    """Least squares of sum(col_j * u_j) = r (the last entry of a row), weighted by
+    1/measured; u_0 > 0, the others >= 0: a column the runs cannot identify or that comes out
+    negative is dropped (its u is 0) and the rest refitted."""
+    n = len(rows[0]) - 1
+    active = [j for j in range(n) if any(row[j] for row in rows)]
+    while active:
+        u = _weighted_lstsq([[row[j] for j in active] for row in rows],
+                            [row[-1] for row in rows], [1 / m for m in measured])
+        if u is not None and u[0] > 0 and all(v >= 0 for v in u[1:]):
+            out = [0.0] * n
+            for j, v in zip(active, u):
+                out[j] = v
+            return tuple(out)
+        if len(active) == 1:
+            break
+        worst = min(range(1, len(active)), key=lambda i: u[i] if u is not None else 0)
+        active.pop(worst if u is not None else len(active) - 1)
+    raise ValueError("the measured times are shorter than the model's communication alone: "
+                     "the runs cannot fit a matmul efficiency")
+
+
+def _weighted_lstsq(a: list[list[float]], r: list[float], w: list[float]) -> list[float] | None:
+    """Normal equations, solved by Gaussian elimination; None when singular."""
+    k = len(a[0])
+    m = [[sum(row[i] * row[j] * wi * wi for row, wi in zip(a, w)) for j in range(k)]
+         + [sum(row[i] * ri * wi * wi for row, ri, wi in zip(a, r, w))] for i in range(k)]
+    scale = max(abs(m[i][i]) for i in range(k)) or 1.0
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda i: abs(m[i][col]))
+        if abs(m[pivot][col]) <= 1e-12 * scale:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for i in range(k):
+            if i != col:
+                f = m[i][col] / m[col][col]
+                m[i] = [a_ - f * b_ for a_, b_ in zip(m[i], m[col])]
+    return [m[i][k] / m[i][i] for i in range(k)]
+
+
+def read_run(run_dir: Path) -> Sample:
+    """A finished (or running) run dir as a Sample: its spec and the median step_time_s of
+    its train rows after WARMUP_STEPS. ValueError names what is missing."""
+    rd = RunDir(run_dir)
+    if not rd.spec_file.exists():
+        raise ValueError(f"{run_dir}: not a run dir (no spec.json)")
+    rows = [r for r in read_metrics_rows(rd.metrics_file)
+            if r.get("kind") == "train" and "step_time_s" in r]
+    times = [r["step_time_s"] for r in rows[WARMUP_STEPS:]] or [r["step_time_s"] for r in rows]
+    if not times:
+        raise ValueError(f"{run_dir}: metrics.jsonl has no train rows with step_time_s")
+    return Sample(name=Path(run_dir).name, spec=rd.read_spec(),
+                  measured_s=statistics.median(times))

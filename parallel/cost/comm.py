@@ -1,0 +1,247 @@
+"""Communication of one training step, per mesh axis: which collectives, how many bytes, over
+which link, at what alpha-beta cost, and whether compute hides it. Torch-free.
+
+Cost of one collective over a group of n ranks with per-step latency alpha (s) and per-rank
+bandwidth B (bytes/s), V the full (unsharded) buffer, ring algorithms (NCCL's, gloo's):
+
+    all-gather, reduce-scatter:  (n-1) * alpha + (n-1)/n * V / B
+    all-reduce:                 2(n-1) * alpha + 2(n-1)/n * V / B
+    point-to-point send:             alpha + V / B
+
+The link of an axis: ranks are numbered row-major over parallel.dims.MESH_AXES (tp fastest),
+so a group of the axis spans `stride * size` consecutive ranks (stride = the product of the
+degrees after it); it stays inside a node when that block fits in (and tiles) a node's ranks.
+
+Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a rank:
+- FSDP (zero 2/3) over dp_shard x cp: parameters all-gathered once per micro-batch in forward
+  (zero 3: again in backward, after the forward reshard), gradients reduce-scattered once per
+  micro-batch (FSDP2 reduces every backward); one call per FSDP unit (each block, and the
+  root: embedding, norm, head), so the latency is paid L + 1 times;
+- DDP (zero 0/1) over dp_replicate x dp_shard x cp: gradients all-reduced once per step; zero 1
+  also all-gathers the updated parameters from their owners after the optimizer step, one
+  call per parameter tensor (each is broadcast by its owner);
+- HSDP: the replicate axis all-reduces the shard's gradients once per micro-batch;
+- TP: per block, per micro-batch, 2 in forward and 2 in backward (attention and MLP): an
+  all-reduce of the block's activations, or with sequence parallelism an all-gather plus a
+  reduce-scatter (the same ring volume); a full-recompute re-run adds the 2 forward ones;
+- CP: per block, per micro-batch, K and V all-gathered to the full sequence in forward and
+  their gradients reduce-scattered in backward;
+- PP: per pipeline micro-batch and virtual stage, one activation sent forward and one gradient
+  sent back.
+
+Overlap rule (`exposed_s`): data-parallel traffic (FSDP, DDP, HSDP) runs under the compute of
+the other blocks, so only the first block's gather and the last block's reduction (1/L of it)
+and whatever the compute cannot cover are exposed; zero 1's parameter gather after the
+optimizer step, TP, CP and PP traffic sit on the critical path and are exposed in full. Where
+the device cannot overlap (CPU: gloo uses the same cores as compute) all of it is exposed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conf.spec import RunSpec
+from parallel.cost.activations import DTYPE_BYTES
+from parallel.cost.params import param_counts, parameter_shapes
+from parallel.dims import MESH_AXES
+
+RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
+"""How many (n-1)/n passes over the buffer each ring collective makes."""
+
+OVERLAPPED_AXES = ("fsdp", "ddp", "hsdp")
+"""Traffic the overlap rule lets compute hide (all but the first/last block's share)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    name: str
+    """"intra-node" or "inter-node"."""
+    gbps: float
+    """Bandwidth per rank per direction, GB/s (1e9 bytes/s)."""
+    latency_s: float
+    """alpha: the fixed cost of one step of a collective."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collective:
+    """One kind of collective of a step: `calls` calls of `op` over `group` ranks, each on a
+    `size_bytes` buffer (the full, unsharded one)."""
+
+    axis: str
+    """What it serves: fsdp, ddp, zero1, hsdp, tp, cp or pp."""
+    op: str
+    """all_gather, reduce_scatter, all_reduce or p2p."""
+    group: int
+    size_bytes: float
+    calls: int
+    link: Link
+    why: str
+
+    @property
+    def seconds(self) -> float:
+        return self.calls * collective_s(self.op, n=self.group, size_bytes=self.size_bytes,
+                                         link=self.link)
+
+
+def collective_s(op: str, *, n: int, size_bytes: float, link: Link) -> float:
+    """Alpha-beta time of one ring collective (module docstring); 0 for a group of one."""
+    if op == "p2p":
+        return link.latency_s + size_bytes / (link.gbps * 1e9)
+    if n <= 1:
+        return 0.0
+    passes = RING_STEPS[op]
+    return passes * ((n - 1) * link.latency_s + (n - 1) / n * size_bytes / (link.gbps * 1e9))
+
+
+def axis_stride(degrees: dict[str, int], axes: tuple[str, ...]) -> int:
+    """Rank distance between neighbours of a group over `axes` (adjacent mesh axes)."""
+    last = max(MESH_AXES.index(axis) for axis in axes)
+    stride = 1
+    for axis in MESH_AXES[last + 1:]:
+        stride *= degrees[axis]
+    return stride
+
+
+def axis_is_intra_node(degrees: dict[str, int], axes: tuple[str, ...], ranks_per_node: int) -> bool:
+    """Does every group over `axes` stay inside one node of `ranks_per_node` ranks?"""
+    block = axis_stride(degrees, axes)
+    for axis in axes:
+        block *= degrees[axis]
+    return block <= ranks_per_node and ranks_per_node % block == 0
+
+
+def link_of(degrees: dict[str, int], axes: tuple[str, ...], *, ranks_per_node: int,
+            intra: Link, inter: Link) -> Link:
+    return intra if axis_is_intra_node(degrees, axes, ranks_per_node) else inter
+
+
+def step_collectives(spec: RunSpec, *, ranks_per_node: int, intra: Link,
+                     inter: Link) -> list[Collective]:
+    """Every collective one rank takes part in during a step (module docstring)."""
+    p = spec.parallel
+    degrees = {axis: getattr(p, axis) for axis in MESH_AXES}
+
+    def link(*axes: str) -> Link:
+        return link_of(degrees, axes, ranks_per_node=ranks_per_node, intra=intra, inter=inter)
+
+    shape = _Shape.of(spec)
+    out: list[Collective] = []
+    out += _data_parallel(spec, shape, link)
+    out += _tensor_parallel(spec, shape, link("tp"))
+    out += _context_parallel(spec, shape, link("cp"))
+    out += _pipeline(spec, shape, link("pp"))
+    return [c for c in out if c.calls > 0 and (c.group > 1 or c.op == "p2p")]
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    stage_params: float
+    """Parameters one tp rank of one pipeline stage holds before data-parallel sharding."""
+    param_bytes: int
+    """Bytes per element of the gathered parameters (FSDP mixed precision: compute dtype)."""
+    grad_bytes: int
+    """Bytes per element of the reduced gradients (precision.reduce_dtype)."""
+    act_bytes: int
+    micro_batches: int
+    """Training micro-batches per step (gradient accumulation)."""
+    tokens_per_micro_batch: int
+    """Tokens of one micro-batch on one rank (after the cp split)."""
+    layers: int
+    """Blocks on one pipeline rank."""
+    tensors: int
+    """Parameter tensors on one pipeline rank."""
+
+    @classmethod
+    def of(cls, spec: RunSpec) -> "_Shape":
+        p, t, m = spec.parallel, spec.training, spec.model
+        compute = spec.precision.compute_dtype.value
+        low = DTYPE_BYTES.get(compute, 4)
+        micro = t.grad_accum_steps
+        return cls(stage_params=param_counts(m).total / (p.pp * p.tp),
+                   param_bytes=low if p.uses_fsdp else 4,
+                   grad_bytes=DTYPE_BYTES.get(spec.precision.reduce_dtype.value, 4),
+                   act_bytes=low if compute != "fp32" else 4, micro_batches=micro,
+                   tokens_per_micro_batch=t.micro_batch_size * t.seq_len // p.cp,
+                   layers=max(1, m.n_layers // p.pp),
+                   tensors=max(1, len(parameter_shapes(m)) // p.pp))
+
+
+def _data_parallel(spec: RunSpec, s: _Shape, link) -> list[Collective]:
+    p = spec.parallel
+    shard = p.dp_shard * p.cp
+    if p.zero in (2, 3):
+        gathers, units = (2 if p.zero == 3 else 1), s.layers + 1
+        out = [Collective(axis="fsdp", op="all_gather", group=shard,
+                          size_bytes=s.stage_params * s.param_bytes / units,
+                          calls=gathers * s.micro_batches * units, link=link("dp_shard", "cp"),
+                          why=f"zero {p.zero}: each unit gathered {gathers}x per micro-batch"),
+               Collective(axis="fsdp", op="reduce_scatter", group=shard,
+                          size_bytes=s.stage_params * s.grad_bytes / units,
+                          calls=s.micro_batches * units, link=link("dp_shard", "cp"),
+                          why="each unit's gradients, every micro-batch")]
+        if p.dp_replicate > 1:
+            out.append(Collective(axis="hsdp", op="all_reduce", group=p.dp_replicate,
+                                  size_bytes=s.stage_params * s.grad_bytes / shard,
+                                  calls=s.micro_batches, link=link("dp_replicate"),
+                                  why="the shard's gradients across replicas"))
+        return out
+    group = p.dp_cp
+    out = [Collective(axis="ddp", op="all_reduce", group=group,
+                      size_bytes=s.stage_params * s.grad_bytes, calls=1,
+                      link=link("dp_replicate", "dp_shard", "cp"), why="gradients, once a step")]
+    if p.zero == 1:
+        out.append(Collective(axis="zero1", op="all_gather", group=group,
+                              size_bytes=s.stage_params * 4 / s.tensors, calls=s.tensors,
+                              link=link("dp_replicate", "dp_shard", "cp"),
+                              why="updated parameters from their owners"))
+    return out
+
+
+def _tensor_parallel(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
+    p = spec.parallel
+    if p.tp <= 1:
+        return []
+    per_block = 4 + (2 if spec.recompute.mode.value == "full" else 0)
+    calls = per_block * s.layers * s.micro_batches
+    size = s.tokens_per_micro_batch * spec.model.dim * s.act_bytes
+    if p.sequence_parallel:
+        return [Collective(axis="tp", op=op, group=p.tp, size_bytes=size, calls=calls,
+                           link=link, why=f"sequence parallel: {per_block} per block")
+                for op in ("all_gather", "reduce_scatter")]
+    return [Collective(axis="tp", op="all_reduce", group=p.tp, size_bytes=size, calls=calls,
+                       link=link, why=f"{per_block} per block")]
+
+
+def _context_parallel(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
+    p, m = spec.parallel, spec.model
+    if p.cp <= 1:
+        return []
+    kv = 2 * m.n_kv_heads * m.head_dim / p.tp  # K and V, this rank's heads
+    size = s.tokens_per_micro_batch * p.cp * kv * s.act_bytes
+    calls = s.layers * s.micro_batches
+    return [Collective(axis="cp", op="all_gather", group=p.cp, size_bytes=size, calls=calls,
+                       link=link, why="K/V to the full sequence, per block"),
+            Collective(axis="cp", op="reduce_scatter", group=p.cp, size_bytes=size,
+                       calls=calls, link=link, why="K/V gradients, per block")]
+
+
+def _pipeline(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
+    p = spec.parallel
+    if p.pp <= 1:
+        return []
+    chunks = p.pp_microbatches
+    tokens = s.tokens_per_micro_batch / chunks / (p.tp if p.sequence_parallel else 1)
+    sends = 2 * chunks * p.pp_virtual_stages * s.micro_batches  # activation + its gradient
+    return [Collective(axis="pp", op="p2p", group=2, size_bytes=tokens * spec.model.dim
+                       * s.act_bytes, calls=sends, link=link,
+                       why="activations forward, gradients back, per pipeline micro-batch")]
+
+
+def exposed_s(collectives: list[Collective], *, compute_s: float, layers: int,
+              overlaps: bool) -> float:
+    """Communication time not hidden by compute (the overlap rule, module docstring)."""
+    total = sum(c.seconds for c in collectives)
+    if not overlaps:
+        return total
+    hideable = sum(c.seconds for c in collectives if c.axis in OVERLAPPED_AXES)
+    edge = hideable / max(layers, 1)  # the first block's gather, the last block's reduction
+    return (total - hideable) + edge + max(0.0, hideable - edge - compute_s)

@@ -1,0 +1,255 @@
+"""The step-time model's formulas (parallel/cost/comm.py, step_time.py) and its calibration
+(parallel/cost/calibrate.py, `meshrun plan --calibrate`). Torch-free."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from functools import lru_cache
+
+import pytest
+
+from conf.errors import ConfigError
+from conf.spec_io import write_spec
+from parallel.cost.calibrate import Sample, calibrate, fit_compute, fit_link, predict
+from parallel.cost.calibrate_store import CONSTANTS, SCHEMA, load_entry
+from parallel.cost.comm import Collective, Link, axis_is_intra_node, collective_s, exposed_s
+from parallel.cost.plan import make_plan
+from parallel.cost.step_time import (bubble_factor, estimate_time, hardware_of,
+                                     recompute_flops_per_token)
+from tests.support.specs import cpu_spec
+
+SMALL = ("model=tiny", "model.n_layers=4", "data=synthetic", "training.seq_len=64",
+         "training.global_batch_size=8", "training.micro_batch_size=2",
+         "training.grad_accum_steps=-1")
+GPU = ("model=llama3_8b", "cluster=slurm", "cluster.gpu_name=H100", "training.device=cuda",
+       "parallel=fsdp", "precision=bf16", "training.seq_len=8192", "training.micro_batch_size=1",
+       "training.grad_accum_steps=1", "cluster.calibration=none")
+
+
+@lru_cache(maxsize=None)
+def spec(*overrides: str):
+    return cpu_spec(*overrides)
+
+
+def small(*overrides: str, ranks: int = 2):
+    return spec(*SMALL, *overrides, f"cluster.procs_per_node={ranks}", "cluster.calibration=none")
+
+
+# --- ring volumes and link choice ----------------------------------------------------------
+
+def test_ring_formulas():
+    """all-gather/reduce-scatter (n-1)/n V/B + (n-1) alpha; all-reduce twice that; p2p V/B +
+    alpha. (Mutation tried: all-reduce with one pass instead of two -> fails.)"""
+    bw = Link(name="x", gbps=1.0, latency_s=0.0)
+    volume = 8e9
+    assert collective_s("all_gather", n=4, size_bytes=volume, link=bw) == pytest.approx(6.0)
+    assert collective_s("reduce_scatter", n=4, size_bytes=volume, link=bw) == pytest.approx(6.0)
+    assert collective_s("all_reduce", n=4, size_bytes=volume, link=bw) == pytest.approx(12.0)
+    assert collective_s("p2p", n=2, size_bytes=volume, link=bw) == pytest.approx(8.0)
+    lat = Link(name="x", gbps=1e30, latency_s=1.0)
+    assert collective_s("all_gather", n=4, size_bytes=volume, link=lat) == pytest.approx(3.0)
+    assert collective_s("all_reduce", n=4, size_bytes=volume, link=lat) == pytest.approx(6.0)
+    assert collective_s("all_reduce", n=1, size_bytes=volume, link=lat) == 0.0
+
+
+@pytest.mark.parametrize(("degrees", "axes", "per_node", "intra"), [
+    ({"pp": 1, "dp_replicate": 1, "dp_shard": 8, "cp": 1, "tp": 1}, ("dp_shard",), 8, True),
+    ({"pp": 1, "dp_replicate": 1, "dp_shard": 16, "cp": 1, "tp": 1}, ("dp_shard",), 8, False),
+    ({"pp": 2, "dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 2}, ("tp",), 8, True),
+    ({"pp": 2, "dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 2}, ("dp_shard",), 8, True),
+    ({"pp": 2, "dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 2}, ("pp",), 8, False),
+    ({"pp": 1, "dp_replicate": 4, "dp_shard": 8, "cp": 1, "tp": 1}, ("dp_replicate",), 8, False),
+    ({"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 4}, ("dp_shard",), 4, False),
+])
+def test_the_link_of_an_axis_follows_the_mesh_order(degrees, axes, per_node, intra):
+    """A group spans stride x size consecutive ranks (tp fastest). (Mutation tried: ignoring
+    the stride -> the pp and dp_shard-behind-tp=4 cases fail.)"""
+    assert axis_is_intra_node(degrees, axes, per_node) is intra
+
+
+def test_fsdp_over_nodes_uses_infiniband_and_zero_stages_differ():
+    one_node = estimate_time(spec(*GPU), make_plan(spec(*GPU)))
+    two = spec(*GPU, "cluster.nodes=2")
+    two_nodes = estimate_time(two, make_plan(two))
+    assert {c.link.name for c in one_node.collectives} == {"intra-node"}
+    assert {c.link.name for c in two_nodes.collectives} == {"inter-node"}
+    gathers = {z: next(c.calls for c in estimate_time(s, make_plan(s)).collectives
+                       if c.op == "all_gather")
+               for z, s in ((3, spec(*GPU)), (2, spec(*GPU, "parallel.zero=2")))}
+    units = spec(*GPU).model.n_layers + 1  # every block and the root is an FSDP unit
+    assert gathers == {3: 2 * units, 2: units}  # zero 3 gathers again in backward
+
+
+# --- bubble, overlap, recompute, cores ----------------------------------------------------
+
+@pytest.mark.parametrize(("schedule", "virtual", "expected"), [
+    ("gpipe", 1, 3 / 4), ("1f1b", 1, 3 / 4), ("interleaved_1f1b", 2, 3 / 8)])
+def test_bubble_by_schedule(schedule, virtual, expected):
+    """(pp-1)/(v m): m = 4 micro-batches over pp = 4. (Mutation tried: dropping /v -> the
+    interleaved case fails.)"""
+    s = spec(*SMALL, "parallel=pp", "parallel.pp=4", f"parallel.pp_schedule={schedule}",
+             f"parallel.pp_virtual_stages={virtual}", "parallel.pp_microbatches=4",
+             "cluster.procs_per_node=4", "model.n_layers=8", "training.micro_batch_size=4")
+    assert bubble_factor(s) == pytest.approx(expected)
+    assert bubble_factor(small("parallel=single", ranks=1)) == 0.0
+
+
+def _fake(axis: str, seconds: float) -> Collective:
+    link = Link(name="intra-node", gbps=1.0, latency_s=0.0)
+    return Collective(axis=axis, op="p2p", group=2, size_bytes=seconds * 1e9, calls=1,
+                      link=link, why="")
+
+
+def test_overlap_rule():
+    """Data-parallel traffic hides under compute except 1/L of it; TP is exposed; no overlap
+    on CPU. (Mutation tried: not adding the first/last block's share -> fails.)"""
+    fsdp, tp = _fake("fsdp", 8.0), _fake("tp", 1.0)
+    assert exposed_s([fsdp, tp], compute_s=100.0, layers=4, overlaps=True) == pytest.approx(3.0)
+    assert exposed_s([fsdp], compute_s=2.0, layers=4, overlaps=True) == pytest.approx(6.0)
+    assert exposed_s([fsdp, tp], compute_s=100.0, layers=4, overlaps=False) == pytest.approx(9.0)
+
+
+def test_full_recompute_reruns_each_block_forward():
+    """Full recompute re-runs 2 x block parameters + the attention core per token per layer;
+    every 2nd layer halves it; ops re-runs no matmul. (Mutation tried: counting forward +
+    backward (x3) -> fails.)"""
+    s = small("parallel=single", "recompute=full", ranks=1)
+    m = s.model
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    block = 2 * (2 * m.dim * q + 2 * m.dim * kv + 3 * m.dim * m.ffn_dim) + 4 * q * 64
+    assert recompute_flops_per_token(s) == pytest.approx(m.n_layers * block)
+    every2 = small("parallel=single", "recompute=full", "recompute.every_n_layers=2", ranks=1)
+    assert recompute_flops_per_token(every2) == pytest.approx(m.n_layers * block / 2)
+    assert recompute_flops_per_token(small("parallel=single", "recompute=selective",
+                                           ranks=1)) == 0
+
+
+def test_ranks_beyond_the_cores_share_them():
+    """8 ranks on 2 cores: each gets a quarter core, so the step's compute is what 2 ranks on
+    the 2 cores take, not a quarter of it. (Mutation tried: core_share = 1 -> fails.)"""
+    two, eight = small("parallel=ddp", ranks=2), small("parallel=3d", ranks=8)
+    assert hardware_of(two).core_share == 1.0 and hardware_of(eight).core_share == 0.25
+    c2 = estimate_time(two, make_plan(two)).breakdown.compute_s
+    c8 = estimate_time(eight, make_plan(eight)).breakdown.compute_s
+    assert c8 == pytest.approx(c2)
+
+
+# --- overrides and the calibration file ---------------------------------------------------
+
+def test_cluster_knobs_override_the_catalogue_and_the_calibration(tmp_path):
+    base = hardware_of(spec(*GPU))
+    assert base.intra.gbps == 450.0 and base.sources["intra_node_gbps"] == "catalogue"
+    assert base.peak.flops == 989e12
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "devices": {"H100": {
+        "matmul_efficiency": 0.3, "intra_node_gbps": 200.0}}}))
+    calibrated = spec(*GPU[:-1], f"cluster.calibration={path}")
+    hw = hardware_of(calibrated)
+    assert (hw.matmul_efficiency, hw.intra.gbps) == (0.3, 200.0)
+    assert hw.sources["matmul_efficiency"] == "calibration"
+    knob = spec(*GPU[:-1], f"cluster.calibration={path}", "cluster.intra_node_gbps=100",
+                "cluster.peak_tflops=500", "cluster.matmul_efficiency=0.6")
+    hw = hardware_of(knob)
+    assert (hw.intra.gbps, hw.peak.flops, hw.matmul_efficiency) == (100.0, 500e12, 0.6)
+    assert hw.sources["intra_node_gbps"] == "cluster"
+    slow = estimate_time(knob, make_plan(knob)).step_s
+    assert slow > estimate_time(spec(*GPU), make_plan(spec(*GPU))).step_s
+
+
+def test_bad_knobs_and_files_are_named():
+    with pytest.raises(ConfigError, match="cluster.inter_node_gbps=-1"):
+        cpu_spec(*GPU, "cluster.inter_node_gbps=-1")
+    with pytest.raises(ConfigError, match="cluster.matmul_efficiency=1.5"):
+        cpu_spec(*GPU, "cluster.matmul_efficiency=1.5")
+    with pytest.raises(ConfigError, match="cluster.calibration=/nonexistent.json"):
+        load_entry(spec(*GPU[:-1], "cluster.calibration=/nonexistent.json"))
+
+
+# --- the fit ------------------------------------------------------------------------------
+
+TRUTH = {"matmul_efficiency": 0.37, "layer_overhead_us": 900.0, "tp_overhead_us": 2500.0,
+         "intra_node_gbps": 1.5,
+         "intra_node_latency_us": 80.0}
+LAYOUTS = (("parallel=single",), ("parallel=ddp",), ("parallel=zero3",), ("parallel=tp",),
+           ("parallel=pp",), ("parallel=3d",))
+
+
+def _samples():
+    out = []
+    for overrides in LAYOUTS:
+        ranks = 1 if overrides == ("parallel=single",) else 8 if overrides == ("parallel=3d",) \
+            else 2
+        s = small(*overrides, ranks=ranks)
+        out.append(Sample(name=overrides[0], spec=s, measured_s=predict(s, TRUTH)))
+    return out
+
+
+def test_the_fit_recovers_known_constants():
+    """Runs made by the model with TRUTH give TRUTH back. (Mutation tried: leaving the
+    bubble out of the features -> the pipeline runs pull the fit off, fails.)"""
+    links = {k: TRUTH[k] for k in ("intra_node_gbps", "intra_node_latency_us")}
+    fitted = fit_compute(_samples(), base=links)
+    assert fitted["matmul_efficiency"] == pytest.approx(0.37, rel=1e-6)
+    assert fitted["layer_overhead_us"] == pytest.approx(900.0, rel=1e-6)
+    assert fitted["tp_overhead_us"] == pytest.approx(2500.0, rel=1e-6)
+
+
+def test_the_fit_sets_an_overhead_the_runs_cannot_see_to_zero():
+    """No tp run: the tp overhead is not identifiable and comes out 0, the rest exact."""
+    no_tp = [s for s in _samples() if s.spec.parallel.tp == 1]
+    links = {k: TRUTH[k] for k in ("intra_node_gbps", "intra_node_latency_us")}
+    fitted = fit_compute(no_tp, base=links)
+    assert fitted["tp_overhead_us"] == 0.0
+    assert fitted["matmul_efficiency"] == pytest.approx(0.37, rel=1e-6)
+
+
+def test_the_link_fit_recovers_alpha_and_beta():
+    n, gbps, alpha = 4, 3.0, 40e-6
+    rows = [{"size_bytes": s, "time_ms": 1e3 * (2 * (n - 1) * alpha
+                                                  + 2 * (n - 1) / n * s / (gbps * 1e9))}
+            for s in (4096, 65536, 1 << 20, 16 << 20)]
+    got_gbps, got_us = fit_link(rows, world_size=n)
+    assert got_gbps == pytest.approx(gbps, rel=1e-6) and got_us == pytest.approx(40.0, rel=1e-6)
+    report = {"world_size": n, "bandwidth": rows, "ranks_by_host": {"a": [0, 1], "b": [2, 3]}}
+    result = calibrate(_samples()[:2], preflights=[report])
+    assert result.constants["inter_node_gbps"] == pytest.approx(gbps, rel=1e-6)
+
+
+# --- the command --------------------------------------------------------------------------
+
+def _run_dir(root, name, s, step_s):
+    d = root / name
+    d.mkdir()
+    write_spec(s, d / "spec.json")
+    rows = [{"kind": "train", "step": i, "step_time_s": step_s} for i in range(1, 8)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def test_calibrate_command_fits_stores_and_later_plans_use_it(tmp_path, capsys):
+    from launcher.cli import main
+
+    dirs = [_run_dir(tmp_path, s.name, s.spec, s.measured_s) for s in _samples()[:4]]
+    out = tmp_path / "cal.json"
+    code = main(["plan", "--calibration-out", str(out), "--calibrate", *map(str, dirs)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "median absolute error" in printed and "parallel=ddp" in printed
+    entry = json.loads(out.read_text())["devices"]["CPU core"]
+    assert set(CONSTANTS) >= {k for k in entry if k not in ("runs", "median_abs_error")}
+    later = dataclasses.replace(small("parallel=ddp"), cluster=dataclasses.replace(
+        small("parallel=ddp").cluster, calibration=str(out)))
+    assert hardware_of(later).matmul_efficiency == pytest.approx(entry["matmul_efficiency"])
+
+
+def test_calibrate_command_rejects_bad_input_with_exit_2(tmp_path, capsys):
+    from launcher.cli import main
+
+    assert main(["plan", "--calibrate", str(tmp_path / "missing")]) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    write_spec(small("parallel=ddp"), empty / "spec.json")
+    out = tmp_path / "cal.json"
+    assert main(["plan", "--calibration-out", str(out), "--calibrate", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert "--calibrate" in err and "Traceback" not in err and not out.exists()
