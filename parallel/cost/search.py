@@ -118,7 +118,7 @@ class MemoryTable:
     """Per-rank bytes of candidates, memoised by the pieces each memory function reads."""
 
     def __init__(self) -> None:
-        self._static: dict[tuple, list[tuple[int, int, int]]] = {}
+        self._static: dict[tuple, list] = {}
         self._activations: dict[tuple, int] = {}
 
     def peak(self, candidate: Candidate, spec: RunSpec) -> MemoryEstimate:
@@ -126,29 +126,39 @@ class MemoryTable:
         return max((MemoryEstimate(params=static.params, grads=static.grads,
                                    optimizer=static.optimizer, master_weights=0,
                                    weight_copies=copies,
-                                   activations=self._activations_of(candidate, spec, rank,
-                                                                    pp_rank))
-                    for rank, pp_rank, static, copies in self._static_of(candidate, spec)),
+                                   activations=self._activations_of(candidate, spec, pp_rank))
+                    for pp_rank, static, copies in self._static_of(spec)),
                    key=lambda memory: memory.total)
 
-    def _static_of(self, candidate: Candidate, spec: RunSpec) -> list:
-        p = candidate.parallel
-        key = (p.dp_replicate, p.dp_shard, p.tp, p.pp, p.cp, p.zero, p.pp_virtual_stages)
+    def _static_of(self, spec: RunSpec) -> list:
+        key = static_key(spec.parallel)
         if key not in self._static:
-            dims = ParallelDims.from_spec(p)
+            dims = ParallelDims.from_spec(spec.parallel)
             self._static[key] = [
-                (rank, dims.coordinates(rank)["pp"], static_bytes(spec, rank),
+                (dims.coordinates(rank)["pp"], static_bytes(spec, rank),
                  weight_copy_bytes(spec, rank)) for rank in representative_ranks(spec)]
         return self._static[key]
 
-    def _activations_of(self, candidate: Candidate, spec: RunSpec, rank: int,
-                        pp_rank: int) -> int:
+    def _activations_of(self, candidate: Candidate, spec: RunSpec, pp_rank: int) -> int:
         p = candidate.parallel
         key = (*(getattr(p, name) for name in _ACTIVATION_FIELDS),
                candidate.micro_batch_size, candidate.recompute, pp_rank)
         if key not in self._activations:
+            rank = ParallelDims.from_spec(p).rank_of(
+                {"pp": pp_rank, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0})
             self._activations[key] = layout_activation_bytes(spec, rank)
         return self._activations[key]
+
+
+def static_key(p: ParallelSpec) -> tuple:
+    """What static_bytes and weight_copy_bytes read of a layout: the blocks a pipeline rank
+    holds (pp, virtual stages), tp, the ZeRO stage, FSDP or DDP, and over how many ranks the
+    state is split (dp_shard x cp under FSDP, dp_shard under ZeRO-1). Layouts with one key
+    hold the same bytes on each pipeline rank's representative ranks
+    (tests/unit/test_plan_search.py compares every sampled candidate with estimate_memory)."""
+    shards = (p.dp_shard * p.cp if p.uses_fsdp
+              else p.dp_shard if p.zero == 1 and p.uses_ddp else 1)
+    return (p.pp, p.pp_virtual_stages, p.tp, p.zero, p.uses_fsdp, p.uses_ddp, shards)
 
 
 def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,

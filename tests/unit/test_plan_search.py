@@ -98,7 +98,7 @@ def test_memory_of_every_candidate_is_what_the_plan_estimates():
     candidates = list(enumerate_candidates(cfg, base, global_batch_size=32,
                                            policies=POLICIES, rejected=Counter()))
     assert len(candidates) > 50
-    for candidate in candidates[::5]:
+    for candidate in candidates[::3]:
         spec = candidate.spec(base)
         assert table.peak(candidate, spec) == estimate_memory(spec), candidate
 
