@@ -123,10 +123,13 @@ class MemoryTable:
 
     def peak(self, candidate: Candidate, spec: RunSpec) -> MemoryEstimate:
         """What estimate_memory(spec) returns: the fullest representative rank."""
+        p = candidate.parallel
+        layout = (*(getattr(p, name) for name in _ACTIVATION_FIELDS),
+                  candidate.micro_batch_size, candidate.recompute)
         return max((MemoryEstimate(params=static.params, grads=static.grads,
                                    optimizer=static.optimizer, master_weights=0,
                                    weight_copies=copies,
-                                   activations=self._activations_of(candidate, spec, pp_rank))
+                                   activations=self._activations_of(layout, spec, pp_rank))
                     for pp_rank, static, copies in self._static_of(spec)),
                    key=lambda memory: memory.total)
 
@@ -139,12 +142,12 @@ class MemoryTable:
                  weight_copy_bytes(spec, rank)) for rank in representative_ranks(spec)]
         return self._static[key]
 
-    def _activations_of(self, candidate: Candidate, spec: RunSpec, pp_rank: int) -> int:
-        p = candidate.parallel
-        key = (*(getattr(p, name) for name in _ACTIVATION_FIELDS),
-               candidate.micro_batch_size, candidate.recompute, pp_rank)
+    def _activations_of(self, layout: tuple, spec: RunSpec, pp_rank: int) -> int:
+        """Bytes pipeline rank `pp_rank` keeps; `layout`: what activations read of the
+        candidate (_ACTIVATION_FIELDS, micro-batch, recompute)."""
+        key = (layout, pp_rank)
         if key not in self._activations:
-            rank = ParallelDims.from_spec(p).rank_of(
+            rank = ParallelDims.from_spec(spec.parallel).rank_of(
                 {"pp": pp_rank, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0})
             self._activations[key] = layout_activation_bytes(spec, rank)
         return self._activations[key]
