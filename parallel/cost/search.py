@@ -121,8 +121,10 @@ class MemoryTable:
         self._static: dict[tuple, list] = {}
         self._activations: dict[tuple, int] = {}
 
-    def peak(self, candidate: Candidate, spec: RunSpec) -> MemoryEstimate:
-        """What estimate_memory(spec) returns: the fullest representative rank."""
+    def peak(self, candidate: Candidate, base: RunSpec) -> MemoryEstimate:
+        """What estimate_memory(candidate.spec(base)) returns: the fullest representative
+        rank (the spec is built only when a piece is not memoised yet)."""
+        spec = _Lazy(candidate, base)
         p = candidate.parallel
         layout = (*(getattr(p, name) for name in _ACTIVATION_FIELDS),
                   candidate.micro_batch_size, candidate.recompute)
@@ -133,24 +135,37 @@ class MemoryTable:
                     for pp_rank, static, copies in self._static_of(spec)),
                    key=lambda memory: memory.total)
 
-    def _static_of(self, spec: RunSpec) -> list:
-        key = static_key(spec.parallel)
+    def _static_of(self, spec: _Lazy) -> list:
+        key = static_key(spec.candidate.parallel)
         if key not in self._static:
-            dims = ParallelDims.from_spec(spec.parallel)
+            dims, spec = ParallelDims.from_spec(spec.candidate.parallel), spec.spec
             self._static[key] = [
                 (dims.coordinates(rank)["pp"], static_bytes(spec, rank),
                  weight_copy_bytes(spec, rank)) for rank in representative_ranks(spec)]
         return self._static[key]
 
-    def _activations_of(self, layout: tuple, spec: RunSpec, pp_rank: int) -> int:
+    def _activations_of(self, layout: tuple, spec: _Lazy, pp_rank: int) -> int:
         """Bytes pipeline rank `pp_rank` keeps; `layout`: what activations read of the
         candidate (_ACTIVATION_FIELDS, micro-batch, recompute)."""
         key = (layout, pp_rank)
         if key not in self._activations:
-            rank = ParallelDims.from_spec(spec.parallel).rank_of(
+            rank = ParallelDims.from_spec(spec.candidate.parallel).rank_of(
                 {"pp": pp_rank, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0})
-            self._activations[key] = layout_activation_bytes(spec, rank)
+            self._activations[key] = layout_activation_bytes(spec.spec, rank)
         return self._activations[key]
+
+
+class _Lazy:
+    """A candidate's spec, built on first use."""
+
+    def __init__(self, candidate: Candidate, base: RunSpec) -> None:
+        self.candidate, self.base, self._spec = candidate, base, None
+
+    @property
+    def spec(self) -> RunSpec:
+        if self._spec is None:
+            self._spec = self.candidate.spec(self.base)
+        return self._spec
 
 
 def static_key(p: ParallelSpec) -> tuple:
@@ -175,14 +190,14 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
     for candidate in enumerate_candidates(cfg, base, global_batch_size=global_batch_size,
                                           policies=policies, rejected=rejected):
         enumerated += 1
-        spec = candidate.spec(base)
-        memory = table.peak(candidate, spec)
-        verdict = memory_verdict(spec, memory.total)
+        memory = table.peak(candidate, base)
+        verdict = memory_verdict(base, memory.total)  # reads only the device: the base's
         usable = verdict.usable_bytes
         if verdict.fits is False:
             misfits += 1
             smallest = memory.total if smallest is None else min(smallest, memory.total)
             continue
+        spec = candidate.spec(base)
         plan = replace(base_plan, dp=spec.parallel.dp, memory=memory, verdict=verdict)
         fitting.append((candidate, spec, plan, predict(spec, plan)))
     fitting.sort(key=_rank_key)
