@@ -71,6 +71,8 @@ class SearchResult:
 
     @property
     def dropped_line(self) -> str:
+        if self.usable_bytes is None:
+            return "no memory verdict on this device (none dropped)"
         if not self.does_not_fit:
             return "every layout resolve() accepts fits"
         usable = (f" > {self.usable_bytes / GIB:.1f} GiB usable"
@@ -229,7 +231,9 @@ def why(index: int, prediction: Prediction, plan: Plan, fitting: list) -> str:
     parts = []
     if index == 0:
         parts.append("best predicted tokens/s" if best else "most memory headroom")
-    elif best and prediction.tokens_per_s_per_device is not None:
+    elif not best:
+        parts.append("less headroom than #1 (no time model)")
+    elif prediction.tokens_per_s_per_device is not None:
         gap = 1 - prediction.tokens_per_s_per_device / best
         parts.append(f"{gap:.0%} slower than #1" if gap > 0.0005
                      else "ties #1 on time, less headroom")

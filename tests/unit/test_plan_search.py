@@ -22,7 +22,7 @@ from conf.spec import DEGREES, HostSpec
 from launcher.cli import main
 from launcher.plan_search import neutral_layout, recompute_policies
 from parallel.cost.memory import estimate_memory
-from parallel.cost.search import MemoryTable, search
+from parallel.cost.search import FALLBACK_BASIS, MemoryTable, search
 from parallel.cost.search_space import (
     MIN_CP_TOKENS, enumerate_candidates, factorizations, pipeline_shapes,
 )
@@ -105,7 +105,7 @@ def test_memory_of_every_candidate_is_what_the_plan_estimates():
 
 def test_ranking_drops_what_does_not_fit_and_orders_by_predicted_tokens_per_s():
     cfg, base = _base(["model=llama3_8b", "training.seq_len=8192", *CLUSTER])
-    result = search(cfg, base, global_batch_size=64, policies=POLICIES, top=400)
+    result = search(cfg, base, global_batch_size=16, policies=POLICIES, top=400)
     assert result.does_not_fit > 0 and result.fits > 0
     assert result.fits + result.does_not_fit == result.enumerated
     assert len(result.top) == min(400, result.fits)
@@ -114,7 +114,7 @@ def test_ranking_drops_what_does_not_fit_and_orders_by_predicted_tokens_per_s():
         assert ranked.plan.memory == estimate_memory(ranked.spec)
     keys = [(-r.prediction.tokens_per_s_per_device, r.plan.memory.total) for r in result.top]
     assert keys == sorted(keys)
-    misfits = [c for c in enumerate_candidates(cfg, base, global_batch_size=64,
+    misfits = [c for c in enumerate_candidates(cfg, base, global_batch_size=16,
                                                policies=POLICIES, rejected=Counter())
                if estimate_memory(c.spec(base)).total > result.usable_bytes]
     assert len(misfits) == result.does_not_fit
@@ -173,3 +173,14 @@ def test_the_search_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip().endswith("NO-TORCH 0")
+
+
+def test_without_a_time_model_the_ranking_says_so_and_drops_nothing():
+    """CPU: estimate_time has no answer and there is no memory verdict; the fallback is
+    labelled, and every layout the rules accept is kept."""
+    cfg, base = _base(["model=debug", "training.seq_len=128"])
+    result = search(cfg, base, global_batch_size=8, policies=POLICIES, top=3)
+    assert base.training.device == "cpu" and result.basis == FALLBACK_BASIS
+    assert result.does_not_fit == 0 and result.fits == result.enumerated > 0
+    assert all(r.prediction.step_s is None for r in result.top)
+    assert "no time model" in result.top[1].why
