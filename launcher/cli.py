@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "print the error per run, store it (launcher/calibrate_cmd.py)")
     plan.add_argument("--calibration-out", type=Path, default=None, metavar="FILE",
                       help="--calibrate: the file to write (default ~/.meshrun/calibration.json)")
+    add_search_args(plan)
     plan.add_argument("overrides", nargs="*")
     hydra_flags.add_config_dir_arg(plan)
     resume = sub.add_parser("resume", help="continue a run dir from its latest checkpoint")
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if getattr(args, "handler", None) is not None:
             return args.handler(args, console)
+        if args.command == "plan" and args.search:
+            return search_command(args, console)
         if args.command == "plan":
             if args.calibrate:
                 from launcher.calibrate_cmd import run_calibrate
@@ -120,6 +123,26 @@ def run_command(args: argparse.Namespace, console: Console) -> int:
         return commands.print_composed(args.overrides)
     return commands.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait,
                         prepare_only=args.prepare_only)
+
+
+def add_search_args(plan: argparse.ArgumentParser) -> None:
+    plan.add_argument("--search", action="store_true",
+                      help="rank every layout resolve() accepts by predicted tokens/s per "
+                           "device (launcher/plan_search.py)")
+    plan.add_argument("--top", type=int, default=10, help="--search: layouts to show")
+    plan.add_argument("--global-batch-tokens", type=int, dest="global_batch_tokens",
+                      help="--search: tokens per optimizer step (default: "
+                           "training.global_batch_size x seq_len)")
+    plan.add_argument("--write-sweep", type=Path, dest="write_sweep",
+                      help="--search: write the top layouts as a sweep file, best first")
+
+
+def search_command(args: argparse.Namespace, console: Console) -> int:
+    from launcher.plan_search import plan_search
+
+    return plan_search(args.overrides, console=console, top=args.top, as_json=args.json,
+                       global_batch_tokens=args.global_batch_tokens,
+                       write_sweep=args.write_sweep)
 
 
 def show_status(run_dir: Path, *, as_json: bool, console: Console) -> int:

@@ -12,6 +12,7 @@ model). Placement rules mirror what the parallel passes do:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from conf.split_rules import stage_split
 from conf.spec import ModelSpec, RunSpec
@@ -23,6 +24,12 @@ EMBEDDING = "tok_embeddings.weight"
 
 def parameter_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every parameter, in `Transformer.parameters()` order."""
+    return list(_parameter_shapes(model))
+
+
+@lru_cache(maxsize=16)
+def _parameter_shapes(model: ModelSpec) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Cached per model: `meshrun plan --search` asks for thousands of layouts."""
     d, f, hd = model.dim, model.ffn_dim, model.head_dim
     q, kv = model.n_heads * hd, model.n_kv_heads * hd
     block = [("attention_norm", (d,)), ("attention.wq", (q, d)), ("attention.wk", (kv, d)),
@@ -39,7 +46,7 @@ def parameter_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
     shapes.append(("norm.weight", (d,)))
     if not model.tie_embeddings:
         shapes.append(("output.weight", (model.vocab_size, d)))
-    return shapes
+    return tuple(shapes)
 
 
 def numel(shape: tuple[int, ...]) -> int:
@@ -71,27 +78,45 @@ def held_parameters(spec: RunSpec, pp_rank: int) -> list[tuple[str, tuple[int, .
     p = spec.parallel
     if p.pp == 1:
         return parameter_shapes(spec.model)
-    split = stage_split(p, spec.model.n_layers)
+    return list(_stage_parameters(spec.model, p.pp, p.pp_virtual_stages,
+                                  tuple(stage_split(p, spec.model.n_layers)), pp_rank))
+
+
+@lru_cache(maxsize=1024)
+def _stage_parameters(model: ModelSpec, pp: int, virtual_stages: int, split: tuple[int, ...],
+                      pp_rank: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """held_parameters, cached by what it reads (the search asks per layout and rank)."""
     starts = [sum(split[:s]) for s in range(len(split))]
     last_stage = len(split) - 1
     held = []
-    for stage in pipeline_stage_ids(pp=p.pp, virtual_stages=p.pp_virtual_stages, pp_rank=pp_rank):
+    for stage in pipeline_stage_ids(pp=pp, virtual_stages=virtual_stages, pp_rank=pp_rank):
         layers = {str(i) for i in range(starts[stage], starts[stage] + split[stage])}
-        for name, shape in parameter_shapes(spec.model):
+        for name, shape in _parameter_shapes(model):
             top = name.split(".")[0]
             if (top == "layers" and name.split(".")[1] in layers
                     or top == "tok_embeddings" and stage == 0
                     or top in ("norm", "output") and stage == last_stage):
                 held.append((name, shape))
-    return held
+    return tuple(held)
 
 
 def held_layers(spec: RunSpec, pp_rank: int) -> list[int]:
     """Block indices pipeline rank `pp_rank` holds (every block without pipelining)."""
-    return sorted({int(name.split(".")[1]) for name, _ in held_parameters(spec, pp_rank)
-                   if name.startswith("layers.")})
+    p = spec.parallel
+    if p.pp == 1:
+        return list(range(spec.model.n_layers))
+    return list(_stage_layers(spec.model, p.pp, p.pp_virtual_stages,
+                              tuple(stage_split(p, spec.model.n_layers)), pp_rank))
 
 
+@lru_cache(maxsize=1024)
+def _stage_layers(model: ModelSpec, pp: int, virtual_stages: int, split: tuple[int, ...],
+                  pp_rank: int) -> tuple[int, ...]:
+    return tuple(sorted({int(name.split(".")[1]) for name, _ in _stage_parameters(
+        model, pp, virtual_stages, split, pp_rank) if name.startswith("layers.")}))
+
+
+@lru_cache(maxsize=4096)
 def tp_local_shape(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
     """The shape of parameter `name` on one tp rank."""
     dim = tp_split_dim(name)

@@ -1,0 +1,60 @@
+"""Wall time of `meshrun plan --search` for llama3_70b on 1,024 H100s (128 nodes x 8), seq 8192,
+4M-token global batch: each run a fresh process (imports, Hydra compose, search, table), median
+of 5; and whether torch was imported. Reports, asserts nothing (issue 10's goal: <= 2 s).
+
+    PYTHONPATH=$PWD:/work/ep_shim python benchmarks/plan_search_time.py [--runs 5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OVERRIDES = ["model=llama3_70b", "cluster=slurm", "cluster.nodes=128", "cluster.gpus_per_node=8",
+             "cluster.gpu_name=H100", "cluster.gpu_compute_capability=9.0",
+             "training.seq_len=8192", "data=synthetic"]
+CODE = ("import sys, time; t = time.perf_counter(); from launcher.cli import main; "
+        "rc = main(['plan', '--search', '--top', '10', '--global-batch-tokens', '4194304', "
+        "*{overrides!r}]); "
+        "print('RESULT', rc, 'torch' in sys.modules, time.perf_counter() - t, file=sys.stderr)")
+
+
+def one_run() -> tuple[float, float, bool, float]:
+    """(wall seconds of the process, seconds inside it, torch imported, CPU seconds: on a
+    shared machine the CPU time says more than the wall time)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", CODE.format(overrides=OVERRIDES)], cwd=REPO,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    line = [x for x in proc.stderr.splitlines() if x.startswith("RESULT")]
+    if proc.returncode or not line:
+        sys.exit(f"plan --search failed:\n{proc.stderr[-2000:]}")
+    _, rc, torch, inside = line[0].split()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return wall, float(inside), torch == "True", cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    runs = [one_run() for _ in range(parser.parse_args().runs)]
+    walls = [r[0] for r in runs]
+    print(f"meshrun plan --search {' '.join(OVERRIDES)} --global-batch-tokens 4194304")
+    print(f"wall per run (s): {', '.join(f'{w:.2f}' for w in walls)}")
+    print(f"median wall: {statistics.median(walls):.2f} s (goal <= 2 s); median inside the "
+          f"process: {statistics.median(r[1] for r in runs):.2f} s")
+    print(f"median CPU time of the process: {statistics.median(r[3] for r in runs):.2f} s "
+          f"(load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    print(f"torch imported: {any(r[2] for r in runs)}")
+
+
+if __name__ == "__main__":
+    main()

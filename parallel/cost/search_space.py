@@ -1,0 +1,190 @@
+"""The layouts `meshrun plan --search` tries: every combination of the parallel degrees, ZeRO
+stage, sequence parallel, pipeline schedule / virtual stages / pipeline micro-batches,
+micro-batch size and recompute policy that resolve()'s own rules accept. Torch-free, no Hydra.
+
+No rule is restated here: each candidate goes through the functions resolve() itself calls
+(conf.parallel_rules.check_zero / check_pipeline_options, conf.split_rules.check_model_split /
+check_pipeline_split / check_recompute, conf.rules.resolve_batch),
+each asked as soon as its inputs are known (degrees, then schedule, then batch), so a
+candidate is dropped at the first rule it breaks; what each rule dropped is counted by its
+key. tests/unit/test_plan_search.py checks the result against resolve() itself, point by point. The domains tried:
+- degrees: every ordered factorisation of the world size into dp_replicate, dp_shard, tp, pp, cp;
+- zero 0-3; sequence_parallel on when tp > 1 (off keeps more activations for the same
+  communication volume, so it is never the better layout; the base config's value at tp=1);
+- pp > 1: every schedule of PP_SCHEDULES, virtual stages 1 (flat schedules) or
+  VIRTUAL_STAGES (interleaved ones); the micro-batch is all the sequences a dp rank reads per step
+  (grad_accum_steps=1: accumulating over pipeline flushes adds a bubble per flush and keeps
+  no fewer micro-batches in flight), split into one pipeline micro-batch per sequence (the
+  most micro-batches: the smallest bubble, and the least each in-flight micro-batch keeps);
+- cp: degrees that leave each cp rank at least MIN_CP_TOKENS tokens of the sequence;
+- pp = 1: micro_batch_size every divisor of the sequences each dp rank reads per step
+  (grad_accum_steps derived); the global batch is fixed by the caller;
+- recompute: the policies the caller passes (the recompute group's options).
+Everything else (loss_parallel, cp_balanced, precision, ...) is the base config's.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+from conf.errors import ProblemList
+from conf.parallel_rules import PP_SCHEDULES, check_pipeline_options, check_zero
+from conf.rules import divisors, resolve_batch
+from conf.schema import RecomputeConfig, RunConfig
+from conf.spec import DEGREES, ParallelSpec, RecomputeSpec, RunSpec, spec_from_config
+from conf.split_rules import check_model_split, check_pipeline_split, check_recompute
+
+MIN_CP_TOKENS = 2048
+"""Context parallel below this many tokens per rank spends more on the K/V ring than it saves."""
+VIRTUAL_STAGES = (2, 4)
+"""Stages per rank tried with the interleaved schedules (each more shrinks the bubble and adds
+a round of point-to-point sends)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One layout resolve() accepts: the spec sections that differ from the base spec."""
+
+    parallel: ParallelSpec
+    micro_batch_size: int
+    grad_accum_steps: int
+    recompute_name: str
+    """The recompute group option (a sweep point selects it as `recompute=<name>`)."""
+    recompute: RecomputeSpec
+
+    def spec(self, base: RunSpec) -> RunSpec:
+        """The run spec of this candidate: the base spec with its sections replaced."""
+        training = replace(base.training, micro_batch_size=self.micro_batch_size,
+                           grad_accum_steps=self.grad_accum_steps,
+                           global_batch_size=self.micro_batch_size * self.grad_accum_steps
+                           * self.parallel.dp)
+        return replace(base, parallel=self.parallel, training=training,
+                       recompute=self.recompute)
+
+
+def factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
+    """Every ordered tuple of `parts` positive integers whose product is `n`."""
+    if parts == 1:
+        return [(n,)]
+    return [(d, *rest) for d in divisors(n) for rest in factorizations(n // d, parts - 1)]
+
+
+def pipeline_shapes(pp: int, base_schedule: str) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) to try for `pp`: the base schedule alone without pipelining."""
+    if pp == 1:
+        return [(base_schedule, 1)]
+    return [(schedule, v) for schedule, interleaved in PP_SCHEDULES.items()
+            for v in (VIRTUAL_STAGES if interleaved else (1,))]
+
+
+def valid_policies(policies: dict[str, RecomputeConfig],
+                   rejected: Counter) -> dict[str, RecomputeSpec]:
+    """The recompute policies check_recompute accepts, as specs."""
+    kept = {}
+    for name, policy in policies.items():
+        problems = ProblemList()
+        check_recompute(policy, problems)
+        if _count(problems, rejected):
+            kept[name] = spec_from_config(RecomputeSpec, policy)
+    return kept
+
+
+def enumerate_candidates(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
+                         policies: dict[str, RecomputeConfig],
+                         rejected: Counter) -> Iterator[Candidate]:
+    """Every candidate resolve() accepts for `cfg` (composed) whose other sections resolved
+    into `base`, at `global_batch_size` sequences per step; `rejected` counts, by rule key,
+    the combinations the rules dropped (each rule is asked as soon as its inputs are known)."""
+    recompute = valid_policies(policies, rejected)
+    shapes: dict[int, list[tuple[str, int]]] = {}
+    for degrees in factorizations(base.world_size, len(DEGREES)):
+        given = dict(zip(DEGREES, degrees))
+        if not _degrees_pass(given, cfg, base, global_batch_size, rejected):
+            continue
+        if given["pp"] not in shapes:
+            shapes[given["pp"]] = _valid_shapes(given["pp"], cfg, base, rejected)
+        for zero in range(4):
+            problems = ProblemList()
+            check_zero(zero, given, problems)
+            if not _count(problems, rejected):
+                continue
+            for schedule, virtual in shapes[given["pp"]]:
+                yield from _batch_choices(
+                    replace(base.parallel, **given, zero=zero, pp_schedule=schedule,
+                            sequence_parallel=given["tp"] > 1 or cfg.parallel.sequence_parallel,
+                            pp_virtual_stages=virtual, pp_layer_split=()),
+                    cfg, base, global_batch_size, recompute, rejected)
+
+
+def _degrees_pass(given: dict[str, int], cfg: RunConfig, base: RunSpec,
+                  global_batch_size: int, rejected: Counter) -> bool:
+    """The rules on the degrees alone (tp against the model and precision, cp/sp against the
+    sequence, pp against the layers, dp against the global batch), and the search's cp floor.
+    check_model_split is asked on a probe with one stage per rank and as many pipeline
+    micro-batches as stages, so only the schedule-free rules can fire."""
+    if given["cp"] > 1 and base.training.seq_len < given["cp"] * MIN_CP_TOKENS:
+        rejected["search: cp leaves fewer than MIN_CP_TOKENS tokens per rank"] += 1
+        return False
+    if global_batch_size % (given["dp_replicate"] * given["dp_shard"]):
+        rejected["training.global_batch_size"] += 1
+        return False
+    probe = replace(base.parallel, **given, pp_virtual_stages=1, pp_microbatches=given["pp"],
+                    pp_layer_split=(),
+                    sequence_parallel=given["tp"] > 1 or cfg.parallel.sequence_parallel)
+    problems = ProblemList()
+    check_model_split(probe, model=base.model, precision=base.precision, problems=problems,
+                      training=replace(base.training, micro_batch_size=given["pp"]))
+    return _count(problems, rejected)
+
+
+def _valid_shapes(pp: int, cfg: RunConfig, base: RunSpec,
+                  rejected: Counter) -> list[tuple[str, int]]:
+    """The (schedule, virtual stages) of `pp` that the schedule and stage rules accept
+    (asked once per pp, on a probe with as many pipeline micro-batches as stages)."""
+    kept = []
+    for schedule, virtual in pipeline_shapes(pp, cfg.parallel.pp_schedule):
+        layout = replace(cfg.parallel, pp=pp, pp_schedule=schedule, pp_virtual_stages=virtual,
+                         pp_microbatches=pp * virtual, pp_layer_split=[])
+        probe = replace(base.parallel, pp=pp, pp_schedule=schedule, pp_virtual_stages=virtual,
+                        pp_microbatches=pp * virtual, pp_layer_split=())
+        problems = ProblemList()
+        check_pipeline_options(layout, probe, microbatches=pp * virtual, problems=problems)
+        check_pipeline_split(probe, model=base.model, problems=problems,
+                             training=replace(base.training, micro_batch_size=pp * virtual))
+        if _count(problems, rejected):
+            kept.append((schedule, virtual))
+    return kept
+
+
+def _batch_choices(layout: ParallelSpec, cfg: RunConfig, base: RunSpec,
+                   global_batch_size: int, recompute: dict[str, RecomputeSpec],
+                   rejected: Counter) -> Iterator[Candidate]:
+    """The micro-batch sizes (and pipeline micro-batches) of one layout that pass the rules
+    that read them: the pipeline micro-batch rules and the batch rule."""
+    dp = layout.dp
+    per_rank = global_batch_size // dp
+    for micro in ([per_rank] if layout.pp > 1 else divisors(per_rank)):
+        problems = ProblemList()
+        parallel = replace(layout, pp_microbatches=micro if layout.pp > 1 else 1)
+        as_config = replace(cfg.parallel, pp=layout.pp, pp_schedule=layout.pp_schedule,
+                            pp_virtual_stages=layout.pp_virtual_stages,
+                            pp_microbatches=parallel.pp_microbatches)
+        check_pipeline_options(as_config, parallel, microbatches=parallel.pp_microbatches,
+                               problems=problems)
+        training_cfg = replace(cfg.training, micro_batch_size=micro, grad_accum_steps=-1,
+                               global_batch_size=global_batch_size)
+        accum, _ = resolve_batch(training_cfg, dp, problems)
+        if not _count(problems, rejected):
+            continue
+        for name, policy in recompute.items():
+            yield Candidate(parallel=parallel, micro_batch_size=micro,
+                            grad_accum_steps=accum, recompute_name=name, recompute=policy)
+
+
+def _count(problems: ProblemList, rejected: Counter) -> bool:
+    """True when there is no problem; else counts the first problem's key."""
+    if problems:
+        rejected[problems.items[0].key] += 1
+        return False
+    return True
