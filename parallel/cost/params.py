@@ -67,6 +67,7 @@ class ParamCounts:
         return self.total - self.embedding
 
 
+@lru_cache(maxsize=16)
 def param_counts(model: ModelSpec) -> ParamCounts:
     shapes = parameter_shapes(model)
     return ParamCounts(total=sum(numel(shape) for _, shape in shapes),

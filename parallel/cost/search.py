@@ -23,12 +23,12 @@ from conf.spec import ParallelSpec, RunSpec
 from parallel.cost.devices import GIB
 from parallel.cost.fit import memory_verdict
 from parallel.cost.memory import (
-    MemoryEstimate, layout_activation_bytes, representative_ranks, static_bytes,
-    weight_copy_bytes,
+    MemoryEstimate, layout_activation_bytes, loss_peak_bytes_of, representative_ranks,
+    static_bytes, weight_copy_bytes,
 )
 from parallel.cost.plan import Plan, make_plan
 from parallel.cost.search_space import Candidate, enumerate_candidates
-from parallel.cost.step_time import estimate_time
+from parallel.cost.step_time import Hardware, estimate_time, hardware_of
 from parallel.dims import ParallelDims
 
 FALLBACK_BASIS = ("no time model for this device (estimate_time gave none): ranked by "
@@ -81,10 +81,11 @@ class SearchResult:
                 f"{self.smallest_misfit_bytes / GIB:.1f} GiB{usable})")
 
 
-def predict(spec: RunSpec, plan: Plan) -> Prediction:
+def predict(spec: RunSpec, plan: Plan, hardware: Hardware | None = None) -> Prediction:
     """The time model's step time, tokens/s per device and MFU (the one call into
-    parallel.cost.step_time); FALLBACK_BASIS where it has no answer."""
-    estimate = estimate_time(spec, plan)
+    parallel.cost.step_time); FALLBACK_BASIS where it has no answer. `hardware`: the
+    cluster's constants, read once per search (None: read them from `spec`)."""
+    estimate = estimate_time(spec, plan, hardware=hardware)
     if estimate is None:
         return Prediction(step_s=None, tokens_per_s_per_device=None, mfu=None,
                           basis=FALLBACK_BASIS)
@@ -100,14 +101,19 @@ def predict(spec: RunSpec, plan: Plan) -> Prediction:
                                            estimate.step_s))
 
 
+OVERHEADS = {"bubble_s": "pipeline bubble", "comm_exposed_s": "exposed comm",
+             "overhead_s": "per-layer overhead", "recompute_s": "recompute",
+             "optimizer_s": "optimizer"}
+"""The parts of a step-time breakdown (step_time.StepBreakdown) `why` names, as it names them;
+comm_s (hidden or not) and compute_s are left out: they are not a cost beyond the matmuls."""
+
+
 def _overheads(breakdown, step_s: float) -> tuple[tuple[str, float], ...]:
-    """Non-compute parts of a breakdown (a mapping, or an object of named seconds)."""
+    """The largest non-matmul parts of a step, as shares of it (OVERHEADS names them)."""
     if breakdown is None or not step_s:
         return ()
-    items = breakdown.items() if hasattr(breakdown, "items") else (
-        (name, getattr(breakdown, name)) for name in getattr(breakdown, "__slots__", ()))
-    parts = [(str(name), float(value) / step_s) for name, value in items
-             if isinstance(value, (int, float)) and "compute" not in str(name) and value > 0]
+    parts = [(label, getattr(breakdown, name, 0.0) / step_s)
+             for name, label in OVERHEADS.items() if getattr(breakdown, name, 0.0) > 0]
     return tuple(sorted(parts, key=lambda part: -part[1]))
 
 
@@ -121,39 +127,51 @@ class MemoryTable:
 
     def __init__(self) -> None:
         self._static: dict[tuple, list] = {}
-        self._activations: dict[tuple, int] = {}
+        self._activations: dict[tuple, dict[str, int]] = {}
+        self._copies: dict[tuple, int] = {}
 
     def peak(self, candidate: Candidate, base: RunSpec) -> MemoryEstimate:
         """What estimate_memory(candidate.spec(base)) returns: the fullest representative
         rank (the spec is built only when a piece is not memoised yet)."""
         spec = _Lazy(candidate, base)
         p = candidate.parallel
-        layout = (*(getattr(p, name) for name in _ACTIVATION_FIELDS),
+        # uses_fsdp: FSDP mixed precision keeps activations in another dtype regime.
+        layout = (*(getattr(p, name) for name in _ACTIVATION_FIELDS), p.uses_fsdp,
                   candidate.micro_batch_size, candidate.recompute)
         return max((MemoryEstimate(params=static.params, grads=static.grads,
                                    optimizer=static.optimizer, master_weights=0,
-                                   weight_copies=copies,
-                                   activations=self._activations_of(layout, spec, pp_rank))
-                    for pp_rank, static, copies in self._static_of(spec)),
+                                   weight_copies=self._copies_of(spec, rank),
+                                   **self._activations_of(layout, spec, pp_rank))
+                    for pp_rank, rank, static in self._static_of(spec)),
                    key=lambda memory: memory.total)
 
     def _static_of(self, spec: _Lazy) -> list:
+        """(pp rank, rank, static bytes) of each representative rank."""
         key = static_key(spec.candidate.parallel)
         if key not in self._static:
             dims, spec = ParallelDims.from_spec(spec.candidate.parallel), spec.spec
-            self._static[key] = [
-                (dims.coordinates(rank)["pp"], static_bytes(spec, rank),
-                 weight_copy_bytes(spec, rank)) for rank in representative_ranks(spec)]
+            self._static[key] = [(dims.coordinates(rank)["pp"], rank, static_bytes(spec, rank))
+                                 for rank in representative_ranks(spec)]
         return self._static[key]
 
-    def _activations_of(self, layout: tuple, spec: _Lazy, pp_rank: int) -> int:
-        """Bytes pipeline rank `pp_rank` keeps; `layout`: what activations read of the
-        candidate (_ACTIVATION_FIELDS, micro-batch, recompute)."""
+    def _copies_of(self, spec: _Lazy, rank: int) -> int:
+        """Weight copies `rank` holds: the static layout's, and whether recompute frees
+        autocast's copies (memory.autocast_keeps_copy)."""
+        key = (static_key(spec.candidate.parallel), spec.candidate.recompute, rank)
+        if key not in self._copies:
+            self._copies[key] = weight_copy_bytes(spec.spec, rank)
+        return self._copies[key]
+
+    def _activations_of(self, layout: tuple, spec: _Lazy, pp_rank: int) -> dict[str, int]:
+        """Activation bytes pipeline rank `pp_rank` keeps and its loss peak; `layout`: what
+        they read of the candidate (_ACTIVATION_FIELDS, FSDP or not, micro-batch, recompute)."""
         key = (layout, pp_rank)
         if key not in self._activations:
             rank = ParallelDims.from_spec(spec.candidate.parallel).rank_of(
                 {"pp": pp_rank, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0})
-            self._activations[key] = layout_activation_bytes(spec.spec, rank)
+            self._activations[key] = {
+                "activations": layout_activation_bytes(spec.spec, rank),
+                "loss_peak": loss_peak_bytes_of(spec.spec, rank)}
         return self._activations[key]
 
 
@@ -188,6 +206,7 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
     rejected: Counter = Counter()
     table = MemoryTable()
     base_plan = make_plan(base)
+    hardware = hardware_of(base)  # the cluster's constants: the same for every candidate
     fitting, enumerated, misfits, smallest, usable = [], 0, 0, None, None
     for candidate in enumerate_candidates(cfg, base, global_batch_size=global_batch_size,
                                           policies=policies, rejected=rejected):
@@ -200,8 +219,11 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
             smallest = memory.total if smallest is None else min(smallest, memory.total)
             continue
         spec = candidate.spec(base)
-        plan = replace(base_plan, dp=spec.parallel.dp, memory=memory, verdict=verdict)
-        fitting.append((candidate, spec, plan, predict(spec, plan)))
+        tokens = spec.training.tokens_per_step  # the candidate's batch, not the base's
+        plan = replace(base_plan, dp=spec.parallel.dp, memory=memory, verdict=verdict,
+                       tokens_per_step=tokens, flops_per_step=float(base_plan.flops_per_token)
+                       * tokens, total_tokens=tokens * spec.training.steps)
+        fitting.append((candidate, spec, plan, predict(spec, plan, hardware)))
     fitting.sort(key=_rank_key)
     ranked = [_replanned(c, spec, i, fitting) for i, (c, spec, _, _) in
               enumerate(fitting[:top])]

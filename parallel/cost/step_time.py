@@ -87,6 +87,8 @@ class StepBreakdown:
     optimizer_s: float
     comm_by_axis: dict[str, float] = field(default_factory=dict)
     """Seconds per step of each axis' collectives (fsdp, ddp, zero1, hsdp, tp, cp, pp)."""
+    collectives: tuple = ()
+    """The collectives the comm terms sum (comm.Collective), computed once."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,7 +122,7 @@ def estimate_time(spec: RunSpec, plan: Plan, *,
         gpu_hours=run_hours * world if spec.training.device == "cuda" else None,
         peak=hardware.peak, tokens_per_s_per_device=plan.tokens_per_step / step_s / world,
         mfu=plan.flops_per_step / (step_s * world * hardware.peak.flops),
-        breakdown=parts, collectives=tuple(collectives_of(spec, hardware)), hardware=hardware)
+        breakdown=parts, collectives=parts.collectives, hardware=hardware)
 
 
 def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
@@ -143,7 +145,8 @@ def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
     return StepBreakdown(compute_s=compute_s,
                          recompute_s=recompute_flops / (world * hw.rank_flops),
                          overhead_s=overhead_s, bubble_s=bubble_s, comm_s=sum(by_axis.values()),
-                         comm_exposed_s=exposed, optimizer_s=optimizer_s, comm_by_axis=by_axis)
+                         comm_exposed_s=exposed, optimizer_s=optimizer_s, comm_by_axis=by_axis,
+                         collectives=tuple(collectives))
 
 
 def collectives_of(spec: RunSpec, hw: Hardware) -> list[Collective]:

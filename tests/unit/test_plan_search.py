@@ -176,11 +176,13 @@ def test_the_search_imports_no_torch():
 
 
 def test_without_a_time_model_the_ranking_says_so_and_drops_nothing():
-    """CPU: estimate_time has no answer and there is no memory verdict; the fallback is
-    labelled, and every layout the rules accept is kept."""
-    cfg, base = _base(["model=debug", "training.seq_len=128"])
+    """A GPU the catalogue does not know: estimate_time has no answer and there is no memory
+    verdict; the fallback is labelled, and every layout the rules accept is kept."""
+    unknown = [o if not o.startswith("cluster.gpu_name=") else "cluster.gpu_name=Mystery X1"
+               for o in CLUSTER]
+    cfg, base = _base(["model=debug", "training.seq_len=128", *unknown])
     result = search(cfg, base, global_batch_size=8, policies=POLICIES, top=3)
-    assert base.training.device == "cpu" and result.basis == FALLBACK_BASIS
+    assert base.training.device == "cuda" and result.basis == FALLBACK_BASIS
     assert result.does_not_fit == 0 and result.fits == result.enumerated > 0
     assert all(r.prediction.step_s is None for r in result.top)
     assert "no time model" in result.top[1].why
