@@ -168,7 +168,7 @@ def resolve_sources(d: DataConfig, *, vocab_size: int, problems: ProblemList,
             if is_sft(manifest):
                 problems.add("data.sources", source, "is SFT data (packed bins with a loss "
                              "mask); a mixture takes plain token corpora", "train on one SFT "
-                             "dir with data=sft data.prepared=DIR")
+                             "dir with data=files data.prepared=DIR")
     if len(tokenizers) > 1 or len(dtypes) > 1:
         problems.add("data.sources", list(d.sources), "were prepared with different "
                      "tokenizers (or token dtypes)", "prepare every source with one tokenizer")

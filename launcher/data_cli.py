@@ -4,7 +4,7 @@
   meshrun data prepare --tokenizer tok/ --out prepared/ corpus/ notes.jsonl
   meshrun run data=files data.prepared=prepared/ model.vocab_size=8192 ...
   meshrun data prepare-sft --tokenizer tok/ --seq-len 2048 --out sft/ chats.jsonl
-  meshrun run data=sft data.prepared=sft/ training.seq_len=2048 data.document_mask=true ...
+  meshrun run data=files data.prepared=sft/ training.seq_len=2048 data.document_mask=true ...
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _register_sft(verbs) -> None:
         "(tokenizer_config.json chat_template; else meshrun's default: "
         "<|role|>\\n{content}<|end|>\\n per message), learn only assistant content + its "
         "turn end, end each conversation with EOS, and pack conversations first-fit-decreasing "
-        "into bins of seq_len+1 tokens (padding masked). Train with data=sft data.prepared=OUT "
+        "into bins of seq_len+1 tokens (padding masked). Train with data=files data.prepared=OUT "
         "training.seq_len=SEQ_LEN (add data.document_mask=true so packed conversations do "
         "not see each other).")
     sft.add_argument("--tokenizer", required=True, help="tokenizer.json or a folder holding one")
@@ -144,7 +144,7 @@ def prepare_sft(args: argparse.Namespace, console: Console) -> int:
                      "EOS with --eos-token")
     lines.append(f"  packing efficiency (real tokens / bin capacity): "
                  f"{m['packing_efficiency']:.1%}")
-    lines.append(f"  train with: data=sft data.prepared={out} training.seq_len={m['seq_len']} "
+    lines.append(f"  train with: data=files data.prepared={out} training.seq_len={m['seq_len']} "
                  f"model.vocab_size={m['tokenizer']['vocab_size']} (or larger)")
     console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -49,7 +49,7 @@ def sft_dp_rank(*, rank: int, world_size: int, prepared: str) -> dict:
     from training.step import forward_backward
 
     cpu = torch.device("cpu")
-    spec = cpu_spec("model=tiny", "data=sft", f"data.prepared={prepared}",
+    spec = cpu_spec("model=tiny", "data=files", f"data.prepared={prepared}",
                     "model.vocab_size=300", "training.seq_len=63", "training.micro_batch_size=1",
                     "training.grad_accum_steps=2", "parallel=ddp", "cluster.procs_per_node=2")
     layout = build_parallel_model(spec, rank=rank, device=cpu)

@@ -318,7 +318,7 @@ def test_resolve_checks_seq_len_against_the_bins(tok_dir, tmp_path):
     from tests.support.specs import CPU_HOST
 
     out, *_ = _prepared_two_turns(tok_dir, tmp_path)
-    cfg = compose_config(["logging=disabled", "model=tiny", "data=sft", f"data.prepared={out}",
+    cfg = compose_config(["logging=disabled", "model=tiny", "data=files", f"data.prepared={out}",
                           "model.vocab_size=320", "training.seq_len=64"])
     with pytest.raises(ConfigError, match="training.seq_len=64.*set training.seq_len=191"):
         resolve(cfg, host=CPU_HOST, check_paths=True)
@@ -345,7 +345,7 @@ def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_p
     from training.step import forward_backward
 
     out, m, *_ = _prepared_two_turns(tok_dir, tmp_path)
-    spec = cpu_spec("model=tiny", "data=sft", f"data.prepared={out}", "model.vocab_size=320",
+    spec = cpu_spec("model=tiny", "data=files", f"data.prepared={out}", "model.vocab_size=320",
                     "training.seq_len=191", "training.micro_batch_size=1",
                     "training.grad_accum_steps=2", "parallel=single")
     batches = build_train_batches(spec.data, spec.training, dp_rank=0, dp_size=1)
