@@ -68,6 +68,8 @@ class WandbLogger:
         self.mode = mode
         self.run_id = run_id
         self._run = None
+        self._max_kept: set[str] = set()
+        """Per-rank memory keys already defined with their maximum kept in the summary."""
         if mode == "disabled":
             return
         self._run = _init_run(
@@ -99,7 +101,17 @@ class WandbLogger:
             return
         axes = {STEP_METRIC: step} if tokens_seen is None else {STEP_METRIC: step,
                                                                  TOKENS_METRIC: tokens_seen}
+        self._keep_memory_maxima(metrics)
         self._run.log({**metrics, **axes})
+
+    def _keep_memory_maxima(self, metrics: dict[str, Any]) -> None:
+        """Define each new `memory/...` key by name, with its maximum as the summary: a glob
+        definition `memory/*` beside the catch-all `*` is matched in no fixed order by W&B
+        (one CI run kept the last value instead of the maximum), a named one always wins."""
+        for key in metrics:
+            if key.startswith(f"{MEMORY_SECTION}/") and key not in self._max_kept:
+                self._run.define_metric(key, step_metric=STEP_METRIC, summary="max")
+                self._max_kept.add(key)
 
     def summary(self, values: dict[str, Any]) -> None:
         """Set run summary values (final or best numbers shown in the W&B runs table)."""
@@ -199,5 +211,4 @@ def per_rank_values(by_rank: dict[str, list[float]]) -> dict[str, float]:
 def _define_x_axes(run: Any) -> None:
     run.define_metric(STEP_METRIC)
     run.define_metric(TOKENS_METRIC, step_metric=STEP_METRIC)
-    run.define_metric(f"{MEMORY_SECTION}/*", step_metric=STEP_METRIC, summary="max")
     run.define_metric("*", step_metric=STEP_METRIC)
