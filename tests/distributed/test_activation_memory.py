@@ -22,31 +22,27 @@ from tests.support.specs import cpu_spec
 
 pytestmark = pytest.mark.distributed
 
+from tests.support.layouts import (FOUR_RANKS as PARITY_FOUR_RANKS,
+                                   TWO_RANKS as PARITY_TWO_RANKS)
+
 BASE = ("model=tiny", "model.n_layers=2", "data=synthetic", "training.seq_len=32",
         "training.micro_batch_size=2", "training.grad_accum_steps=1")
 SCALARS = 8  # the loss sum and cross entropy's total weight, fp32
 
-TWO_RANKS = {
-    "ddp": ["parallel=ddp"],
-    "zero1": ["parallel=zero1"],
-    "zero2": ["parallel=zero2"],
-    "zero3": ["parallel=zero3"],
-    "tp_sp": ["parallel=tp"],
-    "tp_no_sp": ["parallel=tp", "parallel.sequence_parallel=false"],
-    "tp_loss_parallel": ["parallel=tp", "parallel.loss_parallel=true"],
-    "tp_no_sp_loss_parallel": ["parallel=tp", "parallel.sequence_parallel=false",
-                               "parallel.loss_parallel=true"],
-    "cp_balanced": ["parallel=cp"],
-    "cp_contiguous": ["parallel=cp", "parallel.cp_balanced=false"],
-}
-FOUR_RANKS = {
-    "hsdp_2x2": ["parallel=hsdp"],
-    "dp2_tp2": ["parallel=fsdp_tp"],
-    "cp2_tp2": ["parallel.dp_replicate=1", "parallel.cp=2", "parallel.tp=2", "parallel.zero=3"],
-    "ddp2_cp2": ["parallel.dp_replicate=2", "parallel.cp=2"],
-    "zero1_cp2": ["parallel.dp_replicate=1", "parallel.dp_shard=2", "parallel.zero=1",
-                  "parallel.cp=2"],
-}
+
+
+def _measurable(layouts: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The parity layouts with one moment "after forward": no pipeline (its schedule interleaves
+    forward and backward), and no recompute override (the policies are looped here)."""
+    return {name: overrides for name, overrides in layouts.items()
+            if not any(o.startswith(("parallel=pp", "parallel.pp=", "recompute="))
+                       for o in overrides)}
+
+
+TWO_RANKS = {**_measurable(PARITY_TWO_RANKS),
+             "tp_no_sp_loss_parallel": ["parallel=tp", "parallel.sequence_parallel=false",
+                                        "parallel.loss_parallel=true"]}
+FOUR_RANKS = _measurable(PARITY_FOUR_RANKS)
 POLICIES = ["none", "full_every2", "selective", "selective_attention"]
 """full_every2 re-computes block 0 whole and keeps block 1 whole; offload keeps what none keeps
 on a CPU device (tests/unit/test_recompute.py)."""

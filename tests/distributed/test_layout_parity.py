@@ -17,45 +17,11 @@ pytestmark = pytest.mark.distributed
 
 # Two micro-batches per step (gradient accumulation) so no_sync / requires_gradient_sync and
 # the token weighting across micro-batches are exercised too.
+from tests.support.layouts import EIGHT_RANKS, FOUR_RANKS, TWO_RANKS
+
 BASE = ("model=tiny", "model.n_layers=4", "data=synthetic", "training.seq_len=32",
         "optim.lr=1e-4", "training.micro_batch_size=2", "training.grad_accum_steps=2")
 
-TWO_RANKS = {
-    "ddp": ["parallel=ddp"],
-    "zero1": ["parallel=zero1"],
-    "zero2": ["parallel=zero2"],
-    "zero3": ["parallel=zero3"],
-    "tp_sp": ["parallel=tp"],
-    "tp_no_sp": ["parallel=tp", "parallel.sequence_parallel=false"],
-    "tp_loss_parallel": ["parallel=tp", "parallel.loss_parallel=true"],
-    "cp_balanced": ["parallel=cp"],
-    "cp_contiguous": ["parallel=cp", "parallel.cp_balanced=false"],
-    "cp_recompute_attention": ["parallel=cp", "recompute=selective_attention"],
-    "pp_1f1b": ["parallel=pp"],
-    "pp_interleaved": ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b",
-                       "parallel.pp_virtual_stages=2", "parallel.pp_microbatches=2"],
-}
-FOUR_RANKS = {
-    "hsdp_2x2": ["parallel=hsdp"],
-    "dp2_tp2": ["parallel=fsdp_tp"],
-    "cp2_tp2": ["parallel.dp_replicate=1", "parallel.cp=2", "parallel.tp=2", "parallel.zero=3"],
-    "ddp2_cp2": ["parallel.dp_replicate=2", "parallel.cp=2"],
-    "zero1_cp2": ["parallel.dp_replicate=1", "parallel.dp_shard=2", "parallel.zero=1",
-                  "parallel.cp=2"],
-    "pp2_dp2": ["parallel=pp", "parallel.pp=2", "parallel.dp_shard=-1", "parallel.zero=3"],
-    "pp2_ddp2": ["parallel=pp", "parallel.pp=2", "parallel.dp_replicate=-1"],
-    "pp2_tp2": ["parallel=pp", "parallel.pp=2", "parallel.tp=2"],
-    "pp2_zero1_interleaved": ["parallel=pp", "parallel.pp=2", "parallel.dp_shard=-1",
-                              "parallel.zero=1", "parallel.pp_schedule=interleaved_1f1b",
-                              "parallel.pp_virtual_stages=2", "parallel.pp_microbatches=2"],
-    "dp2_tp2_selective": ["parallel=fsdp_tp", "recompute=selective"],
-    "pp2_dp2_full_every2": ["parallel=pp", "parallel.pp=2", "parallel.dp_shard=-1",
-                            "parallel.zero=2", "recompute=full_every2"],
-}
-EIGHT_RANKS = {
-    "pp2_dp2_tp2": ["parallel=3d"],
-    "pp2_cp2_tp2": ["parallel=4d", "parallel.dp_shard=1"],
-}
 
 
 def _specs(layouts: dict[str, list[str]], world: int) -> list:
