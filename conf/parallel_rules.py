@@ -15,6 +15,9 @@ PP_SCHEDULES = {  # name -> needs virtual stages (more than one stage per rank)
     "gpipe": False, "1f1b": False,
     "interleaved_1f1b": True, "looped_bfs": True, "interleaved_zero_bubble": True,
 }
+SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved_zero_bubble"})
+"""Schedules that run backward as separate input (I) and weight (W) passes; under FSDP their
+units stay gathered from forward to backward (parallel/pipeline.py), whatever the zero stage."""
 
 
 def resolve_parallel(cfg: ParallelConfig, *, world_size: int, nodes: int,

@@ -4,7 +4,20 @@ zero=3 re-shards parameters after forward (all-gathered again for backward); zer
 them gathered from forward to backward (no second all-gather, more memory); both shard
 gradients (reduce-scatter) and optimizer state. With dp_replicate > 1 the mesh is 2-D
 (replicate, shard): HSDP, shards within a group and all-reduce across the groups.
-Each block is its own FSDP unit; the root unit holds the embedding, final norm and head.
+
+The units, as torchtitan draws them (one all-gather and one reduce-scatter each):
+- the token embedding alone, re-sharded after forward like the blocks (zero=3): it is not
+  needed again until the very end of backward;
+- each block;
+- the final norm with the head, never re-sharded after forward: backward starts with them, so
+  a re-shard would be gathered again at once; their gradients are reduce-scattered as soon as
+  the head's backward ends, overlapping the blocks' backward (in one root unit with the
+  embedding they would wait for the embedding's backward, the last thing to run);
+- tied embeddings: the embedding, final norm and head are one unit (one shared weight), never
+  re-sharded after forward;
+- the root (the model or pipeline stage) with whatever is left (no parameters in this model).
+A pipeline stage holds only its own parts (the embedding on the first, norm and head on the
+last); the units that are absent are skipped.
 """
 from __future__ import annotations
 
@@ -18,6 +31,27 @@ def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, zero: int,
     """Shard `model` (a model or one pipeline stage) in place; compute and reduce in the
     dtypes of `mp_policy` (training/precision.py builds it from the precision section)."""
     reshard = zero == 3
+
+    def shard(modules, *, reshard_after_forward: bool) -> None:
+        fully_shard(modules, mesh=mesh, mp_policy=mp_policy,
+                    reshard_after_forward=reshard_after_forward)
+
+    embedding, head_unit = _edge_units(model)
+    if embedding is not None:
+        shard(embedding, reshard_after_forward=reshard)
     for block in model.layers.values():
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+        shard(block, reshard_after_forward=reshard)
+    if head_unit:
+        shard(head_unit, reshard_after_forward=False)
+    shard(model, reshard_after_forward=reshard)
+
+
+def _edge_units(model: nn.Module) -> tuple[nn.Module | None, list[nn.Module]]:
+    """(the embedding's own unit or None, the modules of the never-resharded head unit)."""
+    embedding = getattr(model, "tok_embeddings", None)
+    norm = getattr(model, "norm", None)
+    output = getattr(model, "output", None)
+    tied = model.spec.tie_embeddings
+    if tied:
+        return None, [m for m in (embedding, norm) if m is not None]
+    return embedding, [m for m in (norm, output) if m is not None]

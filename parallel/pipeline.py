@@ -25,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
+from conf.parallel_rules import SPLIT_BACKWARD_SCHEDULES
 from conf.split_rules import stage_split
 from conf.spec import ParallelSpec
 from parallel.dims import pipeline_stage_ids
@@ -38,8 +39,6 @@ SCHEDULE_CLASSES = {
 }
 """meshrun schedule name -> torch.distributed.pipelining schedule name (`get_schedule_class`)."""
 
-SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved_zero_bubble"})
-"""Schedules that run backward as separate input (I) and weight (W) passes."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ static bytes with what the ranks really hold. Beyond the placement rules (params
   4-byte step count per parameter tensor. Parameters are fp32: they are the master weights.
 - weight copies, held from forward to backward (not in `static_bytes`: they are gone after
   the step): FSDP's gathered compute-dtype weights (parallel/fsdp.py: zero=2 keeps every unit
-  gathered, reshard_after_forward=False; zero=3 keeps the root unit - embedding, final norm,
-  head - gathered, as FSDP2 never reshards the root after forward, plus the block in use and
-  the one prefetched); without FSDP, autocast's low-precision copies of every matmul weight
+  gathered, reshard_after_forward=False, and so does a zero-bubble pipeline schedule;
+  zero=3 keeps the head unit - final norm and head, with the embedding when tied - gathered,
+  plus the block in use and the one prefetched; the untied embedding is its own unit, re-sharded
+  after forward); without FSDP, autocast's low-precision copies of every matmul weight
   (nn.Linear weights and the tied head; saved for backward, 2 B/param in bf16/fp16).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from conf.parallel_rules import SPLIT_BACKWARD_SCHEDULES
 from conf.schema import RecomputeMode
 from conf.spec import ModelSpec, RecomputeSpec, RunSpec
 from parallel.cost.activations import (
@@ -94,14 +96,16 @@ def weight_copy_bytes(spec: RunSpec, rank: int) -> int:
     held = held_parameters(spec, dims.coordinates(rank)["pp"])
     local = {name: numel(tp_local_shape(name, shape, dims.tp)) for name, shape in held}
     if dims.uses_fsdp:
-        if dims.zero == 2:
+        if dims.zero == 2 or dims.pp > 1 and spec.parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES:
             return compute * sum(local.values())
         blocks: dict[str, int] = {}
         for name, size in local.items():
             if name.startswith("layers."):
                 blocks[name.split(".")[1]] = blocks.get(name.split(".")[1], 0) + size
-        root = sum(size for name, size in local.items() if not name.startswith("layers."))
-        return compute * (root + sum(sorted(blocks.values(), reverse=True)[:2]))
+        head_unit = sum(size for name, size in local.items()
+                        if not name.startswith("layers.")
+                        and (name != EMBEDDING or spec.model.tie_embeddings))
+        return compute * (head_unit + sum(sorted(blocks.values(), reverse=True)[:2]))
     if compute >= PARAM_BYTES:
         return 0  # fp32 compute: autocast casts nothing
     return compute * sum(size for (name, shape), size in zip(held, local.values())

@@ -173,9 +173,10 @@ def test_autocast_weight_copies_match_the_bf16_weights_saved_for_backward(tied):
     assert weight_copy_bytes(fp32, 0) == 0
 
 
-def test_fsdp_weight_copies_zero2_keeps_every_unit_gathered_zero3_the_root_and_two_blocks():
-    """parallel/fsdp.py: zero=2 never reshards after forward; zero=3 does, except the root
-    unit (FSDP2 keeps the root gathered) and the block in use plus the one prefetched."""
+def test_fsdp_weight_copies_zero2_keeps_every_unit_gathered_zero3_the_head_and_two_blocks():
+    """parallel/fsdp.py: zero=2 never reshards after forward; zero=3 does, except the head
+    unit (final norm + head) and the block in use plus the one prefetched; the untied
+    embedding is re-sharded (tests/distributed/test_fsdp_units.py checks the real units)."""
     from parallel.cost.memory import weight_copy_bytes
 
     def spec(zero):
@@ -186,9 +187,9 @@ def test_fsdp_weight_copies_zero2_keeps_every_unit_gathered_zero3_the_root_and_t
     shapes = dict(parameter_shapes(m))
     total = param_counts(m).total
     block = sum(numel(s) for name, s in shapes.items() if name.startswith("layers.0."))
-    root = total - m.n_layers * block
+    head_unit = total - m.n_layers * block - numel(shapes["tok_embeddings.weight"])
     assert weight_copy_bytes(spec(2), 0) == 2 * total
-    assert weight_copy_bytes(spec(3), 0) == 2 * (root + 2 * block)
+    assert weight_copy_bytes(spec(3), 0) == 2 * (head_unit + 2 * block)
     z2, z3 = estimate_memory(spec(2)), estimate_memory(spec(3))
     assert z2.total - z3.total == z2.weight_copies - z3.weight_copies > 0
 
@@ -212,3 +213,20 @@ def test_zero1_fullest_rank_is_found_without_walking_every_rank(overrides, fulle
     memory.zero1_shares.cache_clear()
     assert memory.estimate_memory(spec) == every[fullest]
     assert len(calls) == 1  # owners computed once for the layout, not once per rank
+
+
+def test_fsdp_weight_copies_zero_bubble_pipeline_keeps_every_unit_gathered():
+    """parallel/pipeline.py keeps FSDP units gathered under the split I/W backward."""
+    from parallel.cost.memory import weight_copy_bytes
+
+    def spec(schedule):
+        return cpu_spec("model=debug", "precision=bf16", "parallel=fsdp", "parallel.zero=3",
+                        "parallel.pp=2", "parallel.dp_shard=2", f"parallel.pp_schedule={schedule}",
+                        "parallel.pp_microbatches=4", "parallel.pp_virtual_stages=2",
+                        "cluster.procs_per_node=4")
+
+    from parallel.cost.params import held_parameters
+
+    zero_bubble, interleaved = spec("interleaved_zero_bubble"), spec("interleaved_1f1b")
+    held = sum(numel(shape) for _, shape in held_parameters(zero_bubble, 0))
+    assert weight_copy_bytes(zero_bubble, 0) == 2 * held > weight_copy_bytes(interleaved, 0)
