@@ -1,10 +1,13 @@
 """Step time and per-rank static memory of every layout on one small model (CPU, gloo).
 
 For each layout: build it (training.parallel_model.build_parallel_model), take WARMUP steps, then time STEPS
-steps (a step's time is the slowest rank's); report the median, and the largest per-rank
-bytes of parameters + gradients + optimizer state actually held next to the plan's estimate.
-All layouts run in this one invocation (world sizes 1, 2, 4, 8 on this machine's cores), so
-the ratios between them are comparable; absolute times on a 2-core machine are not.
+steps (a step's time is the slowest rank's); report the median, the fastest step, the median
+CPU time of the busiest rank, the load average when the layout finished, and the largest
+per-rank bytes of parameters + gradients + optimizer state actually held next to the plan's
+estimate. All layouts run in this one invocation (world sizes 1, 2, 4, 8 on this machine's
+cores), so the ratios between them are comparable; absolute times on a 2-core machine are not.
+Other processes on a shared machine stretch wall times (by more for layouts of fewer ranks);
+the model is compared with each layout's fastest step, the one such load stretched least.
 
 Then the step-time model (parallel/cost/step_time.py) is calibrated on this machine
 (parallel/cost/calibrate.py: the link from an all-reduce bandwidth table over 2 ranks, as
@@ -30,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-WARMUP, STEPS = 2, 6
+WARMUP, STEPS = 2, 8
 LAST_RUN = Path(tempfile.gettempdir()) / "layout_step_time.json"
 COMMON = ["model=tiny", "model.n_layers=4", "data=synthetic", "training.seq_len=64",
           "training.global_batch_size=8", "training.micro_batch_size=2",
@@ -70,19 +73,21 @@ def measure_rank(*, rank: int, world_size: int, spec_dict: dict) -> dict:
     optimizers = build_optimizers(layout, optim=spec.optim, state_dtype="fp32")
     batches = build_train_batches(spec.data, spec.training, dp_rank=layout.dims.dp_rank(rank),
                                   dp_size=layout.dims.dp)
-    times, grads_bytes = [], 0
+    times, cpu_times, grads_bytes = [], [], 0
     for step in range(WARMUP + STEPS):
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         forward_backward(layout, batches.next_step(), device=cpu,
                          autocast=torch.autocast("cpu", enabled=False))
         grads_bytes = local_bytes(p.grad for p in named_params(layout).values())
         clip_and_step(layout, optimizers, grad_clip=1.0)
-        elapsed = torch.tensor([time.perf_counter() - start])
+        elapsed = torch.tensor([time.perf_counter() - start, time.process_time() - cpu_start])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if step >= WARMUP:
-            times.append(float(elapsed))
-    return {"step_s": statistics.median(times),
+            times.append(float(elapsed[0]))
+            cpu_times.append(float(elapsed[1]))
+    return {"step_s": statistics.median(times), "fastest_s": min(times),
+            "cpu_s": statistics.median(cpu_times),
             "held": sum(held_bytes(layout, optimizers, grads_bytes=grads_bytes).values())}
 
 
@@ -102,16 +107,18 @@ def measure_single(spec) -> dict:
     layout = ParallelModel.single(build_model(spec.model, device=cpu, seed=0))
     optimizers = [build_optimizer(layout.parts[0], optim=spec.optim)]
     batches = build_train_batches(spec.data, spec.training, dp_rank=0, dp_size=1)
-    times = []
+    times, cpu_times = [], []
     for step in range(WARMUP + STEPS):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         forward_backward(layout, batches.next_step(), device=cpu,
                          autocast=torch.autocast("cpu", enabled=False))
         grads = local_bytes(p.grad for p in layout.parameters())
         clip_and_step(layout, optimizers, grad_clip=1.0)
         if step >= WARMUP:
             times.append(time.perf_counter() - start)
-    return {"step_s": statistics.median(times),
+            cpu_times.append(time.process_time() - cpu_start)
+    return {"step_s": statistics.median(times), "fastest_s": min(times),
+            "cpu_s": statistics.median(cpu_times),
             "held": sum(held_bytes(layout, optimizers, grads_bytes=grads).values())}
 
 
@@ -150,7 +157,9 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
 
 
-def report_model(specs: dict, measured: dict, link_report: dict) -> None:
+def report_model(specs: dict, measured: dict, link_report: dict, *, what: str) -> None:
+    """Calibrate, predict every layout, print predicted vs measured (`what`: which step time
+    of each layout `measured` holds)."""
     from parallel.cost.calibrate import Sample, calibrate, predict
 
     samples = {name: Sample(name=name, spec=specs[name], measured_s=measured[name])
@@ -158,7 +167,7 @@ def report_model(specs: dict, measured: dict, link_report: dict) -> None:
     for label, names in (("held out: calibrated on " + ", ".join(CALIBRATION_SET),
                           CALIBRATION_SET), ("calibrated on every layout", tuple(specs))):
         fit = calibrate([samples[n] for n in names], preflights=[link_report])
-        print(f"\nstep-time model, {label}:")
+        print(f"\nstep-time model vs the {what}, {label}:")
         print("  " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(fit.constants.items())))
         print(f"  {'layout':18} {'measured ms':>11} {'predicted ms':>12} {'error':>7}")
         predicted = {n: predict(specs[n], fit.constants) for n in specs}
@@ -185,8 +194,9 @@ def main() -> None:
         return report_saved(Path(extra[1]))
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} cores, load average {load:.1f} at start")
-    specs, measured = {}, {}
-    print(f"{'layout':18} {'ranks':>5} {'step ms':>9} {'held MiB':>9} {'plan MiB':>9}")
+    specs, measured, fastest, cpu, loads = {}, {}, {}, {}, {}
+    print(f"{'layout':18} {'ranks':>5} {'step ms':>9} {'min ms':>7} {'cpu ms':>7} {'load':>5} "
+          f"{'held MiB':>9} {'plan MiB':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, (world, overrides) in LAYOUTS.items():
             spec = cpu_spec(*COMMON, *overrides, *extra, f"cluster.procs_per_node={world}")
@@ -200,14 +210,19 @@ def main() -> None:
             planned = max(m.params + m.grads + m.optimizer
                           for m in (estimate_memory(spec, rank=r) for r in range(world)))
             held = max(r["held"] for r in results)
+            loads[name] = os.getloadavg()[0]
             print(f"{name:18} {world:>5} {results[0]['step_s'] * 1e3:>9.1f} "
+                  f"{results[0]['fastest_s'] * 1e3:>7.1f} "
+                  f"{results[0]['cpu_s'] * 1e3:>7.1f} {loads[name]:>5.1f} "
                   f"{held / 2**20:>9.3f} {planned / 2**20:>9.3f}", flush=True)
             specs[name], measured[name] = spec, results[0]["step_s"]
+            cpu[name], fastest[name] = results[0]["cpu_s"], results[0]["fastest_s"]
         link = run_on_ranks(measure_link, world_size=2, workdir=Path(tmp), kwargs={},
                             timeout_s=600)[0]
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
-    LAST_RUN.write_text(json.dumps({"extra": extra, "measured": measured, "link": link}))
-    report_model(specs, measured, link)
+    LAST_RUN.write_text(json.dumps({"extra": extra, "measured": measured, "link": link,
+                                    "fastest": fastest, "cpu": cpu, "load": loads}))
+    report_model(specs, fastest, link, what="fastest step")
 
 
 def report_saved(path: Path) -> None:
@@ -223,7 +238,10 @@ def report_saved(path: Path) -> None:
         spec = cpu_spec(*COMMON, *overrides, *saved["extra"], f"cluster.procs_per_node={world}")
         specs[name] = dataclasses.replace(spec, host=dataclasses.replace(
             spec.host, cpu_count=os.cpu_count() or 1))
-    report_model(specs, saved["measured"], saved["link"])
+    if "fastest" in saved:
+        report_model(specs, saved["fastest"], saved["link"], what="fastest step")
+    else:  # saved before the fastest step was kept
+        report_model(specs, saved["measured"], saved["link"], what="median step")
 
 
 if __name__ == "__main__":

@@ -386,6 +386,9 @@ class ClusterConfig:
     tp_overhead_us: float = 0.0
     """Extra fixed cost per tensor-parallel block per micro-batch (DTensor's dispatch of its
     ops and collectives, beyond their bytes), us."""
+    collective_overhead_us: float = 0.0
+    """Software cost of one collective call beyond its alpha-beta time (hooks, buffer copies,
+    launch, waking the peers), us (parallel/cost/comm.py)."""
     calibration: str = "auto"
     """Calibration file written by `meshrun plan --calibrate`: auto = ~/.meshrun/calibration.json
     when it exists ($MESHRUN_HOME instead of ~/.meshrun when set), none = do not use one, or a

@@ -5,13 +5,16 @@ Two fits, each from what a measurement can identify:
   t = 2(n-1) alpha + 2(n-1)/n S / B): a least-squares line of t over S gives B (slope) and
   alpha (intercept), in relative error (so the small messages set alpha and one slow large
   message does not swamp it); the link is intra-node when every rank ran on one host, else inter-node;
-- compute, from finished runs' step times: with the links fixed, each run's time is
-  measured = x * A + y * P + z * T + C, x = 1 / matmul_efficiency, y = layer overhead (s),
-  z = tensor-parallel overhead (s), A = the compute (bubble included) at efficiency 1, P = the
-  block passes (bubble included), T = P for runs with tp > 1 (else 0), C = the communication
-  and optimizer time; (x, y, z) minimise the squared relative error over the runs (an
-  overhead the runs cannot identify, or that would come out negative, is 0). The overlap
-  rule makes C depend on x, so the fit is repeated a few times.
+- compute, from finished runs' step times: with the links' alpha and beta fixed, each run's
+  time is measured = x * A + y * P + z * T + w * K + C, x = 1 / matmul_efficiency, y = layer
+  overhead (s), z = tensor-parallel overhead (s), w = the software cost of one collective
+  call (s), A = the compute (bubble included) at efficiency 1, P = the block passes (bubble
+  included), T = P for runs with tp > 1 (else 0), K = the exposed collective calls (each
+  stretched by 1 / core share on CPU), C = the alpha-beta communication and optimizer time;
+  (x, y, z, w) minimise the squared relative error over the runs (an overhead the runs cannot
+  identify, or that would come out negative, is 0). One constant per mechanism, the same for
+  every layout. The overlap rule makes C and K depend on x, so the fit is repeated a few
+  times.
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ from parallel.cost.step_time import (Hardware, block_passes, bubble_factor, esti
                                      hardware_of, step_parts)
 
 FIT_ROUNDS = 4
-COMPUTE_CONSTANTS = ("matmul_efficiency", "layer_overhead_us", "tp_overhead_us")
+COMPUTE_CONSTANTS = ("matmul_efficiency", "layer_overhead_us", "tp_overhead_us",
+                     "collective_overhead_us")
 """What the run fit sets (the links come from preflight tables)."""
 WARMUP_STEPS = 2
 """Train rows left out of a run's measured step time (compile, caches, allocator)."""
@@ -78,19 +82,22 @@ def link_constants(report: dict) -> dict:
 
 
 def fit_compute(samples: list[Sample], *, base: dict) -> dict:
-    """{matmul_efficiency, layer_overhead_us, tp_overhead_us} that best explain `samples`
-    (module docstring), the other constants taken from `base` (a calibration entry)."""
+    """{matmul_efficiency, layer_overhead_us, tp_overhead_us, collective_overhead_us} that
+    best explain `samples` (module docstring), the other constants taken from `base` (a
+    calibration entry)."""
     if not samples:
         raise ValueError("no measured runs to fit")
     plans = [make_plan(s.spec) for s in samples]
-    constants = {**base, "matmul_efficiency": base.get("matmul_efficiency", 0.5)}
+    constants = {**base, "matmul_efficiency": base.get("matmul_efficiency", 0.5),
+                 "collective_overhead_us": base.get("collective_overhead_us", 0.0)}
     for _ in range(FIT_ROUNDS):
-        rows = [_features(s.spec, plan, _hardware(s.spec, constants))
-                for s, plan in zip(samples, plans)]
-        x, y, z = _solve([(*cols, s.measured_s - c) for (*cols, c), s in zip(rows, samples)],
-                         [s.measured_s for s in samples])
+        rows = [_features(s.spec, plan, constants) for s, plan in zip(samples, plans)]
+        x, y, z, w = _solve([(*cols, s.measured_s - c)
+                             for (*cols, c), s in zip(rows, samples)],
+                            [s.measured_s for s in samples])
         constants = {**constants, "matmul_efficiency": min(1.0, 1 / x),
-                     "layer_overhead_us": y * 1e6, "tp_overhead_us": z * 1e6}
+                     "layer_overhead_us": y * 1e6, "tp_overhead_us": z * 1e6,
+                     "collective_overhead_us": w * 1e6}
     return {k: constants[k] for k in COMPUTE_CONSTANTS}
 
 
@@ -119,37 +126,52 @@ def _hardware(spec: RunSpec, constants: dict) -> Hardware:
     return hw
 
 
-def _features(spec: RunSpec, plan: Plan, hw: Hardware) -> tuple[float, float, float, float]:
-    """(A, P, T, C) of the module docstring for one run."""
+CALL_STEP_US = 1.0
+"""The step (us) of the finite difference that counts a run's exposed collective calls."""
+
+
+def _features(spec: RunSpec, plan: Plan, constants: dict) -> tuple[float, ...]:
+    """(A, P, T, K, C) of the module docstring for one run under `constants`."""
+    hw = _hardware(spec, constants)
     unit = replace(hw, matmul_efficiency=1.0, layer_overhead_s=0.0, tp_overhead_s=0.0)
     parts = step_parts(spec, plan, unit)
     stretch = 1 + bubble_factor(spec)
     passes = block_passes(spec) / hw.core_share * stretch
     fitted = step_parts(spec, plan, hw)
-    return (parts.compute_s * stretch, passes, passes if spec.parallel.tp > 1 else 0.0,
-            fitted.comm_exposed_s + fitted.optimizer_s)
+    call = constants["collective_overhead_us"]
+    bump = {**constants, "collective_overhead_us": call + CALL_STEP_US}
+    bumped = step_parts(spec, plan, _hardware(spec, bump))
+    calls = (bumped.comm_exposed_s - fitted.comm_exposed_s) / (CALL_STEP_US * 1e-6)
+    return (parts.compute_s * stretch, passes, passes if spec.parallel.tp > 1 else 0.0, calls,
+            fitted.comm_exposed_s - calls * call * 1e-6 + fitted.optimizer_s)
 
 
 def _solve(rows: list[tuple[float, ...]], measured: list[float]) -> tuple[float, ...]:
     """Least squares of sum(col_j * u_j) = r (the last entry of a row), weighted by
-    1/measured; u_0 > 0, the others >= 0: a column the runs cannot identify or that comes out
-    negative is dropped (its u is 0) and the rest refitted."""
+    1/measured, with u_0 > 0 and the others >= 0: every subset of the other columns is
+    fitted (a column left out has u = 0) and the feasible fit of least weighted squared
+    error wins, so a column the runs cannot identify, or that would come out negative, is 0."""
     n = len(rows[0]) - 1
-    active = [j for j in range(n) if any(row[j] for row in rows)]
-    while active:
+    others = [j for j in range(1, n) if any(row[j] for row in rows)]
+    weights = [1 / m for m in measured]
+    best: tuple[float, list[float]] | None = None
+    for mask in range(1 << len(others)):
+        active = [0] + [j for i, j in enumerate(others) if mask >> i & 1]
         u = _weighted_lstsq([[row[j] for j in active] for row in rows],
-                            [row[-1] for row in rows], [1 / m for m in measured])
-        if u is not None and u[0] > 0 and all(v >= 0 for v in u[1:]):
-            out = [0.0] * n
-            for j, v in zip(active, u):
-                out[j] = v
-            return tuple(out)
-        if len(active) == 1:
-            break
-        worst = min(range(1, len(active)), key=lambda i: u[i] if u is not None else 0)
-        active.pop(worst if u is not None else len(active) - 1)
-    raise ValueError("the measured times are shorter than the model's communication alone: "
-                     "the runs cannot fit a matmul efficiency")
+                            [row[-1] for row in rows], weights)
+        if u is None or u[0] <= 0 or any(v < 0 for v in u[1:]):
+            continue
+        out = [0.0] * n
+        for j, v in zip(active, u):
+            out[j] = v
+        error = sum(((sum(row[j] * out[j] for j in range(n)) - row[-1]) * w) ** 2
+                    for row, w in zip(rows, weights))
+        if best is None or error < best[0]:
+            best = (error, out)
+    if best is None:
+        raise ValueError("the measured times are shorter than the model's communication "
+                         "alone: the runs cannot fit a matmul efficiency")
+    return tuple(best[1])
 
 
 def _weighted_lstsq(a: list[list[float]], r: list[float], w: list[float]) -> list[float] | None:

@@ -4,9 +4,18 @@ which link, at what alpha-beta cost, and whether compute hides it. Torch-free.
 Cost of one collective over a group of n ranks with per-step latency alpha (s) and per-rank
 bandwidth B (bytes/s), V the full (unsharded) buffer, ring algorithms (NCCL's, gloo's):
 
-    all-gather, reduce-scatter:  (n-1) * alpha + (n-1)/n * V / B
-    all-reduce:                 2(n-1) * alpha + 2(n-1)/n * V / B
-    point-to-point send:             alpha + V / B
+    all-gather, reduce-scatter:  o + (n-1) * alpha + (n-1)/n * V / B
+    all-reduce:                 o + 2(n-1) * alpha + 2(n-1)/n * V / B
+    point-to-point send:        o + alpha + V / B
+
+o is the link's software cost per call (`Link.call_overhead_s`): what one call costs beyond
+the wire, the same whatever its size (the framework code around it: FSDP2's hooks with their
+copy-in/copy-out, DTensor's redistribution, the pipeline schedule's send/recv, the context-
+parallel autograd function; and the peers meeting after compute). Preflight's back-to-back
+bare all-reduces cannot see it; a calibration on training runs fits it
+(parallel.cost.calibrate). Bare calls, and calls that follow another with no compute
+between (zero 1's broadcasts after the optimizer step, the token count, V's gather after
+K's, HSDP's all-reduce after its reduce-scatter), pay alpha-beta only (`Collective.bare`).
 
 The link of an axis: ranks are numbered row-major over parallel.dims.MESH_AXES (tp fastest),
 so a group of the axis spans `stride * size` consecutive ranks (stride = the product of the
@@ -15,19 +24,28 @@ degrees after it); it stays inside a node when that block fits in (and tiles) a 
 Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a rank:
 - FSDP (zero 2/3) over dp_shard x cp: parameters all-gathered once per micro-batch in forward
   (zero 3: again in backward, after the forward reshard), gradients reduce-scattered once per
-  micro-batch (FSDP2 reduces every backward); one call per FSDP unit (each block, and the
-  root: embedding, norm, head), so the latency is paid L + 1 times;
-- DDP (zero 0/1) over dp_replicate x dp_shard x cp: gradients all-reduced once per step; zero 1
+  step (the loop turns gradient sync off on all but the last micro-batch:
+  parallel.data_parallel.gradient_sync); one call per FSDP unit (each block, and the root:
+  embedding, norm, head), so the latency is paid L + 1 times;
+- DDP (zero 0/1) over dp_replicate x dp_shard x cp: the model's buffers (the RoPE tables,
+  3 x max_seq_len x head_dim fp32) broadcast from rank 0 before the step's first forward
+  (DistributedDataParallel's broadcast_buffers, on by default, syncs them once per step
+  under no_sync accumulation); gradients all-reduced once per step; zero 1
   also all-gathers the updated parameters from their owners after the optimizer step, one
   call per parameter tensor (each is broadcast by its owner);
-- HSDP: the replicate axis all-reduces the shard's gradients once per micro-batch;
+- HSDP: the replicate axis all-reduces the shard's gradients once per step (with the
+  reduce-scatter);
 - TP: per block, per micro-batch, 2 in forward and 2 in backward (attention and MLP): an
   all-reduce of the block's activations, or with sequence parallelism an all-gather plus a
   reduce-scatter (the same ring volume); a full-recompute re-run adds the 2 forward ones;
 - CP: per block, per micro-batch, K and V all-gathered to the full sequence in forward and
-  their gradients reduce-scattered in backward;
+  their gradients reduce-scattered in backward, K and V one call each;
 - PP: per pipeline micro-batch and virtual stage, one activation sent forward and one gradient
-  sent back.
+  sent back;
+- the step's bookkeeping (axis "step"): the target-token count all-reduced over dp x cp
+  (training.step.count_global_tokens), and the gradient norm's partial sums all-reduced over
+  each axis that splits the parameters (FSDP's shard axis, tp, pp: parallel.grad_norm), a
+  few bytes each.
 
 Overlap rule (`exposed_s`): data-parallel traffic (FSDP, DDP, HSDP) runs under the compute of
 the other blocks, so only the first block's gather and the last block's reduction (1/L of it)
@@ -59,6 +77,8 @@ class Link:
     """Bandwidth per rank per direction, GB/s (1e9 bytes/s)."""
     latency_s: float
     """alpha: the fixed cost of one step of a collective."""
+    call_overhead_s: float = 0.0
+    """o: the software cost of one call, whatever its size (module docstring)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,15 +95,18 @@ class Collective:
     calls: int
     link: Link
     why: str
+    bare: bool = False
+    """Plain library calls with no framework code around them: no call overhead."""
 
     @property
     def seconds(self) -> float:
-        return self.calls * collective_s(self.op, n=self.group, size_bytes=self.size_bytes,
-                                         link=self.link)
+        wire = collective_s(self.op, n=self.group, size_bytes=self.size_bytes, link=self.link)
+        return self.calls * (wire + (0.0 if self.bare else self.link.call_overhead_s))
 
 
 def collective_s(op: str, *, n: int, size_bytes: float, link: Link) -> float:
-    """Alpha-beta time of one ring collective (module docstring); 0 for a group of one."""
+    """Alpha-beta time of one ring collective (module docstring, without o); 0 for a group
+    of one."""
     if op == "p2p":
         return link.latency_s + size_bytes / (link.gbps * 1e9)
     if n <= 1:
@@ -129,6 +152,7 @@ def step_collectives(spec: RunSpec, *, ranks_per_node: int, intra: Link,
     out += _tensor_parallel(spec, shape, link("tp"))
     out += _context_parallel(spec, shape, link("cp"))
     out += _pipeline(spec, shape, link("pp"))
+    out += _bookkeeping(spec, link)
     return [c for c in out if c.calls > 0 and (c.group > 1 or c.op == "p2p")]
 
 
@@ -176,23 +200,29 @@ def _data_parallel(spec: RunSpec, s: _Shape, link) -> list[Collective]:
                           why=f"zero {p.zero}: each unit gathered {gathers}x per micro-batch"),
                Collective(axis="fsdp", op="reduce_scatter", group=shard,
                           size_bytes=s.stage_params * s.grad_bytes / units,
-                          calls=s.micro_batches * units, link=link("dp_shard", "cp"),
-                          why="each unit's gradients, every micro-batch")]
+                          calls=units, link=link("dp_shard", "cp"),
+                          why="each unit's gradients, on the step's last micro-batch")]
         if p.dp_replicate > 1:
             out.append(Collective(axis="hsdp", op="all_reduce", group=p.dp_replicate,
-                                  size_bytes=s.stage_params * s.grad_bytes / shard,
-                                  calls=s.micro_batches, link=link("dp_replicate"),
-                                  why="the shard's gradients across replicas"))
+                                  size_bytes=s.stage_params * s.grad_bytes / shard / units,
+                                  calls=units, link=link("dp_replicate"), bare=True,
+                                  why="each unit's gradient shard across replicas, once a "
+                                      "step, right after its reduce-scatter"))
         return out
     group = p.dp_cp
+    m = spec.model
     out = [Collective(axis="ddp", op="all_reduce", group=group,
                       size_bytes=s.stage_params * s.grad_bytes, calls=1,
-                      link=link("dp_replicate", "dp_shard", "cp"), why="gradients, once a step")]
+                      link=link("dp_replicate", "dp_shard", "cp"), why="gradients, once a step"),
+           Collective(axis="ddp", op="all_gather", group=group,
+                      size_bytes=3 * m.max_seq_len * m.head_dim * 4, calls=1,
+                      link=link("dp_replicate", "dp_shard", "cp"),
+                      why="buffers (RoPE tables) broadcast from rank 0, once a step")]
     if p.zero == 1:
         out.append(Collective(axis="zero1", op="all_gather", group=group,
                               size_bytes=s.stage_params * 4 / s.tensors, calls=s.tensors,
-                              link=link("dp_replicate", "dp_shard", "cp"),
-                              why="updated parameters from their owners"))
+                              link=link("dp_replicate", "dp_shard", "cp"), bare=True,
+                              why="updated parameters from their owners, back to back"))
     return out
 
 
@@ -218,10 +248,12 @@ def _context_parallel(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
     kv = 2 * m.n_kv_heads * m.head_dim / p.tp  # K and V, this rank's heads
     size = s.tokens_per_micro_batch * p.cp * kv * s.act_bytes
     calls = s.layers * s.micro_batches
-    return [Collective(axis="cp", op="all_gather", group=p.cp, size_bytes=size, calls=calls,
-                       link=link, why="K/V to the full sequence, per block"),
-            Collective(axis="cp", op="reduce_scatter", group=p.cp, size_bytes=size,
-                       calls=calls, link=link, why="K/V gradients, per block")]
+    return [Collective(axis="cp", op=op, group=p.cp, size_bytes=size / 2, calls=calls,
+                       link=link, bare=name == "V", why=f"{name}{what}, per block" + (
+                           ", right after K's" if name == "V" else ""))
+            for op, what in (("all_gather", " to the full sequence"),
+                             ("reduce_scatter", "'s gradient"))
+            for name in ("K", "V")]
 
 
 def _pipeline(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
@@ -234,6 +266,21 @@ def _pipeline(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
     return [Collective(axis="pp", op="p2p", group=2, size_bytes=tokens * spec.model.dim
                        * s.act_bytes, calls=sends, link=link,
                        why="activations forward, gradients back, per pipeline micro-batch")]
+
+
+def _bookkeeping(spec: RunSpec, link) -> list[Collective]:
+    p = spec.parallel
+    out = [Collective(axis="step", op="all_reduce", group=p.dp_cp, size_bytes=8, calls=1,
+                      link=link("dp_replicate", "dp_shard", "cp"), bare=True,
+                      why="target-token count")]
+    split = (("dp_shard", p.dp_shard * p.cp, ("dp_shard", "cp"), False) if p.uses_fsdp
+             else None, ("tp", p.tp, ("tp",), False), ("pp", p.pp, ("pp",), True))
+    out += [Collective(axis="step", op="all_reduce", group=n, size_bytes=4, calls=1,
+                       link=link(*axes), bare=bare,
+                       why=f"gradient norm's partial sums over {name}"
+                           + ("" if bare else " (DTensor)"))
+            for name, n, axes, bare in (x for x in split if x is not None)]
+    return out
 
 
 def exposed_s(collectives: list[Collective], *, compute_s: float, layers: int,

@@ -10,7 +10,8 @@ wins, so longer names come first. The plan, the sweep preview and the MFU metric
 Bandwidths are GB/s (1e9 bytes/s) per GPU in one direction, the figure a ring collective
 moves data at (NVLink's "900 GB/s" for H100 is both directions summed: 450 per direction;
 an NDR InfiniBand port is 400 Gb/s = 50 GB/s, one port per GPU on DGX/HGX nodes). Sources:
-NVIDIA datasheets (A100 SXM4 40/80GB, H100 SXM5, H200 SXM, HGX B200) and the DGX A100/H100/
+NVIDIA datasheets (A100 SXM4 40/80GB, H100 SXM5 and NVL (bf16 1,671 / TF32 835 TFLOP/s
+with sparsity, halved here), H200 SXM, HGX B200) and the DGX A100/H100/
 B200 user guides for the one-NIC-per-GPU InfiniBand fabric. The last row, `CPU_KEY`, is one
 CPU core of a CPU run (gloo over shared memory/loopback): rough figures that
 `meshrun plan --calibrate` replaces with this machine's own.
@@ -60,7 +61,8 @@ DEVICES: tuple[Device, ...] = (
            inter_node_gbps=_IB_NDR, gpus_per_node=8),
     Device("H100 PCIe", 756e12, 378e12, 80, hbm_gbps=2000, intra_node_gbps=32.0,
            inter_node_gbps=_IB_NDR, gpus_per_node=8),  # PCIe Gen5 x16 between GPUs
-    Device("H100 NVL", None, None, 94),
+    Device("H100 NVL", 835e12, 417e12, 94, hbm_gbps=3900, intra_node_gbps=300.0,
+           inter_node_gbps=_IB_NDR, gpus_per_node=8),  # NVLink bridge 600 GB/s both ways
     Device("H100", 989e12, 494e12, 80, hbm_gbps=3350, intra_node_gbps=_NVLINK4,
            inter_node_gbps=_IB_NDR, gpus_per_node=8),  # H100 SXM5
     Device("H800", 989e12, 494e12, 80, hbm_gbps=3350, intra_node_gbps=200.0,

@@ -6,15 +6,17 @@ Torch-free. Read top to bottom, a step of one rank takes
                 through them
     bubble    = (compute + overhead) x (pp - 1) / (virtual stages x pipeline micro-batches)
     comm      = the exposed part of every collective (parallel.cost.comm: volumes per mesh
-                axis, the link each axis uses, alpha-beta ring costs, the overlap rule)
+                axis, the link each axis uses, alpha-beta ring costs plus a software cost per
+                call, the overlap rule)
     optimizer = AdamW's memory traffic over the rank's optimizer shard / HBM bandwidth
     step      = compute + overhead + bubble + comm + optimizer
 
 The bubble is the schedule's idle fraction (pp-1)/(m+pp-1) of the whole pipeline time for
 GPipe/1F1B, divided by the virtual stages v for interleaved schedules (zero-bubble and looped
 schedules are counted as interleaved). On a CPU, each rank gets one core, and when a node runs
-more ranks than it has cores they share them: compute, overhead, optimizer and communication
-time (gloo copies and waits on the same cores) grow by ranks/cores.
+more ranks than it has cores they share them (`core_share`: N ranks on C < N cores each run at
+C/N of a core): compute, overhead, optimizer and every term of communication (gloo copies,
+waits and the framework's code around each call run on the same cores) grow by N/C.
 
 Every constant comes from, in order: a `cluster.*` knob that is not 0, the calibration
 (`meshrun plan --calibrate`, parallel.cost.calibrate_store), the device catalogue
@@ -42,6 +44,10 @@ moments (16 bytes), write parameter and two moments (12)."""
 
 DEFAULT_LATENCY_US = {"intra-node": 10.0, "inter-node": 20.0, "cpu": 50.0}
 """alpha per collective step when neither a knob nor a calibration gives one."""
+
+DEFAULT_COLLECTIVE_OVERHEAD_US = {"gpu": 0.0, "cpu": 0.0}
+"""o, the software cost per collective call (parallel.cost.comm), when neither a knob nor a
+calibration gives one: unknown until a calibration fits it from training runs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +205,12 @@ def recompute_flops_per_token(spec: RunSpec, *, attention: str = "full") -> floa
     return per_layer * recomputed
 
 
+def core_share(*, cpu_count: int, ranks: int) -> float:
+    """The fraction of a core each of `ranks` ranks of a CPU node gets: ranks beyond the
+    cores take turns on them, so N ranks on C < N cores each run at C / N of a core."""
+    return min(1.0, cpu_count / max(ranks, 1))
+
+
 def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware | None:
     """The constants for `spec` (module docstring for the order); None for an unknown GPU."""
     c = spec.cluster
@@ -233,11 +245,14 @@ def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware |
     inter = Link(name="inter-node", gbps=pick("inter_node_gbps", get("inter_node_gbps"), 25.0),
                  latency_s=pick("inter_node_latency_us", None, latency or
                                 DEFAULT_LATENCY_US["inter-node"]) * 1e-6)
+    call_s = pick("collective_overhead_us", None,
+                  DEFAULT_COLLECTIVE_OVERHEAD_US["cpu" if cpu else "gpu"]) * 1e-6
     ranks = spec.cluster.procs_per_node
-    share = min(1.0, spec.host.cpu_count / ranks) if cpu else 1.0
-    if cpu:  # gloo moves bytes and waits on peers with the same (shared) cores
-        intra, inter = (Link(name=k.name, gbps=k.gbps * share, latency_s=k.latency_s / share)
-                        for k in (intra, inter))
+    share = core_share(cpu_count=spec.host.cpu_count, ranks=ranks) if cpu else 1.0
+    # gloo moves bytes, waits on peers and runs the framework's code around each call with the
+    # same (shared) cores: every term of a CPU collective stretches by 1 / share
+    intra, inter = (Link(name=k.name, gbps=k.gbps * share, latency_s=k.latency_s / share,
+                         call_overhead_s=call_s / share) for k in (intra, inter))
     return Hardware(
         device=CPU_KEY if cpu else (facts.key if facts else spec.host.gpu_name), peak=peak,
         matmul_efficiency=pick("matmul_efficiency", None, DEFAULT_MATMUL_EFFICIENCY),

@@ -126,7 +126,7 @@ def test_the_embedding_and_head_are_split_by_vocabulary():
 @pytest.mark.parametrize(("name", "dtype", "source"), [
     ("NVIDIA H100 80GB HBM3", "bf16", "table:H100 bf16 dense"),
     ("NVIDIA H100 PCIe", "bf16", "table:H100 PCIe bf16 dense"),
-    ("NVIDIA H100 NVL", "fp32", "table:H100 fp32 dense"),  # no NVL peak in the table yet
+    ("NVIDIA H100 NVL", "fp32", "table:H100 NVL fp32 dense"),  # not the SXM row
     ("nvidia a100-sxm4-40gb", "fp32", "table:A100 fp32 dense"),
 ])
 def test_gpu_peaks_come_from_the_device_catalogue(name, dtype, source):

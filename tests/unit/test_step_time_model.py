@@ -14,7 +14,7 @@ from parallel.cost.calibrate import Sample, calibrate, fit_compute, fit_link, pr
 from parallel.cost.calibrate_store import CONSTANTS, SCHEMA, load_entry
 from parallel.cost.comm import Collective, Link, axis_is_intra_node, collective_s, exposed_s
 from parallel.cost.plan import make_plan
-from parallel.cost.step_time import (bubble_factor, estimate_time, hardware_of,
+from parallel.cost.step_time import (bubble_factor, core_share, estimate_time, hardware_of,
                                      recompute_flops_per_token)
 from tests.support.specs import cpu_spec
 
@@ -39,13 +39,19 @@ def small(*overrides: str, ranks: int = 2):
 
 def test_ring_formulas():
     """all-gather/reduce-scatter (n-1)/n V/B + (n-1) alpha; all-reduce twice that; p2p V/B +
-    alpha. (Mutation tried: all-reduce with one pass instead of two -> fails.)"""
+    alpha; a framed (not bare) call adds the call overhead once. (Mutations tried: all-reduce
+    with one pass instead of two -> fails; the call overhead charged to bare calls -> fails.)"""
     bw = Link(name="x", gbps=1.0, latency_s=0.0)
     volume = 8e9
     assert collective_s("all_gather", n=4, size_bytes=volume, link=bw) == pytest.approx(6.0)
     assert collective_s("reduce_scatter", n=4, size_bytes=volume, link=bw) == pytest.approx(6.0)
     assert collective_s("all_reduce", n=4, size_bytes=volume, link=bw) == pytest.approx(12.0)
     assert collective_s("p2p", n=2, size_bytes=volume, link=bw) == pytest.approx(8.0)
+    call = Link(name="x", gbps=1.0, latency_s=0.0, call_overhead_s=0.5)
+    framed = Collective(axis="fsdp", op="all_gather", group=4, size_bytes=volume, calls=3,
+                        link=call, why="")
+    assert framed.seconds == pytest.approx(3 * (6.0 + 0.5))
+    assert dataclasses.replace(framed, bare=True).seconds == pytest.approx(3 * 6.0)
     lat = Link(name="x", gbps=1e30, latency_s=1.0)
     assert collective_s("all_gather", n=4, size_bytes=volume, link=lat) == pytest.approx(3.0)
     assert collective_s("all_reduce", n=4, size_bytes=volume, link=lat) == pytest.approx(6.0)
@@ -78,6 +84,40 @@ def test_fsdp_over_nodes_uses_infiniband_and_zero_stages_differ():
                for z, s in ((3, spec(*GPU)), (2, spec(*GPU, "parallel.zero=2")))}
     units = spec(*GPU).model.n_layers + 1  # every block and the root is an FSDP unit
     assert gathers == {3: 2 * units, 2: units}  # zero 3 gathers again in backward
+
+
+def _calls(s) -> dict[tuple[str, str], int]:
+    out: dict[tuple[str, str], int] = {}
+    for c in estimate_time(s, make_plan(s)).collectives:
+        out[c.axis, c.op] = out.get((c.axis, c.op), 0) + c.calls
+    return out
+
+
+def test_fsdp_reduces_once_a_step_and_gathers_every_micro_batch():
+    """The loop syncs gradients on the step's last micro-batch only (gradient_sync), so with
+    4 micro-batches zero 3 gathers each unit 2 x 4 times and reduce-scatters it once; HSDP's
+    replica all-reduce follows the reduce-scatter. (Mutation tried: reduce-scatter per
+    micro-batch -> fails.)"""
+    units = 4 + 1
+    z3 = small("parallel=zero3", "training.global_batch_size=16")
+    assert z3.training.grad_accum_steps == 4
+    calls = _calls(z3)
+    assert calls[("fsdp", "all_gather")] == 2 * 4 * units
+    assert calls[("fsdp", "reduce_scatter")] == units
+    hsdp = _calls(small("parallel=hsdp", "training.global_batch_size=16", ranks=4))
+    assert hsdp[("hsdp", "all_reduce")] == hsdp[("fsdp", "reduce_scatter")] == units
+
+
+def test_context_parallel_moves_k_and_v_in_separate_calls():
+    """Per block and micro-batch: K and V gathered, their gradients reduce-scattered, one call
+    each; the bookkeeping all-reduces (token count, gradient norm) are there once a step.
+    (Mutation tried: one call for K and V together -> fails.)"""
+    s = small("parallel=cp")
+    micro = s.training.grad_accum_steps
+    calls = _calls(s)
+    assert calls[("cp", "all_gather")] == calls[("cp", "reduce_scatter")] == 2 * 4 * micro
+    assert calls[("step", "all_reduce")] == 1  # the token count (no axis splits parameters)
+    assert _calls(small("parallel=zero3"))[("step", "all_reduce")] == 2  # + the norm's sum
 
 
 # --- bubble, overlap, recompute, cores ----------------------------------------------------
@@ -134,6 +174,23 @@ def test_ranks_beyond_the_cores_share_them():
     assert c8 == pytest.approx(c2)
 
 
+def test_core_share_and_the_collectives_of_ranks_that_share_cores():
+    """N ranks on C < N cores each get C / N of a core; a CPU collective's every term
+    (bandwidth, alpha, call overhead) stretches by N / C. (Mutations tried: core share
+    max(1, C/N) -> fails; the call overhead not stretched -> fails.)"""
+    assert core_share(cpu_count=2, ranks=8) == 0.25
+    assert core_share(cpu_count=2, ranks=1) == 1.0
+    assert core_share(cpu_count=4, ranks=3) == 1.0
+    knob = ("cluster.collective_overhead_us=1000", "cluster.intra_node_latency_us=40",
+            "cluster.intra_node_gbps=2")
+    one = hardware_of(small("parallel=ddp", *knob, ranks=2))
+    four = hardware_of(small("parallel=3d", *knob, ranks=8))
+    assert one.intra.call_overhead_s == pytest.approx(1e-3)
+    assert four.intra.call_overhead_s == pytest.approx(4e-3)
+    assert four.intra.latency_s == pytest.approx(160e-6)
+    assert four.intra.gbps == pytest.approx(0.5)
+
+
 # --- overrides and the calibration file ---------------------------------------------------
 
 def test_cluster_knobs_override_the_catalogue_and_the_calibration(tmp_path):
@@ -168,7 +225,7 @@ def test_bad_knobs_and_files_are_named():
 # --- the fit ------------------------------------------------------------------------------
 
 TRUTH = {"matmul_efficiency": 0.37, "layer_overhead_us": 900.0, "tp_overhead_us": 2500.0,
-         "intra_node_gbps": 1.5,
+         "collective_overhead_us": 1500.0, "intra_node_gbps": 1.5,
          "intra_node_latency_us": 80.0}
 LAYOUTS = (("parallel=single",), ("parallel=ddp",), ("parallel=zero3",), ("parallel=tp",),
            ("parallel=pp",), ("parallel=3d",))
@@ -185,13 +242,15 @@ def _samples():
 
 
 def test_the_fit_recovers_known_constants():
-    """Runs made by the model with TRUTH give TRUTH back. (Mutation tried: leaving the
-    bubble out of the features -> the pipeline runs pull the fit off, fails.)"""
+    """Runs made by the model with TRUTH give TRUTH back. (Mutations tried: leaving the
+    bubble out of the features -> the pipeline runs pull the fit off, fails; counting the
+    collective calls without the core share -> the 8-rank run pulls it off, fails.)"""
     links = {k: TRUTH[k] for k in ("intra_node_gbps", "intra_node_latency_us")}
     fitted = fit_compute(_samples(), base=links)
     assert fitted["matmul_efficiency"] == pytest.approx(0.37, rel=1e-6)
     assert fitted["layer_overhead_us"] == pytest.approx(900.0, rel=1e-6)
     assert fitted["tp_overhead_us"] == pytest.approx(2500.0, rel=1e-6)
+    assert fitted["collective_overhead_us"] == pytest.approx(1500.0, rel=1e-6)
 
 
 def test_the_fit_sets_an_overhead_the_runs_cannot_see_to_zero():
