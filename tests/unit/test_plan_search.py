@@ -22,7 +22,8 @@ from conf.spec import DEGREES, HostSpec
 from launcher.cli import main
 from launcher.plan_search import neutral_layout, recompute_policies
 from parallel.cost.memory import estimate_memory
-from parallel.cost.search import FALLBACK_BASIS, MemoryTable, search
+from parallel.cost.search import FALLBACK_BASIS, search
+from parallel.cost.search_memory import MemoryTable
 from parallel.cost.search_space import (
     MIN_CP_TOKENS, enumerate_candidates, factorizations, pipeline_shapes,
 )
@@ -94,13 +95,13 @@ def test_candidates_are_exactly_what_resolve_accepts_and_resolve_to_the_same_spe
 
 def test_memory_of_every_candidate_is_what_the_plan_estimates():
     cfg, base = _base(["model=llama3_1b", "training.seq_len=2048", *CLUSTER])
-    table = MemoryTable()
+    table = MemoryTable(base)
     candidates = list(enumerate_candidates(cfg, base, global_batch_size=32,
                                            policies=POLICIES, rejected=Counter()))
     assert len(candidates) > 50
     for candidate in candidates[::3]:
         spec = candidate.spec(base)
-        assert table.peak(candidate, base) == estimate_memory(spec), candidate
+        assert table.peak(candidate) == estimate_memory(spec), candidate
 
 
 def test_ranking_drops_what_does_not_fit_and_orders_by_predicted_tokens_per_s():

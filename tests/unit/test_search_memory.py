@@ -1,4 +1,4 @@
-"""The search's fast memory path (parallel.cost.search.MemoryTable) is the plan's memory, byte
+"""The search's fast memory path (parallel.cost.search_memory.MemoryTable) is the plan's memory, byte
 for byte: for every sampled candidate, every field of MemoryEstimate (and so the peak, and which
 rank holds it) equals parallel.cost.memory.estimate_memory of the candidate's spec.
 
@@ -9,6 +9,7 @@ AdamW moments, a CPU device (offload keeps its copies there), and recompute poli
 cover every block, every other or every third block, and each selective target."""
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -19,8 +20,9 @@ from conf.schema import RecomputeConfig, RecomputeMode
 from conf.spec import HostSpec
 from launcher.plan_search import neutral_layout, recompute_policies
 from parallel.cost.memory import estimate_memory, representative_ranks
-from parallel.cost.search import MemoryTable
+from parallel.cost.search_memory import MemoryTable
 from parallel.cost.search_space import enumerate_candidates
+from parallel.dims import zero1_owners
 
 HOST = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=2)
 GPUS = ["cluster=slurm", "cluster.gpus_per_node=8", "cluster.gpu_name=H100",
@@ -68,11 +70,11 @@ def _candidates(overrides, global_batch_size):
 def test_fast_memory_equals_estimate_memory_byte_for_byte(case):
     overrides, global_batch_size, stride = CASES[case]
     base, candidates = _candidates(overrides, global_batch_size)
-    table = MemoryTable()
+    table = MemoryTable(base)
     checked = candidates[::stride]
     for candidate in checked:
         expected = estimate_memory(candidate.spec(base))
-        assert table.peak(candidate, base) == expected, (case, candidate)
+        assert table.peak(candidate) == expected, (case, candidate)
     seen = {(c.parallel.zero, c.parallel.pp > 1, c.parallel.pp_virtual_stages > 1,
              c.parallel.tp > 1, c.parallel.cp > 1) for c in checked}
     assert {z for z, *_ in seen} == {0, 1, 2, 3}, seen  # every ZeRO stage was compared
@@ -92,3 +94,24 @@ def test_the_cases_reach_every_branch():
         "gpipe", "1f1b", "interleaved_1f1b"}
     _, qwen = _candidates(*CASES["qwen-untied-biased-fp32-pp"][:2])
     assert any(c.parallel.pp > 1 for c in qwen)
+
+
+def _owners_by_scan(sizes, n):
+    """zero1_owners' rule written as a scan over every rank (what the heap must reproduce)."""
+    load, owners = [0] * n, [0] * len(sizes)
+    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        rank = min(range(n), key=lambda r: (load[r], r))
+        owners[index], load[rank] = rank, load[rank] + sizes[index]
+    return owners
+
+
+def test_zero1_owners_are_the_greedy_rule():
+    """The heap in parallel.dims.zero1_owners gives each tensor the owner the rule names:
+    largest first, to the least-loaded rank, ties to the lower rank (many equal sizes, as a
+    model's blocks have, make ties frequent)."""
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 40)
+        sizes = [rng.choice([1, 7, 64, 64, 4096, rng.randint(1, 5000)])
+                 for _ in range(rng.randint(0, 120))]
+        assert zero1_owners(sizes, n) == _owners_by_scan(sizes, n), (sizes, n)
