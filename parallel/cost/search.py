@@ -68,10 +68,9 @@ class SearchResult:
             return "no memory verdict on this device (none dropped)"
         if not self.does_not_fit:
             return "every layout resolve() accepts fits"
-        usable = (f" > {self.usable_bytes / GIB:.1f} GiB usable"
-                  if self.usable_bytes is not None else "")
         return (f"does not fit: {self.does_not_fit} layouts (the smallest needs "
-                f"{self.smallest_misfit_bytes / GIB:.1f} GiB{usable})")
+                f"{self.smallest_misfit_bytes / GIB:.2f} GiB > "
+                f"{self.usable_bytes / GIB:.2f} GiB usable)")
 
 
 def predict(spec: RunSpec, plan: Plan, hardware: Hardware | None = None) -> Prediction:
@@ -157,6 +156,12 @@ def _replanned(candidate: Candidate, spec: RunSpec, index: int, fitting: list) -
                   why=why(index, prediction, plan, fitting))
 
 
+def _headroom_vs(plan: Plan, best: Plan) -> str:
+    if plan.memory.total == best.memory.total:
+        return "as much headroom as #1"
+    return ("less" if plan.memory.total > best.memory.total else "more") + " headroom than #1"
+
+
 def why(index: int, prediction: Prediction, plan: Plan, fitting: list) -> str:
     """Why a layout is where it is: its gap to the best, the largest overheads the time
     model names, and its memory headroom."""
@@ -168,8 +173,8 @@ def why(index: int, prediction: Prediction, plan: Plan, fitting: list) -> str:
         parts.append("less headroom than #1 (no time model)")
     elif prediction.tokens_per_s_per_device is not None:
         gap = 1 - prediction.tokens_per_s_per_device / best
-        parts.append(f"{gap:.0%} slower than #1" if gap > 0.0005
-                     else "ties #1 on time, less headroom")
+        parts.append(f"{gap:.0%} slower than #1" if gap > 0.0005 else
+                     f"ties #1 on time, {_headroom_vs(plan, fitting[0][2])}")
     parts += [f"{name} {share:.0%}" for name, share in prediction.overheads[:2]]
     if plan.verdict.margin_bytes is not None:
         parts.append(f"headroom {plan.verdict.margin_bytes / GIB:.1f} GiB")
