@@ -118,7 +118,7 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
     base_plan = make_plan(base)
     hardware = hardware_of(base)  # the cluster's constants: the same for every candidate
     usable = memory_verdict(base, 0).usable_bytes  # reads only the device: the base's
-    fitting, enumerated, misfits, smallest = [], 0, 0, None
+    fitting, enumerated, misfits, smallest, trainings = [], 0, 0, None, {}
     for candidate in enumerate_candidates(cfg, base, global_batch_size=global_batch_size,
                                           policies=policies, rejected=rejected):
         enumerated += 1
@@ -128,7 +128,7 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
             smallest = memory.total if smallest is None else min(smallest, memory.total)
             continue
         verdict = memory_verdict(base, memory.total)
-        spec = candidate.spec(base)
+        spec = candidate.spec(base, trainings)
         tokens = spec.training.tokens_per_step  # the candidate's batch, not the base's
         plan = replace(base_plan, dp=spec.parallel.dp, memory=memory, verdict=verdict,
                        tokens_per_step=tokens, flops_per_step=float(base_plan.flops_per_token)

@@ -168,8 +168,10 @@ class MemoryTable:
         gpipe = p.pp > 1 and p.pp_schedule == "gpipe"
         out = []
         for pp_rank in range(p.pp):
-            blocks = self._blocks(self._holding(p, pp_rank).layers, tokens, micro_batch,
-                                  recompute, split, dtypes)
+            blocks = self._memo(("blocks", *_layout(p), pp_rank, tokens, micro_batch,
+                                 recompute, split, dtypes), self._blocks,
+                                self._holding(p, pp_rank).layers, tokens, micro_batch,
+                                recompute, split, dtypes)
             chunks = pipeline_in_flight(p, pp_rank)
             total = blocks * chunks // p.pp_virtual_stages if p.pp > 1 else blocks
             loss = 0
