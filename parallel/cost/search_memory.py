@@ -30,6 +30,7 @@ from parallel.cost.memory import (
 from parallel.cost.params import (
     fsdp_local_numel, held_layers, held_parameters, numel, parameter_shapes, tp_local_shape,
 )
+from parallel.cost.search_space import Candidate
 
 NO_RECOMPUTE = RecomputeSpec(mode=RecomputeMode.none)
 """What the blocks a policy does not cover keep (as activations.activation_bytes has it)."""
@@ -57,7 +58,7 @@ class MemoryTable:
         """One block's tensors: (name inside the block, shape)."""
         self._cache: dict[tuple, object] = {}
 
-    def peak(self, candidate) -> MemoryEstimate:
+    def peak(self, candidate: Candidate) -> MemoryEstimate:
         """estimate_memory(candidate.spec(base)): of the representative ranks (pipeline-rank
         major, as memory.representative_ranks sorts them), the first with the largest total."""
         p, recompute = candidate.parallel, candidate.recompute
