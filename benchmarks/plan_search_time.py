@@ -2,11 +2,16 @@
 4M-token global batch: each run a fresh process (imports, Hydra compose, search, table), median
 of 5; and whether torch was imported. Reports, asserts nothing (issue 10's goal: <= 2 s).
 
-    PYTHONPATH=$PWD:/work/ep_shim python benchmarks/plan_search_time.py [--runs 5]
+    PYTHONPATH=$PWD:/work/ep_shim python benchmarks/plan_search_time.py [--runs 5] [--profile 25]
+
+--profile N: instead, one run in this process under cProfile, its N costliest calls by
+cumulative time (where the time goes: imports and Hydra compose, enumeration, per-candidate
+memory in parallel/cost/search_memory.py, the time model per fitting layout).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import statistics
@@ -42,10 +47,31 @@ def one_run() -> tuple[float, float, bool, float]:
     return wall, float(inside), torch == "True", cpu
 
 
+def profile(top: int) -> None:
+    """One search in this process under cProfile; the `top` costliest calls (cumulative)."""
+    import cProfile
+    import io
+    import pstats
+
+    sys.path.insert(0, str(REPO))
+    from launcher.cli import main as meshrun
+
+    profiler = cProfile.Profile()
+    with contextlib.redirect_stdout(io.StringIO()):
+        profiler.runcall(meshrun, ["plan", "--search", "--top", "10", "--global-batch-tokens",
+                                   "4194304", *OVERRIDES])
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    runs = [one_run() for _ in range(parser.parse_args().runs)]
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile one in-process run instead; print the N costliest calls")
+    args = parser.parse_args()
+    if args.profile:
+        return profile(args.profile)
+    runs = [one_run() for _ in range(args.runs)]
     walls = [r[0] for r in runs]
     print(f"meshrun plan --search {' '.join(OVERRIDES)} --global-batch-tokens 4194304")
     print(f"wall per run (s): {', '.join(f'{w:.2f}' for w in walls)}")

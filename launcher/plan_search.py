@@ -175,31 +175,54 @@ def _entry_json(rank: int, r: Ranked) -> dict:
             "mfu": r.prediction.mfu, "why": r.why}
 
 
+SCHEDULE_ABBREVIATIONS = {"interleaved_1f1b": "i1f1b", "looped_bfs": "bfs",
+                          "interleaved_zero_bubble": "izb"}
+"""Pipeline schedules as the table names them (the legend under it spells them out)."""
+LEGEND = ("layout: dp R x S = dp_replicate x dp_shard; z = zero; pipeline schedule (i1f1b = "
+          "interleaved_1f1b, bfs = looped_bfs, izb = interleaved_zero_bubble) v = virtual "
+          "stages, m = pipeline micro-batches; mb = micro-batch x accumulation; then the "
+          "recompute option. Full overrides: --json or --write-sweep.")
+
+
 def layout_text(c: Candidate) -> str:
+    """A layout in short words (LEGEND), none longer than a recompute option's name, so an
+    80-column table wraps it between words instead of cutting it."""
     p = c.parallel
-    parts = [f"{n}={getattr(p, n)}" for n in DEGREES if getattr(p, n) > 1] or ["single"]
-    parts.append(f"zero={p.zero}")
+    dp = (f"dp{p.dp_replicate}x{p.dp_shard}" if p.dp_replicate > 1
+          else f"dp{p.dp_shard}" if p.dp_shard > 1 else "")
+    parts = [dp, *(f"{n}{getattr(p, n)}" for n in ("tp", "pp", "cp") if getattr(p, n) > 1)]
+    parts = [part for part in parts if part] or ["single"]
+    parts.append(f"z{p.zero}")
     if p.pp > 1:
-        parts.append(f"{p.pp_schedule} v={p.pp_virtual_stages} mb={p.pp_microbatches}")
-    parts.append(f"micro={c.micro_batch_size}x{c.grad_accum_steps}")
-    parts.append(f"recompute={c.recompute_name}")
+        parts.append(f"{SCHEDULE_ABBREVIATIONS.get(p.pp_schedule, p.pp_schedule)} "
+                     f"v{p.pp_virtual_stages} m{p.pp_microbatches}")
+    parts.append(f"mb{c.micro_batch_size}x{c.grad_accum_steps}")
+    parts.append(c.recompute_name)
     return " ".join(parts)
 
 
 def print_search(result: SearchResult, console: Console, *, global_batch_size: int) -> None:
+    """The top layouts as a table that fits 80 columns (the layout wraps between its words),
+    each one's `why` on its own line below it, then the counts."""
     table = Table(title=f"Top {len(result.top)} layouts by predicted tokens/s per device "
                         f"(global batch {global_batch_size} sequences)", title_justify="left")
-    for column in ("#", "layout", "memory/rank", "step", "tokens/s/dev", "MFU", "why"):
-        table.add_column(column)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("layout", ratio=1, min_width=19, overflow="fold")
+    for column in ("memory/rank", "step", "tok/s/dev", "MFU"):
+        table.add_column(column, justify="right", no_wrap=True)
     for i, r in enumerate(result.top):
         pred = r.prediction
         table.add_row(str(i + 1), layout_text(r.candidate), gib(r.plan.memory.total),
                       "-" if pred.step_s is None else f"{pred.step_s:.2f} s",
                       "-" if pred.tokens_per_s_per_device is None
                       else f"{pred.tokens_per_s_per_device:,.0f}",
-                      "-" if pred.mfu is None else f"{pred.mfu:.0%}", r.why)
+                      "-" if pred.mfu is None else f"{pred.mfu:.0%}")
     console.print(table)
+    plain = dict(markup=False, highlight=False)
+    console.print(LEGEND, **plain)
+    for i, r in enumerate(result.top):
+        console.print(f"#{i + 1}: {r.why}", **plain)
     rules = ", ".join(f"{key} {n}" for key, n in result.rejected.most_common())
     console.print(f"{result.enumerated} layouts resolve() accepts; {result.fits} fit; "
                   f"{result.dropped_line}.\nrejected by rule: {rules or 'none'}\n"
-                  f"ranked by: {result.basis}", markup=False, highlight=False)
+                  f"ranked by: {result.basis}", **plain)

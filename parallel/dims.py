@@ -7,6 +7,7 @@ stages are the farthest apart.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from itertools import product
 
@@ -97,12 +98,12 @@ class ParallelDims:
 def zero1_owners(sizes: list[int], n: int) -> list[int]:
     """Owner (0..n-1) of each parameter: largest first, each to the least-loaded rank
     (ties to the lower rank). Deterministic, so every rank and the planner agree."""
-    load = [0] * n
-    owners = [0] * len(sizes)
+    loads = [(0, rank) for rank in range(n)]  # a heap of (load, rank): its top is the
+    owners = [0] * len(sizes)                  # least-loaded rank, ties to the lower one
     for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        rank = min(range(n), key=lambda r: (load[r], r))
+        load, rank = heapq.heappop(loads)
         owners[index] = rank
-        load[rank] += sizes[index]
+        heapq.heappush(loads, (load + sizes[index], rank))
     return owners
 
 

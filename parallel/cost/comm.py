@@ -56,6 +56,7 @@ the device cannot overlap (CPU: gloo uses the same cores as compute) all of it i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from conf.spec import RunSpec
 from parallel.cost.activations import DTYPE_BYTES
@@ -141,10 +142,10 @@ def step_collectives(spec: RunSpec, *, ranks_per_node: int, intra: Link,
                      inter: Link) -> list[Collective]:
     """Every collective one rank takes part in during a step (module docstring)."""
     p = spec.parallel
-    degrees = {axis: getattr(p, axis) for axis in MESH_AXES}
+    degrees = tuple(getattr(p, axis) for axis in MESH_AXES)
 
     def link(*axes: str) -> Link:
-        return link_of(degrees, axes, ranks_per_node=ranks_per_node, intra=intra, inter=inter)
+        return intra if _intra_node(degrees, axes, ranks_per_node) else inter
 
     shape = _Shape.of(spec)
     out: list[Collective] = []
@@ -154,6 +155,13 @@ def step_collectives(spec: RunSpec, *, ranks_per_node: int, intra: Link,
     out += _pipeline(spec, shape, link("pp"))
     out += _bookkeeping(spec, link)
     return [c for c in out if c.calls > 0 and (c.group > 1 or c.op == "p2p")]
+
+
+@lru_cache(maxsize=4096)
+def _intra_node(degrees: tuple[int, ...], axes: tuple[str, ...], ranks_per_node: int) -> bool:
+    """axis_is_intra_node, cached by the layout's degrees (in MESH_AXES order): the search
+    asks it for thousands of layouts."""
+    return axis_is_intra_node(dict(zip(MESH_AXES, degrees)), axes, ranks_per_node)
 
 
 @dataclass(frozen=True, slots=True)

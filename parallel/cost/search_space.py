@@ -53,13 +53,17 @@ class Candidate:
     """The recompute group option (a sweep point selects it as `recompute=<name>`)."""
     recompute: RecomputeSpec
 
-    def spec(self, base: RunSpec) -> RunSpec:
-        """The run spec of this candidate: the base spec with its sections replaced."""
-        training = replace(base.training, micro_batch_size=self.micro_batch_size,
-                           grad_accum_steps=self.grad_accum_steps,
-                           global_batch_size=self.micro_batch_size * self.grad_accum_steps
-                           * self.parallel.dp)
-        return replace(base, parallel=self.parallel, training=training,
+    def spec(self, base: RunSpec, trainings: dict | None = None) -> RunSpec:
+        """The run spec of this candidate: the base spec with its sections replaced.
+        `trainings`: training sections already built from `base`, by batch (the search builds
+        thousands of specs from a few batches)."""
+        batch = (self.micro_batch_size, self.grad_accum_steps,
+                 self.micro_batch_size * self.grad_accum_steps * self.parallel.dp)
+        trainings = {} if trainings is None else trainings
+        if batch not in trainings:
+            trainings[batch] = replace(base.training, micro_batch_size=batch[0],
+                                       grad_accum_steps=batch[1], global_batch_size=batch[2])
+        return replace(base, parallel=self.parallel, training=trainings[batch],
                        recompute=self.recompute)
 
 

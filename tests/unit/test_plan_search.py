@@ -18,11 +18,12 @@ from conf.errors import ConfigError
 from conf.resolve import resolve
 from conf.rules import divisors
 from conf.schema import RecomputeConfig, RecomputeMode
-from conf.spec import DEGREES, HostSpec
+from conf.spec import DEGREES, HostSpec, RecomputeSpec, spec_from_config
 from launcher.cli import main
 from launcher.plan_search import neutral_layout, recompute_policies
 from parallel.cost.memory import estimate_memory
-from parallel.cost.search import FALLBACK_BASIS, MemoryTable, search
+from parallel.cost.search import FALLBACK_BASIS, search
+from parallel.cost.search_memory import MemoryTable
 from parallel.cost.search_space import (
     MIN_CP_TOKENS, enumerate_candidates, factorizations, pipeline_shapes,
 )
@@ -94,13 +95,13 @@ def test_candidates_are_exactly_what_resolve_accepts_and_resolve_to_the_same_spe
 
 def test_memory_of_every_candidate_is_what_the_plan_estimates():
     cfg, base = _base(["model=llama3_1b", "training.seq_len=2048", *CLUSTER])
-    table = MemoryTable()
+    table = MemoryTable(base)
     candidates = list(enumerate_candidates(cfg, base, global_batch_size=32,
                                            policies=POLICIES, rejected=Counter()))
     assert len(candidates) > 50
     for candidate in candidates[::3]:
         spec = candidate.spec(base)
-        assert table.peak(candidate, base) == estimate_memory(spec), candidate
+        assert table.peak(candidate) == estimate_memory(spec), candidate
 
 
 def test_ranking_drops_what_does_not_fit_and_orders_by_predicted_tokens_per_s():
@@ -114,11 +115,11 @@ def test_ranking_drops_what_does_not_fit_and_orders_by_predicted_tokens_per_s():
         assert ranked.plan.memory == estimate_memory(ranked.spec)
     keys = [(-r.prediction.tokens_per_s_per_device, r.plan.memory.total) for r in result.top]
     assert keys == sorted(keys)
-    misfits = [c for c in enumerate_candidates(cfg, base, global_batch_size=16,
-                                               policies=POLICIES, rejected=Counter())
-               if estimate_memory(c.spec(base)).total > result.usable_bytes]
+    totals = [estimate_memory(c.spec(base)).total for c in enumerate_candidates(
+        cfg, base, global_batch_size=16, policies=POLICIES, rejected=Counter())]
+    misfits = [total for total in totals if total > result.usable_bytes]
     assert len(misfits) == result.does_not_fit
-    assert min(estimate_memory(c.spec(base)).total for c in misfits) == \
+    assert min(misfits) == \
         result.smallest_misfit_bytes
 
 
@@ -144,13 +145,21 @@ def test_json_keys_and_the_sweep_file_validates_with_the_best_point_first(tmp_pa
     from sweeps.expand import expand
     from sweeps.spec_file import load_sweep_file
 
-    first = expand(load_sweep_file(sweep))[0]
-    spec = resolve(compose_config(list(first.overrides)), host=HOST, check_paths=False)
-    best = out["top"][0]["layout"]
-    assert {n: getattr(spec.parallel, n) for n in (*DEGREES, "zero", "pp_schedule")} == \
-        {n: best[n] for n in (*DEGREES, "zero", "pp_schedule")}
-    assert spec.training.micro_batch_size == best["micro_batch_size"]
-    assert spec.recompute.mode.value == recompute_policies()[best["recompute"]].mode.value
+    points = expand(load_sweep_file(sweep))
+    assert len(points) == 3
+    for point, ranked in zip(points, out["top"]):  # in rank order: the best first
+        spec = resolve(compose_config(list(point.overrides)), host=HOST, check_paths=False)
+        layout = dict(ranked["layout"])
+        policy = recompute_policies()[layout.pop("recompute")]
+        training = {n: layout.pop(n) for n in TRAINING_KEYS}
+        assert {n: getattr(spec.parallel, n) for n in layout} == layout
+        assert {n: getattr(spec.training, n) for n in TRAINING_KEYS} == training
+        assert spec.training.global_batch_size * spec.training.seq_len == 65536
+        assert spec.recompute == spec_from_config(RecomputeSpec, policy)
+        assert estimate_memory(spec).total == ranked["memory_bytes"]
+
+
+TRAINING_KEYS = ("micro_batch_size", "grad_accum_steps")
 
 
 @pytest.mark.parametrize("extra, key", [

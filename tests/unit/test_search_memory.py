@@ -1,0 +1,117 @@
+"""The search's fast memory path (parallel.cost.search_memory.MemoryTable) is the plan's memory, byte
+for byte: for every sampled candidate, every field of MemoryEstimate (and so the peak, and which
+rank holds it) equals parallel.cost.memory.estimate_memory of the candidate's spec.
+
+The cases cover what the per-rank terms branch on: untied and tied embeddings, a Qwen-type
+model with q/k/v biases, zero 0-3 (FSDP, DDP, ZeRO-1 owners), tp with sequence parallel,
+loss parallel, pp with every schedule and virtual stages, cp, fp32 / bf16 / fp16 compute, bf16
+AdamW moments, a CPU device (offload keeps its copies there), and recompute policies that
+cover every block, every other or every third block, and each selective target."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from conf.compose import compose_config
+from conf.resolve import resolve
+from conf.schema import RecomputeConfig, RecomputeMode
+from conf.spec import HostSpec
+from launcher.plan_search import neutral_layout, recompute_policies
+from parallel.cost.memory import estimate_memory, representative_ranks
+from parallel.cost.search_memory import MemoryTable
+from parallel.cost.search_space import enumerate_candidates
+from parallel.dims import zero1_owners
+
+HOST = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=2)
+GPUS = ["cluster=slurm", "cluster.gpus_per_node=8", "cluster.gpu_name=H100",
+        "cluster.gpu_compute_capability=9.0", "data=synthetic"]
+SELECTIVE = RecomputeMode.selective
+EXTRA_POLICIES = {
+    "full_every3": RecomputeConfig(mode=RecomputeMode.full, every_n_layers=3),
+    "ffn_every2": RecomputeConfig(mode=SELECTIVE, every_n_layers=2, targets=["ffn"]),
+    "norm_swiglu": RecomputeConfig(mode=SELECTIVE, targets=["norm", "swiglu"]),
+    "block_every2": RecomputeConfig(mode=SELECTIVE, every_n_layers=2, targets=["block"]),
+    "ops_attention": RecomputeConfig(mode=SELECTIVE, targets=["ops", "attention"]),
+    "offload_every2": RecomputeConfig(mode=RecomputeMode.offload, every_n_layers=2),
+}
+CASES = {
+    # (overrides, global batch in sequences, every how many-th candidate is checked)
+    "debug-bf16-pp-cp": (["model=debug", "model.max_seq_len=4096", "training.seq_len=4096",
+                          "precision=bf16", "cluster.nodes=2", *GPUS], 32, 1),
+    "qwen-tied-biased-bf16": (["model=qwen2_5_0_5b", "training.seq_len=4096",
+                               "precision=bf16", "cluster.nodes=1", *GPUS], 16, 5),
+    "qwen-untied-biased-fp32-pp": (["model=qwen2_5_0_5b", "model.tie_embeddings=false",
+                                    "training.seq_len=4096", "precision=fp32",
+                                    "parallel.loss_parallel=true", "cluster.nodes=1", *GPUS],
+                                   16, 7),
+    "llama-tied-fp16-bf16-moments": (["model=llama3_1b", "training.seq_len=2048",
+                                      "precision=fp16", "precision.optimizer_state_dtype=bf16",
+                                      "cluster.nodes=2", *GPUS], 32, 11),
+    "llama3_70b-bf16-32-gpus": (["model=llama3_70b", "training.seq_len=8192", "precision=bf16",
+                                 "cluster.nodes=4", *GPUS], 64, 41),
+    "debug-cpu-fp32": (["model=debug", "training.seq_len=1024", "cluster=local",
+                        "cluster.procs_per_node=8", "data=synthetic"], 16, 1),
+    "debug-cpu-bf16": (["model=debug", "training.seq_len=1024", "cluster=local",
+                        "cluster.procs_per_node=8", "precision=bf16", "data=synthetic"], 16, 1),
+}
+
+
+def _candidates(overrides, global_batch_size):
+    cfg = compose_config(overrides)
+    base = resolve(neutral_layout(cfg), host=HOST, check_paths=False)
+    policies = {**recompute_policies(), **EXTRA_POLICIES}
+    return base, list(enumerate_candidates(cfg, base, global_batch_size=global_batch_size,
+                                           policies=policies, rejected=Counter()))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fast_memory_equals_estimate_memory_byte_for_byte(case):
+    overrides, global_batch_size, stride = CASES[case]
+    base, candidates = _candidates(overrides, global_batch_size)
+    table = MemoryTable(base)
+    checked = candidates[::stride]
+    for candidate in checked:
+        expected = estimate_memory(candidate.spec(base))
+        assert table.peak(candidate) == expected, (case, candidate)
+    seen = {(c.parallel.zero, c.parallel.pp > 1, c.parallel.pp_virtual_stages > 1,
+             c.parallel.tp > 1, c.parallel.cp > 1) for c in checked}
+    assert {z for z, *_ in seen} == {0, 1, 2, 3}, seen  # every ZeRO stage was compared
+    assert len({c.recompute_name for c in checked}) >= 8
+
+
+def test_the_cases_reach_every_branch():
+    """The layouts compared above include pipelines with virtual stages, tp, cp, and ZeRO-1
+    with unequal owner shares (more than one representative rank per pipeline rank)."""
+    base, candidates = _candidates(*CASES["debug-bf16-pp-cp"][:2])
+    kinds = {(c.parallel.pp > 1 and c.parallel.pp_virtual_stages > 1, c.parallel.tp > 1,
+              c.parallel.cp > 1) for c in candidates}
+    assert (True, False, False) in kinds and (False, True, True) in kinds
+    assert any(len(representative_ranks(c.spec(base))) > c.parallel.pp for c in candidates
+               if c.parallel.zero == 1)
+    assert {c.parallel.pp_schedule for c in candidates if c.parallel.pp > 1} >= {
+        "gpipe", "1f1b", "interleaved_1f1b"}
+    _, qwen = _candidates(*CASES["qwen-untied-biased-fp32-pp"][:2])
+    assert any(c.parallel.pp > 1 for c in qwen)
+
+
+def _owners_by_scan(sizes, n):
+    """zero1_owners' rule written as a scan over every rank (what the heap must reproduce)."""
+    load, owners = [0] * n, [0] * len(sizes)
+    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        rank = min(range(n), key=lambda r: (load[r], r))
+        owners[index], load[rank] = rank, load[rank] + sizes[index]
+    return owners
+
+
+def test_zero1_owners_are_the_greedy_rule():
+    """The heap in parallel.dims.zero1_owners gives each tensor the owner the rule names:
+    largest first, to the least-loaded rank, ties to the lower rank (many equal sizes, as a
+    model's blocks have, make ties frequent)."""
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 40)
+        sizes = [rng.choice([1, 7, 64, 64, 4096, rng.randint(1, 5000)])
+                 for _ in range(rng.randint(0, 120))]
+        assert zero1_owners(sizes, n) == _owners_by_scan(sizes, n), (sizes, n)
