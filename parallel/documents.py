@@ -8,6 +8,10 @@ when that document began in an earlier window.
 
 - `document_ids_and_positions`: per-token document index and position inside the document,
   computed once per micro-batch from the whole (unsharded) input tokens.
+- `own_document_targets`: next-token targets with those in another document ignored: the
+  target of a document's last token (its end token) is the next document's first token,
+  which nothing in the document predicts; the end token itself stays a target (of the token
+  before it), so a model learns where a document ends.
 - `document_mask`: the attention mask "key position <= query position AND same document",
   one formula (`_allowed`) used both as a boolean SDPA mask and, on CUDA where flex attention
   exists, as the `mask_mod` of a flex-attention `BlockMask`. Queries and keys carry their own
@@ -36,6 +40,13 @@ def document_ids_and_positions(tokens: torch.Tensor, *, eos_id: int
     starts_doc[:, 1:] = is_eos[:, :-1].bool()
     doc_start = torch.cummax(torch.where(starts_doc, index, 0), dim=1).values
     return ids, index - doc_start
+
+
+def own_document_targets(inputs: torch.Tensor, targets: torch.Tensor, *, eos_id: int,
+                         ignore_index: int) -> torch.Tensor:
+    """`targets` [B, T] (next tokens of `inputs` [B, T]) with `ignore_index` where the input
+    ends its document: that target starts the next document (documents end AT the EOS)."""
+    return targets.masked_fill(inputs == eos_id, ignore_index)
 
 
 def _allowed(q_ids: torch.Tensor, k_ids: torch.Tensor, q_positions: torch.Tensor,

@@ -45,17 +45,18 @@ def packed_documents(lengths: list[list[int]], *, seed: int = 0) -> list[list[to
 
 
 def packed_batch(rows: list[list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) [B, T]: next-token targets, ignored where the input ends a document
-    (the next document's first token is not the document's to predict)."""
+    """(inputs, targets) [B, T] as the data gives them: plain next-token targets, also where
+    the input ends a document (training must not learn those: the next document's first
+    token is not the ending document's to predict)."""
     inputs = torch.stack([torch.cat(docs) for docs in rows])
     targets = torch.full_like(inputs, IGNORE_INDEX)
     targets[:, :-1] = inputs[:, 1:]
-    targets[inputs == EOS] = IGNORE_INDEX
     return inputs, targets
 
 
 def document_batches(rows: list[list[torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each document alone as a [1, len] batch, with the targets `packed_batch` gives it."""
+    """Each document alone as a [1, len] batch: its own next tokens, the EOS among them (a
+    document learns where it ends), none after its last token."""
     batches = []
     for docs in rows:
         for doc in docs:
@@ -63,6 +64,11 @@ def document_batches(rows: list[list[torch.Tensor]]) -> list[tuple[torch.Tensor,
             targets[:-1] = doc[1:]
             batches.append((doc[None], targets[None]))
     return batches
+
+
+def document_targets_count(rows: list[list[torch.Tensor]]) -> int:
+    """Targets of all documents run alone: what a packed step must learn, and count."""
+    return sum(int((y != IGNORE_INDEX).sum()) for _, y in document_batches(rows))
 
 
 LENGTHS = [[7, 12, 13], [5, 9, 10, 8]]  # two rows of 32 tokens; row 1 ends mid-document
@@ -112,7 +118,7 @@ def test_packed_equals_documents_one_by_one():
     total = 0.0
     starts = [[sum(len(d) for d in docs[:i]) for i in range(len(docs))] for docs in rows]
     batches = iter(document_batches(rows))
-    n_targets = int((targets != IGNORE_INDEX).sum())
+    n_targets = document_targets_count(rows)
     for row, docs in enumerate(rows):
         for doc, start in zip(docs, starts[row]):
             x, y = next(batches)
@@ -124,8 +130,7 @@ def test_packed_equals_documents_one_by_one():
             with torch.no_grad():
                 torch.testing.assert_close(model(x)[0], logits[row, part], rtol=RTOL, atol=ATOL)
             packed_doc_loss = torch.nn.functional.cross_entropy(
-                logits[row, part], targets[row, part], ignore_index=IGNORE_INDEX,
-                reduction="sum")
+                logits[row, part], y[0], ignore_index=IGNORE_INDEX, reduction="sum")
             torch.testing.assert_close(packed_doc_loss, one.detach(), rtol=RTOL, atol=ATOL)
             total += float(one.detach())
     assert loss.global_tokens == n_targets
@@ -242,3 +247,28 @@ def test_recompute_passes_the_document_mask_through(policy):
     torch.testing.assert_close(loss, ref_loss, rtol=RTOL, atol=ATOL)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, ref_grads[name], rtol=RTOL, atol=ATOL)
+
+
+def test_the_end_token_is_learned_and_the_next_documents_first_is_not():
+    """Under document masking the target of a document's EOS (the next document's first token)
+    is neither learned nor counted, in training and in evaluation; the EOS itself stays the
+    target of the token before it. Without the knob every next token is a target."""
+    from training.step import document_targets, eval_loss_sum
+
+    rows = packed_documents(LENGTHS)
+    inputs, targets = packed_batch(rows)
+    model = build_model(tiny_model_spec(), device=torch.device("cpu"), seed=7)
+    layout = ParallelModel.single(model)
+    layout.document_eos_id = EOS
+    [(_, own)] = document_targets(layout, [(inputs, targets)])
+    ends = inputs == EOS
+    assert ends.sum() >= 5 and bool((own[ends] == IGNORE_INDEX).all())
+    assert torch.equal(own[~ends], targets[~ends])
+    assert int((own == EOS).sum()) == int((targets == EOS).sum()) > 0  # EOS still learned
+    _, counted = eval_loss_sum(layout, inputs, targets, device=torch.device("cpu"),
+                               autocast=NO_AUTOCAST)
+    crossing = int((targets[ends] != IGNORE_INDEX).sum())  # not the window's last EOS
+    assert counted == document_targets_count(rows) == int((targets != IGNORE_INDEX).sum()) \
+        - crossing and crossing >= 4
+    layout.document_eos_id = None
+    assert document_targets(layout, [(inputs, targets)])[0][1] is targets
