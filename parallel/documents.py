@@ -2,9 +2,10 @@
 themselves, and RoPE positions restart at each document.
 
 Documents are separated by an end-of-sequence token (`data.document_mask`, resolved to
-`DataSpec.eos_id`). The EOS belongs to the document it ends; the token after it starts the next
-one. The first tokens of a window (up to and including its first EOS) are one document even
-when that document began in an earlier window.
+`DataSpec.eos_id`: the tokenizer's EOS, or the separator an SFT dir records,
+conf/document_rules.py). The EOS belongs to the document it ends; the token after it starts
+the next one. The first tokens of a window (up to and including its first EOS) are one
+document even when that document began in an earlier window.
 
 - `document_ids_and_positions`: per-token document index and position inside the document,
   computed once per micro-batch from the whole (unsharded) input tokens.
@@ -16,7 +17,10 @@ when that document began in an earlier window.
   one formula (`_allowed`) used both as a boolean SDPA mask and, on CUDA where flex attention
   exists, as the `mask_mod` of a flex-attention `BlockMask`. Queries and keys carry their own
   ids and positions, so the same call serves one process (keys = queries) and context
-  parallelism (keys = the all-gathered sequence, positions global).
+  parallelism (keys = the all-gathered sequence, positions global). Memory: the BlockMask is
+  built a chunk of query tiles at a time (`blockwise_block_mask`), so the dense mask never
+  exists whole on that path; the boolean SDPA mask (CPU, or no flex) is dense, B x Tq x Tk
+  bytes per rank (Tq = T/cp under context parallelism, Tk = T).
 - `masked_attention`: attention under such a mask (SDPA for a boolean mask, flex attention
   for a `BlockMask`).
 """
@@ -27,6 +31,12 @@ import importlib.util
 
 import torch
 import torch.nn.functional as F
+
+FLEX_BLOCK = 128
+"""flex attention's default tile (torch's _DEFAULT_SPARSE_BLOCK_SIZE)."""
+MASK_CHUNK_ELEMENTS = 1 << 27
+"""Mask entries (bytes, bool) evaluated at once when building a BlockMask: bounds the
+transient at 128 MiB (plus its padded copy) whatever the sequence, not B x Tq x Tk."""
 
 
 def document_ids_and_positions(tokens: torch.Tensor, *, eos_id: int
@@ -66,15 +76,55 @@ def document_mask(q_ids: torch.Tensor, k_ids: torch.Tensor, *, q_positions: torc
     if flex is None:
         flex = q_ids.is_cuda and _flex_available()
     if not flex:
-        return _allowed(q_ids[:, None, :, None], k_ids[:, None, None, :],
-                        q_positions[:, None], k_positions[None, :])
-    from torch.nn.attention.flex_attention import create_block_mask
+        return _dense(q_ids, k_ids, q_positions, k_positions)
 
     def mask_mod(b, h, q, kv):
         return _allowed(q_ids[b, q], k_ids[b, kv], q_positions[q], k_positions[kv])
 
-    return create_block_mask(mask_mod, q_ids.shape[0], None, q_ids.shape[1], k_ids.shape[1],
-                             device=q_ids.device)
+    return blockwise_block_mask(mask_mod, q_ids, k_ids, q_positions, k_positions)
+
+
+def _dense(q_ids, k_ids, q_positions, k_positions) -> torch.Tensor:
+    return _allowed(q_ids[:, None, :, None], k_ids[:, None, None, :], q_positions[:, None],
+                    k_positions[None, :])
+
+
+def blockwise_block_mask(mask_mod, q_ids: torch.Tensor, k_ids: torch.Tensor,
+                         q_positions: torch.Tensor, k_positions: torch.Tensor, *,
+                         chunk_elements: int = MASK_CHUNK_ELEMENTS, block: int = FLEX_BLOCK):
+    """The flex-attention `BlockMask` of `_allowed`, as torch's `create_block_mask` makes it
+    (partial and full `block` x `block` tiles, kv indices ordered as it orders them), but built
+    `chunk_elements` mask entries at a time: a whole number of query tiles per chunk, so the
+    dense boolean mask never exists whole (eager `create_block_mask` materialises all
+    B x Tq x Tk of it, 16 GiB at 128k tokens)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    batch, tq, tk = q_ids.shape[0], q_ids.shape[1], k_ids.shape[1]
+    rows = max(block, chunk_elements // max(batch * tk, 1) // block * block)
+    tiles = [_tile_counts(_dense(q_ids[:, start:start + rows], k_ids,
+                                 q_positions[start:start + rows], k_positions), block)
+             for start in range(0, tq, rows)]
+    counts = torch.cat(tiles, dim=2)
+    full = counts == block * block
+    partial = (counts > 0) & ~full
+    return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=block,
+                                    mask_mod=mask_mod, seq_lengths=(tq, tk))
+
+
+def _tile_counts(allowed: torch.Tensor, block: int) -> torch.Tensor:
+    """Allowed entries per `block` x `block` tile of a [B, 1, Tq, Tk] mask (padded with
+    False to whole tiles): [B, 1, Tq/block, Tk/block]."""
+    pad_q, pad_k = -allowed.shape[2] % block, -allowed.shape[3] % block
+    allowed = F.pad(allowed, (0, pad_k, 0, pad_q))
+    b, h, tq, tk = allowed.shape
+    return allowed.view(b, h, tq // block, block, tk // block, block).sum(dim=(3, 5))
+
+
+def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tiles per query row, their kv tile indices first, in column order): flex's layout."""
+    tiles = tiles.to(torch.int32)
+    order = torch.argsort(tiles, dim=-1, descending=True, stable=True)
+    return tiles.sum(dim=-1).to(torch.int32).contiguous(), order.to(torch.int32).contiguous()
 
 
 def local_document_mask(doc_ids: torch.Tensor):

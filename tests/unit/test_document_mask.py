@@ -272,3 +272,77 @@ def test_the_end_token_is_learned_and_the_next_documents_first_is_not():
         - crossing and crossing >= 4
     layout.document_eos_id = None
     assert document_targets(layout, [(inputs, targets)])[0][1] is targets
+
+
+@pytest.mark.parametrize("batch, q_len, k_len, chunk, full_tiles", [
+    (2, 300, 300, 1, True), (1, 200, 400, 300 * 400, False), (3, 130, 260, 50_000, False)])
+def test_blockwise_block_mask_equals_torchs_dense_build(batch, q_len, k_len, chunk,
+                                                        full_tiles):
+    """The BlockMask built a few query tiles at a time (CUDA's path; bounded memory) equals
+    torch's create_block_mask, which materialises the whole dense mask: the same partial and
+    full tiles, kv indices and dense expansion; several chunks, ragged last tiles, a cp-like
+    query shard (q_len < k_len) and one-chunk builds."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from parallel.documents import _allowed, blockwise_block_mask
+
+    torch.manual_seed(1)
+    tokens = torch.randint(EOS + 1, 50, (batch, k_len))
+    tokens[1:][torch.rand(batch - 1, k_len) < 0.01] = EOS
+    at = torch.arange(k_len)
+    tokens[0, (at >= 270) & (at % 9 == 0)] = EOS  # row 0: one long document first
+    ids, _ = document_ids_and_positions(tokens, eos_id=EOS)
+    k_pos = torch.arange(k_len)
+    q_pos = torch.cat([k_pos[:q_len // 2], k_pos[k_len - (q_len - q_len // 2):]])
+    q_ids = ids[:, q_pos]
+
+    def mask_mod(b, h, q, kv):
+        return _allowed(q_ids[b, q], ids[b, kv], q_pos[q], k_pos[kv])
+
+    ours = blockwise_block_mask(mask_mod, q_ids, ids, q_pos, k_pos, chunk_elements=chunk)
+    torch_s = create_block_mask(mask_mod, batch, None, q_len, k_len, device="cpu")
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                 "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+        assert torch.equal(getattr(ours, name), getattr(torch_s, name)), name
+    assert ours.seq_lengths == torch_s.seq_lengths and ours.BLOCK_SIZE == torch_s.BLOCK_SIZE
+    assert torch.equal(ours.to_dense(), torch_s.to_dense())
+    assert int(torch_s.kv_num_blocks.sum()) > 0
+    assert (int(torch_s.full_kv_num_blocks.sum()) > 0) == full_tiles
+
+
+def test_blockwise_block_mask_never_makes_the_whole_dense_mask():
+    """The largest tensor made while building the BlockMask: at most one chunk of query tiles
+    (padded to whole tiles) x all keys, where torch's create_block_mask makes B x Tq x Tk."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from parallel.documents import FLEX_BLOCK, _allowed, blockwise_block_mask
+
+    class Largest(TorchDispatchMode):
+        bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    self.bytes = max(self.bytes, leaf.untyped_storage().nbytes())
+            return out
+
+    tokens = torch.randint(EOS + 1, 50, (2, 1024))
+    tokens[:, ::100] = EOS
+    ids, _ = document_ids_and_positions(tokens, eos_id=EOS)
+    pos = torch.arange(1024)
+
+    def mask_mod(b, h, q, kv):
+        return _allowed(ids[b, q], ids[b, kv], pos[q], pos[kv])
+
+    chunk = 2 * FLEX_BLOCK * 1024 * 2  # two query tiles of both rows
+    with Largest() as ours:
+        blockwise_block_mask(mask_mod, ids, ids, pos, pos, chunk_elements=chunk)
+    with Largest() as whole:
+        create_block_mask(mask_mod, 2, None, 1024, 1024, device="cpu")
+    dense = 2 * 1024 * 1024
+    assert whole.bytes >= dense and ours.bytes <= chunk < dense
+    print(f"largest tensor building a 2 x 1024 x 1024 BlockMask: {ours.bytes} bytes blockwise,"
+          f" {whole.bytes} by create_block_mask")
