@@ -19,10 +19,11 @@ document even when that document began in an earlier window.
   ids and positions, so the same call serves one process (keys = queries) and context
   parallelism (keys = the all-gathered sequence, positions global). Memory: the BlockMask is
   built a chunk of query tiles at a time (`blockwise_block_mask`), so the dense mask never
-  exists whole on that path; the boolean SDPA mask (CPU, or no flex) is dense, B x Tq x Tk
-  bytes per rank (Tq = T/cp under context parallelism, Tk = T).
-- `masked_attention`: attention under such a mask (SDPA for a boolean mask, flex attention
-  for a `BlockMask`).
+  exists whole on that path; the SDPA mask (CPU, or no flex) is dense: B x Tq x Tk bytes
+  per rank (Tq = T/cp under context parallelism, Tk = T) and ONE additive copy in the compute
+  dtype kept for backward, shared by all blocks (`DenseDocumentMask`), in the memory plan.
+- `masked_attention`: attention under such a mask (SDPA for a `DenseDocumentMask`, flex
+  attention for a `BlockMask`).
 """
 from __future__ import annotations
 
@@ -71,17 +72,37 @@ def document_mask(q_ids: torch.Tensor, k_ids: torch.Tensor, *, q_positions: torc
     positions `q_positions` [Tq] over keys `k_ids` [B, Tk] at `k_positions` [Tk].
 
     A flex-attention `BlockMask` when `flex` (default: on CUDA where torch has flex
-    attention), else a boolean tensor [B, 1, Tq, Tk] for SDPA (exact on every device).
+    attention), else a `DenseDocumentMask` for SDPA (exact on every device).
     """
     if flex is None:
         flex = q_ids.is_cuda and _flex_available()
     if not flex:
-        return _dense(q_ids, k_ids, q_positions, k_positions)
+        return DenseDocumentMask(_dense(q_ids, k_ids, q_positions, k_positions))
 
     def mask_mod(b, h, q, kv):
         return _allowed(q_ids[b, q], k_ids[b, kv], q_positions[q], k_positions[kv])
 
     return blockwise_block_mask(mask_mod, q_ids, k_ids, q_positions, k_positions)
+
+
+class DenseDocumentMask:
+    """The boolean mask [B, 1, Tq, Tk] (`allowed`) and its additive form for SDPA, made once
+    per dtype and shared by every block of a forward. Given the boolean mask, SDPA makes its
+    own additive copy in each block and keeps it for backward: n_layers copies of
+    B x Tq x Tk in the compute dtype; given this one, one copy per forward."""
+
+    __slots__ = ("allowed", "_additive")
+
+    def __init__(self, allowed: torch.Tensor):
+        self.allowed = allowed
+        self._additive: dict[torch.dtype, torch.Tensor] = {}
+
+    def additive(self, dtype: torch.dtype) -> torch.Tensor:
+        """0 where allowed, -inf elsewhere, in `dtype` (what SDPA makes of a boolean mask)."""
+        if dtype not in self._additive:
+            zeros = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device)
+            self._additive[dtype] = zeros.masked_fill_(~self.allowed, float("-inf"))
+        return self._additive[dtype]
 
 
 def _dense(q_ids, k_ids, q_positions, k_positions) -> torch.Tensor:
@@ -137,8 +158,9 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask)
     """softmax(q k^T / sqrt(d) under `mask`) v on [B, heads, T, head_dim] (k/v heads may
     divide q heads); `mask` from `document_mask`."""
     gqa = q.shape[1] != k.shape[1]
-    if isinstance(mask, torch.Tensor):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    if isinstance(mask, DenseDocumentMask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.additive(q.dtype),
+                                              enable_gqa=gqa)
     return _compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=gqa)
 
 

@@ -206,7 +206,7 @@ def test_flex_block_mask_equals_the_sdpa_mask():
 
     from torch.nn.attention.flex_attention import flex_attention
 
-    from parallel.documents import document_mask, masked_attention
+    from parallel.documents import DenseDocumentMask, document_mask, masked_attention
 
     torch.manual_seed(0)
     tokens = torch.randint(EOS + 1, 50, (2, 40))
@@ -218,7 +218,7 @@ def test_flex_block_mask_equals_the_sdpa_mask():
     q, k, v = torch.randn(2, 4, 20, 8), torch.randn(2, 2, 40, 8), torch.randn(2, 2, 40, 8)
     masks = {flex: document_mask(ids[:, q_pos], ids, q_positions=q_pos, k_positions=k_pos,
                                  flex=flex) for flex in (False, True)}
-    assert isinstance(masks[False], torch.Tensor)
+    assert isinstance(masks[False], DenseDocumentMask)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
         out = flex_attention(q, k, v, block_mask=masks[True], enable_gqa=True)
