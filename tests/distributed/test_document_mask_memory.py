@@ -3,8 +3,7 @@
 [B, T/cp, T] per forward shared by every block, and the boolean mask while a checkpoint holds
 it) EQUALS what one forward keeps for backward (tests/distributed/activation_memory.py), up to
 the loss's two fp32 scalars: in one process for every recompute policy family and fp32 / bf16,
-and on two gloo ranks under cp (balanced and contiguous), FSDP (zero3: cast block inputs) and
-tp. Before the mask was shared, SDPA kept one additive copy per block (n_layers of them)."""
+and on two gloo ranks under cp, FSDP (zero3: cast block inputs) and tp. Before the mask was shared, SDPA kept one additive copy per block (n_layers of them)."""
 from __future__ import annotations
 
 import dataclasses
@@ -62,9 +61,8 @@ def test_one_process_document_mask_activations_equal_the_plan():
 
 
 def test_two_rank_document_mask_activations_equal_the_plan(tmp_path):
-    layouts = {"cp_balanced": ["parallel=cp"],
-               "cp_contiguous": ["parallel=cp", "parallel.cp_balanced=false"],
-               "zero3": ["parallel=zero3"], "tp_sp": ["parallel=tp"]}
+    layouts = {"cp_balanced": ["parallel=cp"], "zero3": ["parallel=zero3"],
+               "tp_sp": ["parallel=tp"]}
     specs = _specs(layouts, ["none", "full_every2"], 2)
     results = run_on_ranks(activation_rank, world_size=2, workdir=tmp_path, timeout_s=600,
                            kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
