@@ -248,8 +248,10 @@ class DataConfig:
     """Attention stays inside each document of a training window and RoPE positions restart
     at each document (block-diagonal causal attention; flex attention on CUDA, an exact SDPA
     mask elsewhere), under every layout. Documents end at the tokenizer's EOS token (it
-    belongs to the document it ends), so this needs tokenized data: data=files with
-    data.prepared or data.tokenizer. false = one causal sequence per window."""
+    belongs to the document it ends; an SFT dir: at the conversation separator its manifest
+    records), so this needs tokenized data: data=files with data.prepared or data.tokenizer.
+    A target in the next document (the token after the end) is not learned. false = one
+    causal sequence per window."""
 
 
 @dataclass

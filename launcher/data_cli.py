@@ -138,10 +138,14 @@ def prepare_sft(args: argparse.Namespace, console: Console) -> int:
                  f"{m['truncated']:,} truncated; {m['dropped_nothing_learned']:,} dropped "
                  "with no assistant token")
     if m["eos_inside_conversations"]:
-        lines.append(f"  warning: {m['eos_inside_conversations']:,} EOS tokens inside "
-                     "conversations (the chat template ends turns with EOS): "
-                     "data.document_mask=true would cut conversations there; name another "
-                     "EOS with --eos-token")
+        separator = m["document_separator_id"]
+        lines.append(f"  {m['eos_inside_conversations']:,} EOS tokens inside conversations (the "
+                     "chat template ends turns with EOS): "
+                     + (f"conversations end with {m['document_separator']!r} (id {separator}) "
+                        "instead, so data.document_mask=true keeps each conversation whole"
+                        if separator is not None else
+                        "warning: every special token occurs inside conversations, so none "
+                        "separates them and data.document_mask=true will be refused"))
     lines.append(f"  packing efficiency (real tokens / bin capacity): "
                  f"{m['packing_efficiency']:.1%}")
     lines.append(f"  train with: data=files data.prepared={out} training.seq_len={m['seq_len']} "

@@ -15,9 +15,17 @@ window b of its shards: SPLIT_NNNNN.bin (tokens) and SPLIT_NNNNN.mask (uint8), w
 shard. The manifest (conf/prepared.py, kind "sft") records bins, conversations, truncated and
 dropped counts, the packing efficiency (real tokens / bin capacity), and how many EOS tokens
 sit INSIDE conversations (a template whose turn end is the EOS token, as Qwen2.5's and
-Llama 3.1's instruct tokenizers are configured): document masking splits at EOS, so those
-conversations would be cut into turns that cannot see each other; the CLI warns. Shards and
-manifest are written atomically; a second call with the same inputs and options does nothing.
+Llama 3.1's instruct tokenizers are configured).
+
+Conversations are delimited by a separator token, recorded in the manifest as
+`document_separator_id` (conf/document_rules.py makes it the boundary of data.document_mask):
+the EOS when no conversation holds one, else the first of the pad, BOS and the tokenizer's other
+special tokens that no conversation holds (`choose_separator`), so document masking never cuts
+a conversation into turns. The separator is never learned and, under document masking, nothing
+attends to it but itself, so which token it is does not change the loss. None is recorded when
+every candidate occurs inside a conversation (document masking is then refused).
+Shards and manifest are written atomically; a second call with the same inputs and options does
+nothing.
 """
 from __future__ import annotations
 
@@ -38,6 +46,8 @@ from launcher.shards import _clear, _fingerprint, _finished, _write_atomic, toke
 
 TOO_LONG = ("drop", "truncate")
 MASK_DTYPE = "uint8"
+LAYOUT = "separator-v2"
+"""Part of the fingerprint: bumped when the bins' layout changes, so a dir is re-prepared."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +65,8 @@ class SftOptions:
 class Conversation:
     tokens: np.ndarray
     mask: np.ndarray
+    truncated: bool = False
+    """Cut to the bin: its last token is content, not the separator."""
 
 
 @dataclass
@@ -77,7 +89,8 @@ def prepare_sft(inputs: list[str], *, tokenizer: str, out_dir: str,
                                   eos_token=_token_text(tok, tok.info.eos_id))
     files = expand_inputs(inputs)
     out = Path(out_dir).expanduser()
-    fingerprint = _fingerprint(files, tok.info.sha256 + template.source, options)
+    fingerprint = _fingerprint(files, tok.info.sha256 + template.source + LAYOUT,
+                               options)
     done = _finished(out, fingerprint)
     if done is not None:
         return out, done, True
@@ -87,6 +100,10 @@ def prepare_sft(inputs: list[str], *, tokenizer: str, out_dir: str,
         f = options.val_fraction
         split = splits["val" if int((i + 1) * f) > int(i * f) else "train"]
         _add(split, encode_conversation(messages, tok, template), bin_tokens, options.too_long)
+    separator = choose_separator(tok, [c for split in splits.values()
+                                       for c in split.conversations])
+    if separator is not None:
+        _end_with(splits.values(), separator)
     _clear(out)
     dtype = token_dtype(tok.vocab_size)
     pad_id = tok.info.pad_id if tok.info.pad_id is not None else tok.info.eos_id
@@ -95,6 +112,8 @@ def prepare_sft(inputs: list[str], *, tokenizer: str, out_dir: str,
         "format": FORMAT, "kind": SFT_KIND, "fingerprint": fingerprint, "dtype": dtype,
         "mask_dtype": MASK_DTYPE, "bin_tokens": bin_tokens, "seq_len": options.seq_len,
         "chat_template": template.origin, "pad_id": pad_id,
+        "document_separator_id": separator,
+        "document_separator": _token_text(tok, separator),
         "tokenizer": {k: getattr(tok.info, k) for k in
                       ("path", "sha256", "vocab_size", "bos_id", "eos_id", "pad_id")},
         "inputs": [{"path": str(f.resolve()), "bytes": f.stat().st_size} for f in files],
@@ -111,7 +130,8 @@ def prepare_sft(inputs: list[str], *, tokenizer: str, out_dir: str,
 
 def encode_conversation(messages: list[dict], tok: Tokenizer,
                         template: ChatTemplate) -> Conversation:
-    """Tokens and loss mask of one conversation, separator EOS included (mask 0)."""
+    """Tokens and loss mask of one conversation, closed by the EOS (mask 0); `prepare_sft`
+    swaps that EOS for another separator when conversations hold EOS inside."""
     segments = template.segments(messages)
     encoded = tok.encode_batch([s.text for s in segments])
     head = [tok.info.bos_id] if template.origin == "default" and tok.info.bos_id is not None \
@@ -126,12 +146,40 @@ def _add(split: _Split, conv: Conversation, bin_tokens: int, too_long: str) -> N
         if too_long == "drop":
             split.dropped_too_long += 1
             return
-        conv = Conversation(conv.tokens[:bin_tokens], conv.mask[:bin_tokens])
+        conv = Conversation(conv.tokens[:bin_tokens], conv.mask[:bin_tokens], truncated=True)
         split.truncated += 1
     if not conv.mask.any():
         split.dropped_nothing_learned += 1
         return
     split.conversations.append(conv)
+
+
+def choose_separator(tok: Tokenizer, conversations: list[Conversation]) -> int | None:
+    """The token that ends each conversation: the EOS when no conversation holds one inside,
+    else the first of pad, BOS and the tokenizer's other special tokens (by id) that none
+    holds; None when every candidate occurs inside a conversation."""
+    used = np.unique(np.concatenate([_inside(c) for c in conversations])) if conversations \
+        else np.empty(0, dtype=np.int64)
+    info = tok.info
+    specials = sorted(i for i, t in tok.backend.get_added_tokens_decoder().items() if t.special)
+    candidates = [info.eos_id, info.pad_id, info.bos_id] + specials
+    for token in candidates:
+        if token is not None and token < tok.vocab_size and not np.isin(token, used):
+            return token
+    return None
+
+
+def _inside(conv: Conversation) -> np.ndarray:
+    """The conversation's tokens without its closing separator."""
+    return conv.tokens if conv.truncated else conv.tokens[:-1]
+
+
+def _end_with(splits, separator: int) -> None:
+    """Close every (not truncated) conversation with `separator` instead of the EOS."""
+    for split in splits:
+        for conv in split.conversations:
+            if not conv.truncated:
+                conv.tokens[-1] = separator
 
 
 def _write_split(out: Path, name: str, split: _Split, *, bin_tokens: int, dtype: str,
@@ -156,7 +204,7 @@ def _write_split(out: Path, name: str, split: _Split, *, bin_tokens: int, dtype:
             "learned_tokens": int(sum(int(c.mask.sum()) for c in split.conversations)),
             "truncated": split.truncated, "dropped_too_long": split.dropped_too_long,
             "dropped_nothing_learned": split.dropped_nothing_learned,
-            "eos_inside_conversations": sum(int((c.tokens[:-1] == eos_id).sum())
+            "eos_inside_conversations": sum(int((_inside(c) == eos_id).sum())
                                             for c in split.conversations),
             "packing_efficiency": packing_efficiency(sizes, n_bins=len(bins),
                                                      capacity=bin_tokens),

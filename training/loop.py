@@ -10,6 +10,7 @@ import torch
 
 from conf.rundir import FAILED_EVENT, RunDir
 from conf.schema import NonFinite
+from parallel.cost.flops import run_flops_convention
 from training.checkpoint import save_checkpoint
 from training.dist import all_reduce_sum, barrier
 from training.export import export_hf, gather_full_state
@@ -197,7 +198,8 @@ def finish(tr: TrainState) -> None:
     if tr.loggers is not None:
         tr.loggers.event({"kind": "event", "event": "finished", "step": tr.step})
         summary = summarize(tr.run_dir, peak_source=tr.peak.source,
-                            last_checkpoint=tr.last_checkpoint, export_dir=export_dir)
+                            last_checkpoint=tr.last_checkpoint, export_dir=export_dir,
+                            flops_convention=run_flops_convention(tr.spec))
         write_summary(tr.run_dir, summary)
         tr.loggers.finish(summary)
         tr.loggers = None

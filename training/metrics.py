@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from conf.spec import RunSpec
 from parallel.cost.devices import GIB, PeakFlops, gpu_peak
-from parallel.cost.flops import FLOPS_CONVENTION, flops_per_token
+from parallel.cost.flops import flops_per_token, run_flops_convention
 from training.loggers import PER_RANK_KEY
 from training.precision import TORCH_DTYPES
 
@@ -115,7 +115,8 @@ def resolve_peak(spec: RunSpec, device: torch.device) -> PeakFlops:
     peak = _peak(spec, device)
     log.info("MFU = achieved FLOP/s per device / peak %.4g FLOP/s (%s); FLOPs per token %d "
              "[%s; attention counted %s]", peak.flops, peak.source,
-             flops_per_token(spec.model, spec.training.seq_len), FLOPS_CONVENTION, FLOPS_ATTENTION)
+             flops_per_token(spec.model, spec.training.seq_len), run_flops_convention(spec),
+             FLOPS_ATTENTION)
     return peak
 
 

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from parallel.data_parallel import gradient_sync
-from parallel.documents import document_ids_and_positions
+from parallel.documents import document_ids_and_positions, own_document_targets
 from parallel.grad_norm import clip_grads
 from training.parallel_model import ParallelModel
 from training.loss import IGNORE_INDEX, token_cross_entropy_sum
@@ -65,6 +65,16 @@ def document_inputs(model: ParallelModel, inputs: torch.Tensor) -> dict:
     return {"doc_ids": model.shard_tokens(ids), "doc_positions": model.shard_tokens(positions)}
 
 
+def document_targets(model: ParallelModel, micro_batches: list) -> list:
+    """Under document masking, each micro-batch's targets with those in the next document
+    ignored (`own_document_targets`); the batches unchanged otherwise."""
+    if model.document_eos_id is None:
+        return micro_batches
+    return [(inputs, own_document_targets(inputs, targets, eos_id=model.document_eos_id,
+                                          ignore_index=IGNORE_INDEX))
+            for inputs, targets in micro_batches]
+
+
 def _whole(loss_sum: torch.Tensor) -> torch.Tensor:
     """A loss computed on vocabulary-sharded logits is a DTensor: take its full value."""
     return loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum
@@ -77,8 +87,10 @@ def forward_backward(model: ParallelModel, micro_batches: list, *, device: torch
     DDP and FSDP average gradients over the dp x cp ranks, so each rank scales its loss by
     dp x cp to undo that average: the result equals one process computing the mean over the
     whole global batch. Context-parallel ranks each take their share of every sequence;
-    pipeline stages run the micro-batch through the schedule.
+    pipeline stages run the micro-batch through the schedule. Under document masking a target
+    in the next document is not learned (`document_targets`), nor counted.
     """
+    micro_batches = document_targets(model, micro_batches)
     global_tokens = count_global_tokens(micro_batches, device=device, dp_group=model.group("dp"))
     scale = model.dims.dp_cp / global_tokens
     total = torch.zeros((), dtype=torch.float32, device=device)
@@ -143,6 +155,7 @@ def eval_loss_sum(model: ParallelModel, inputs: torch.Tensor, targets: torch.Ten
                   device: torch.device, autocast) -> tuple[float, int]:
     """(sum of token losses, tokens) of this rank's share of one validation batch; only
     ranks with `model.reports_loss` hold a loss (pipeline: the last stage)."""
+    [(inputs, targets)] = document_targets(model, [(inputs, targets)])
     inputs = inputs.to(device)
     documents = document_inputs(model, inputs)
     inputs = model.shard_tokens(inputs)

@@ -13,10 +13,12 @@ from parallel.cost.flops import FLOPS_CONVENTION
 from training.metrics import FLOPS_ATTENTION
 
 
-def summarize(run_dir: Path, *, peak_source: str, last_checkpoint: str, export_dir: str) -> dict:
+def summarize(run_dir: Path, *, peak_source: str, last_checkpoint: str, export_dir: str,
+              flops_convention: str = FLOPS_CONVENTION) -> dict:
+    """`flops_convention`: the run's (parallel.cost.flops.run_flops_convention)."""
     return {
         **outcomes_from_rows(RunDir(run_dir).read_rows()),
-        "flops_convention": FLOPS_CONVENTION,
+        "flops_convention": flops_convention,
         "flops_attention": FLOPS_ATTENTION,
         "peak_flops_source": peak_source,
         "last_checkpoint": last_checkpoint,

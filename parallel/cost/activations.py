@@ -67,11 +67,15 @@ class ActivationSplit:
     cp: int = 1
     fsdp: bool = False
     """FSDP2 wraps the model (zero 2/3 over more than one rank)."""
+    document_mask: bool = False
+    """data.document_mask: RoPE rows per token ([micro-batch, seq] of them, as under cp) and
+    one dense mask per forward on the SDPA path (`document_mask_bytes`)."""
 
     @classmethod
-    def of(cls, p: ParallelSpec) -> "ActivationSplit":
+    def of(cls, p: ParallelSpec, *, document_mask: bool = False) -> "ActivationSplit":
         return cls(tp=p.tp, sequence_parallel=p.sequence_parallel,
-                   loss_parallel=p.loss_parallel, cp=p.cp, fsdp=p.uses_fsdp)
+                   loss_parallel=p.loss_parallel, cp=p.cp, fsdp=p.uses_fsdp,
+                   document_mask=document_mask)
 
     @property
     def sequence_share(self) -> int:
@@ -153,41 +157,77 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
 
 def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, seq: int,
                                 device_type: str, dtypes: ActivationDtypes,
-                                split: ActivationSplit = FP32_SPLIT) -> int:
+                                split: ActivationSplit = FP32_SPLIT, micro_batch: int = 1) -> int:
     """Bytes one block keeps per micro-batch that do not scale with its tokens. `seq`: the
     rank's sequence (its cp share).
     RoPE tables: under FSDP mixed precision the block's inputs are cast before it runs (and
     kept whatever the policy): cos and sin whole, [max_seq_len, head_dim] (under cp the
-    rank's [seq, head_dim] rows); otherwise, when q/k are not fp32, the attention casts four
-    [seq, head_dim] slices (re-computed under full / block / ops).
+    rank's [seq, head_dim] rows; with document masking [micro_batch x seq, head_dim]);
+    otherwise, when q/k are not fp32, the attention casts four slices of those rows
+    (re-computed under full / block / ops).
     Context parallelism: SDPA's additive mask in the compute dtype, [seq, seq x cp], made from
-    the bool causal mask (unless attention re-computes)."""
+    the bool causal mask (unless attention re-computes); a document mask replaces it (one
+    per forward, `document_mask_bytes`)."""
     mode = RecomputeMode(recompute.mode)
     if mode is RecomputeMode.offload and device_type != "cpu":
         return 0
     targets = selective_targets(recompute)
+    rows = _rope_rows(seq, split=split, micro_batch=micro_batch)
     if dtypes.casts_block_inputs:
-        rope = 2 * (model.max_seq_len if split.cp == 1 else seq) * model.head_dim * dtypes.compute
+        rope = 2 * (rows or model.max_seq_len) * model.head_dim * dtypes.compute
     else:
-        rope = 4 * seq * model.head_dim * dtypes.compute if dtypes.compute != FP32 else 0
+        rope = 4 * (rows or seq) * model.head_dim * dtypes.compute if dtypes.compute != FP32 \
+            else 0
     if mode is RecomputeMode.full or {"block", "ops"} & targets:
         return rope if dtypes.casts_block_inputs else 0
     mask = (dtypes.compute * seq * seq * split.cp
-            if split.cp > 1 and "attention" not in targets else 0)
+            if split.cp > 1 and "attention" not in targets and not split.document_mask else 0)
     return rope + mask
 
 
+def _rope_rows(seq: int, *, split: ActivationSplit, micro_batch: int) -> int:
+    """RoPE rows the model indexes per forward: micro_batch x seq with document masking
+    (positions per token), seq under cp (this rank's positions), else 0 (table slices)."""
+    if split.document_mask:
+        return micro_batch * seq
+    return seq if split.cp > 1 else 0
+
+
+def document_mask_bytes(*, recompute: RecomputeSpec, layers: list[int], seq: int,
+                        micro_batch: int, device_type: str, dtypes: ActivationDtypes,
+                        split: ActivationSplit) -> int:
+    """The dense document mask of the SDPA path (CPU; CUDA builds a flex BlockMask, tiles
+    only): ONE additive mask [micro_batch, seq, seq x cp] in the compute dtype per forward,
+    shared by every block (parallel/documents.py `DenseDocumentMask`, which SDPA saves); and,
+    while a checkpoint holds the mask object as an input to re-run attention, the boolean
+    mask too (1 byte an entry)."""
+    if not split.document_mask or device_type != "cpu" or not layers:
+        return 0
+    entries = micro_batch * seq * seq * split.cp
+    held = any(_reruns_attention(recompute, layer) for layer in layers)
+    return entries * (dtypes.compute + (1 if held else 0))
+
+
+def _reruns_attention(recompute: RecomputeSpec, layer: int) -> bool:
+    return recompute.applies_to(layer) and (
+        RecomputeMode(recompute.mode) is RecomputeMode.full
+        or bool({"block", "ops", "attention"} & selective_targets(recompute)))
+
+
 def rope_rows_bytes(model: ModelSpec, *, recompute: RecomputeSpec, layers: list[int],
-                    seq: int, dtypes: ActivationDtypes, split: ActivationSplit) -> int:
-    """Under cp the model indexes this rank's rows of the fp32 RoPE tables once per forward
-    (training/model.py `rope_tables`); they are kept when fp32 attention saves them or a
-    checkpointed block keeps them as its inputs (not when FSDP casts them first)."""
-    if split.cp == 1 or dtypes.casts_block_inputs or not layers:
+                    seq: int, dtypes: ActivationDtypes, split: ActivationSplit,
+                    micro_batch: int = 1) -> int:
+    """Under cp (or document masking) the model indexes rows of the fp32 RoPE tables once
+    per forward (training/model.py `rope_tables`, `_rope_rows`); they are kept when fp32
+    attention saves them or a checkpointed block keeps them as its inputs (not when FSDP
+    casts them first)."""
+    rows = _rope_rows(seq, split=split, micro_batch=micro_batch)
+    if not rows or dtypes.casts_block_inputs or not layers:
         return 0
     checkpointed = any(_checkpoints_block(recompute, layer) for layer in layers)
     if dtypes.compute != FP32 and not checkpointed:
         return 0
-    return 2 * seq * model.head_dim * FP32
+    return 2 * rows * model.head_dim * FP32
 
 
 def embedding_bytes_per_token(model: ModelSpec, *, dtypes: ActivationDtypes,
@@ -278,10 +318,13 @@ def activation_bytes(model: ModelSpec, *, tokens: int, recompute: RecomputeSpec,
         total += tokens * block_bytes_per_token(model, recompute=policy, device_type=device_type,
                                                 dtypes=dtypes, split=split)
         total += block_bytes_per_micro_batch(model, recompute=policy, seq=seq,
-                                             device_type=device_type,
-                                             dtypes=dtypes, split=split)
+                                             device_type=device_type, dtypes=dtypes,
+                                             split=split, micro_batch=micro_batch)
     total += rope_rows_bytes(model, recompute=recompute, layers=layers, seq=seq,
-                             dtypes=dtypes, split=split)
+                             dtypes=dtypes, split=split, micro_batch=micro_batch)
+    total += document_mask_bytes(recompute=recompute, layers=layers, seq=seq,
+                                 micro_batch=micro_batch, device_type=device_type,
+                                 dtypes=dtypes, split=split)
     if with_head:
         total += tokens * head_bytes_per_token(model, dtypes=dtypes, split=split)
     if with_embedding:

@@ -1,7 +1,7 @@
 """Training FLOPs per token. Torch-free: the plan, the sweep preview and the MFU metric use it."""
 from __future__ import annotations
 
-from conf.spec import ModelSpec
+from conf.spec import ModelSpec, RunSpec
 from parallel.cost.params import param_counts
 
 ATTENTION_TERMS = {"full": 12, "causal": 6}
@@ -14,6 +14,13 @@ FLOPS_CONVENTION = ("6N + 12*L*H*Q*T (PaLM / torchtitan; N = parameters without 
                     "term full, not halved for the causal mask)")
 CAUSAL_CONVENTION = ("6N + 6*L*H*Q*T (N as PaLM's, the output head counted even when tied; "
                      "attention term halved for the causal mask, as FlashAttention counts)")
+
+DOCUMENT_MASK_CONVENTION = (
+    "; data.document_mask: the attention term still counts the whole seq_len window (the "
+    "dense causal convention, comparable across runs), not the per-document attention the "
+    "masked kernels compute, so MFU overstates the FLOPs done by up to the attention term's "
+    "{share:.1%} of the total (all of it only for one-token documents)")
+"""Appended to the convention of a run with data.document_mask (`run_flops_convention`)."""
 
 
 def matmul_params(model: ModelSpec) -> int:
@@ -33,3 +40,20 @@ def flops_per_token(model: ModelSpec, seq_len: int, *, attention: str = "full") 
 
 def flops_convention(attention: str = "full") -> str:
     return FLOPS_CONVENTION if attention == "full" else CAUSAL_CONVENTION
+
+
+def attention_share(model: ModelSpec, seq_len: int, *, attention: str = "full") -> float:
+    """The attention-score term's share of `flops_per_token`."""
+    term = model.n_layers * ATTENTION_TERMS[attention] * model.n_heads * model.head_dim * seq_len
+    return term / flops_per_token(model, seq_len, attention=attention)
+
+
+def run_flops_convention(spec: RunSpec, attention: str = "full") -> str:
+    """The convention of `spec`'s FLOPs per token (plan, MFU log, summary.json): under
+    data.document_mask, `flops_per_token` is unchanged (the window's dense causal count) and
+    the convention says so, with the most it can overstate (DOCUMENT_MASK_CONVENTION)."""
+    convention = flops_convention(attention)
+    if not spec.data.document_mask:
+        return convention
+    share = attention_share(spec.model, spec.training.seq_len, attention=attention)
+    return convention + DOCUMENT_MASK_CONVENTION.format(share=share)

@@ -214,7 +214,8 @@ def layout_activation_bytes(spec: RunSpec, rank: int) -> int:
     micro_batch = t.micro_batch_size // p.pp_microbatches
     tokens = micro_batch * t.seq_len // p.cp
     kwargs = dict(tokens=tokens, micro_batch=micro_batch, recompute=spec.recompute,
-                  device_type=t.device, split=ActivationSplit.of(p),
+                  device_type=t.device,
+                  split=ActivationSplit.of(p, document_mask=spec.data.document_mask),
                   dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))
     layers = held_layers(spec, pp_rank)
     blocks = activation_bytes(spec.model, layers=layers, with_head=False,

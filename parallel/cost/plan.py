@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from conf.spec import RunSpec
 from parallel.cost.fit import Verdict, memory_verdict
-from parallel.cost.flops import flops_convention, flops_per_token
+from parallel.cost.flops import flops_per_token, run_flops_convention
 from parallel.cost.memory import MemoryEstimate, estimate_memory
 from parallel.cost.params import ParamCounts, param_counts
 
@@ -37,7 +37,7 @@ def make_plan(spec: RunSpec, *, attention: str = "full",
     tps = spec.training.tokens_per_step
     return Plan(world_size=spec.world_size, dp=spec.parallel.dp, tokens_per_step=tps,
                 params=param_counts(spec.model), flops_per_token=fpt,
-                flops_attention=attention, flops_convention=flops_convention(attention),
+                flops_attention=attention, flops_convention=run_flops_convention(spec, attention),
                 flops_per_step=float(fpt) * tps, memory=memory,
                 verdict=memory_verdict(spec, memory.total, device_bytes=device_bytes),
                 total_tokens=tps * spec.training.steps)

@@ -85,13 +85,16 @@ def _weights(layout) -> set[int]:
     return {_key(t) for part in layout.parts for t in [*part.parameters(), *part.buffers()]}
 
 
-def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tensor) -> int:
-    """Activation bytes one forward of this rank's micro-batch keeps (module docstring)."""
+def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tensor,
+               documents: dict | None = None) -> int:
+    """Activation bytes one forward of this rank's micro-batch keeps (module docstring);
+    `documents`: the document-masking keywords (inputs, like the tokens: not counted)."""
     from training.loss import token_cross_entropy_sum
     from training.precision import autocast_context
     from training.step import loss_context
 
-    before = _weights(layout) | {_key(inputs), _key(targets)}
+    documents = documents or {}
+    before = _weights(layout) | {_key(t) for t in (inputs, targets, *documents.values())}
     if layout.cp_positions is not None:
         before.add(_key(layout.cp_positions))
     recorder = _Storages()
@@ -100,10 +103,11 @@ def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tenso
     try:
         with recorder, loss_context(layout):
             with autocast_context(spec.precision, CPU):
-                logits = layout.parts[0](inputs)
+                logits = layout.parts[0](inputs, **documents)
             loss = token_cross_entropy_sum(logits, targets)
             del logits
-        torch.distributed.barrier()  # no collective still running, holding a buffer
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # no collective still running, holding a buffer
         gc.collect()
         excluded = before | _weights(layout) | recorder.weight_casts
         if DEBUG and torch.distributed.get_rank() == 0:
@@ -124,6 +128,7 @@ def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
     from parallel.cost.memory import layout_activation_bytes
     from training.data import build_train_batches
     from training.parallel_model import build_parallel_model
+    from training.step import document_inputs
 
     rows = []
     for spec_dict in spec_dicts:
@@ -132,8 +137,9 @@ def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
         batches = build_train_batches(spec.data, spec.training,
                                       dp_rank=layout.dims.dp_rank(rank),
                                       dp_size=layout.dims.dp).next_step()
+        documents = document_inputs(layout, batches[0][0])  # {} unless data.document_mask
         inputs, targets = (layout.shard_tokens(t) for t in batches[0])
-        measured = kept_bytes(layout, spec, inputs, targets)
+        measured = kept_bytes(layout, spec, inputs, targets, documents)
         rows.append({"name": spec.parallel.name, "rank": rank, "measured": measured,
                      "plan": layout_activation_bytes(spec, rank)})
         del layout

@@ -16,7 +16,8 @@ from tests.distributed.layout_parity import full, named_params
 from tests.distributed.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 from tests.unit.test_document_mask import (
-    ATOL, EOS, LENGTHS, NO_AUTOCAST, RTOL, document_batches, packed_batch, packed_documents,
+    ATOL, EOS, LENGTHS, NO_AUTOCAST, RTOL, document_batches, document_targets_count,
+    packed_batch, packed_documents,
 )
 from training.loss import IGNORE_INDEX
 
@@ -108,8 +109,7 @@ def _one_by_one(spec: RunSpec) -> tuple[list[float], dict[str, torch.Tensor], in
     from training.step import token_loss_sum
 
     model = build_model(spec.model, device=CPU, seed=spec.training.seed)
-    _, targets = packed_batch(packed_documents(LENGTHS))
-    n_targets = int((targets != IGNORE_INDEX).sum())
+    n_targets = document_targets_count(packed_documents(LENGTHS))
     losses = []
     for x, y in document_batches(packed_documents(LENGTHS)):
         loss = token_loss_sum(model, x, y, NO_AUTOCAST)

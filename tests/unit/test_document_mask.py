@@ -45,17 +45,18 @@ def packed_documents(lengths: list[list[int]], *, seed: int = 0) -> list[list[to
 
 
 def packed_batch(rows: list[list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) [B, T]: next-token targets, ignored where the input ends a document
-    (the next document's first token is not the document's to predict)."""
+    """(inputs, targets) [B, T] as the data gives them: plain next-token targets, also where
+    the input ends a document (training must not learn those: the next document's first
+    token is not the ending document's to predict)."""
     inputs = torch.stack([torch.cat(docs) for docs in rows])
     targets = torch.full_like(inputs, IGNORE_INDEX)
     targets[:, :-1] = inputs[:, 1:]
-    targets[inputs == EOS] = IGNORE_INDEX
     return inputs, targets
 
 
 def document_batches(rows: list[list[torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each document alone as a [1, len] batch, with the targets `packed_batch` gives it."""
+    """Each document alone as a [1, len] batch: its own next tokens, the EOS among them (a
+    document learns where it ends), none after its last token."""
     batches = []
     for docs in rows:
         for doc in docs:
@@ -63,6 +64,11 @@ def document_batches(rows: list[list[torch.Tensor]]) -> list[tuple[torch.Tensor,
             targets[:-1] = doc[1:]
             batches.append((doc[None], targets[None]))
     return batches
+
+
+def document_targets_count(rows: list[list[torch.Tensor]]) -> int:
+    """Targets of all documents run alone: what a packed step must learn, and count."""
+    return sum(int((y != IGNORE_INDEX).sum()) for _, y in document_batches(rows))
 
 
 LENGTHS = [[7, 12, 13], [5, 9, 10, 8]]  # two rows of 32 tokens; row 1 ends mid-document
@@ -112,7 +118,7 @@ def test_packed_equals_documents_one_by_one():
     total = 0.0
     starts = [[sum(len(d) for d in docs[:i]) for i in range(len(docs))] for docs in rows]
     batches = iter(document_batches(rows))
-    n_targets = int((targets != IGNORE_INDEX).sum())
+    n_targets = document_targets_count(rows)
     for row, docs in enumerate(rows):
         for doc, start in zip(docs, starts[row]):
             x, y = next(batches)
@@ -124,8 +130,7 @@ def test_packed_equals_documents_one_by_one():
             with torch.no_grad():
                 torch.testing.assert_close(model(x)[0], logits[row, part], rtol=RTOL, atol=ATOL)
             packed_doc_loss = torch.nn.functional.cross_entropy(
-                logits[row, part], targets[row, part], ignore_index=IGNORE_INDEX,
-                reduction="sum")
+                logits[row, part], y[0], ignore_index=IGNORE_INDEX, reduction="sum")
             torch.testing.assert_close(packed_doc_loss, one.detach(), rtol=RTOL, atol=ATOL)
             total += float(one.detach())
     assert loss.global_tokens == n_targets
@@ -201,7 +206,7 @@ def test_flex_block_mask_equals_the_sdpa_mask():
 
     from torch.nn.attention.flex_attention import flex_attention
 
-    from parallel.documents import document_mask, masked_attention
+    from parallel.documents import DenseDocumentMask, document_mask, masked_attention
 
     torch.manual_seed(0)
     tokens = torch.randint(EOS + 1, 50, (2, 40))
@@ -213,7 +218,7 @@ def test_flex_block_mask_equals_the_sdpa_mask():
     q, k, v = torch.randn(2, 4, 20, 8), torch.randn(2, 2, 40, 8), torch.randn(2, 2, 40, 8)
     masks = {flex: document_mask(ids[:, q_pos], ids, q_positions=q_pos, k_positions=k_pos,
                                  flex=flex) for flex in (False, True)}
-    assert isinstance(masks[False], torch.Tensor)
+    assert isinstance(masks[False], DenseDocumentMask)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
         out = flex_attention(q, k, v, block_mask=masks[True], enable_gqa=True)
@@ -242,3 +247,102 @@ def test_recompute_passes_the_document_mask_through(policy):
     torch.testing.assert_close(loss, ref_loss, rtol=RTOL, atol=ATOL)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, ref_grads[name], rtol=RTOL, atol=ATOL)
+
+
+def test_the_end_token_is_learned_and_the_next_documents_first_is_not():
+    """Under document masking the target of a document's EOS (the next document's first token)
+    is neither learned nor counted, in training and in evaluation; the EOS itself stays the
+    target of the token before it. Without the knob every next token is a target."""
+    from training.step import document_targets, eval_loss_sum
+
+    rows = packed_documents(LENGTHS)
+    inputs, targets = packed_batch(rows)
+    model = build_model(tiny_model_spec(), device=torch.device("cpu"), seed=7)
+    layout = ParallelModel.single(model)
+    layout.document_eos_id = EOS
+    [(_, own)] = document_targets(layout, [(inputs, targets)])
+    ends = inputs == EOS
+    assert ends.sum() >= 5 and bool((own[ends] == IGNORE_INDEX).all())
+    assert torch.equal(own[~ends], targets[~ends])
+    assert int((own == EOS).sum()) == int((targets == EOS).sum()) > 0  # EOS still learned
+    _, counted = eval_loss_sum(layout, inputs, targets, device=torch.device("cpu"),
+                               autocast=NO_AUTOCAST)
+    crossing = int((targets[ends] != IGNORE_INDEX).sum())  # not the window's last EOS
+    assert counted == document_targets_count(rows) == int((targets != IGNORE_INDEX).sum()) \
+        - crossing and crossing >= 4
+    layout.document_eos_id = None
+    assert document_targets(layout, [(inputs, targets)])[0][1] is targets
+
+
+@pytest.mark.parametrize("batch, q_len, k_len, chunk, full_tiles", [
+    (2, 300, 300, 1, True), (1, 200, 400, 300 * 400, False), (3, 130, 260, 50_000, False)])
+def test_blockwise_block_mask_equals_torchs_dense_build(batch, q_len, k_len, chunk,
+                                                        full_tiles):
+    """The BlockMask built a few query tiles at a time (CUDA's path; bounded memory) equals
+    torch's create_block_mask, which materialises the whole dense mask: the same partial and
+    full tiles, kv indices and dense expansion; several chunks, ragged last tiles, a cp-like
+    query shard (q_len < k_len) and one-chunk builds."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from parallel.documents import _allowed, blockwise_block_mask
+
+    torch.manual_seed(1)
+    tokens = torch.randint(EOS + 1, 50, (batch, k_len))
+    tokens[1:][torch.rand(batch - 1, k_len) < 0.01] = EOS
+    at = torch.arange(k_len)
+    tokens[0, (at >= 270) & (at % 9 == 0)] = EOS  # row 0: one long document first
+    ids, _ = document_ids_and_positions(tokens, eos_id=EOS)
+    k_pos = torch.arange(k_len)
+    q_pos = torch.cat([k_pos[:q_len // 2], k_pos[k_len - (q_len - q_len // 2):]])
+    q_ids = ids[:, q_pos]
+
+    def mask_mod(b, h, q, kv):
+        return _allowed(q_ids[b, q], ids[b, kv], q_pos[q], k_pos[kv])
+
+    ours = blockwise_block_mask(mask_mod, q_ids, ids, q_pos, k_pos, chunk_elements=chunk)
+    torch_s = create_block_mask(mask_mod, batch, None, q_len, k_len, device="cpu")
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                 "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+        assert torch.equal(getattr(ours, name), getattr(torch_s, name)), name
+    assert ours.seq_lengths == torch_s.seq_lengths and ours.BLOCK_SIZE == torch_s.BLOCK_SIZE
+    assert torch.equal(ours.to_dense(), torch_s.to_dense())
+    assert int(torch_s.kv_num_blocks.sum()) > 0
+    assert (int(torch_s.full_kv_num_blocks.sum()) > 0) == full_tiles
+
+
+def test_blockwise_block_mask_never_makes_the_whole_dense_mask():
+    """The largest tensor made while building the BlockMask: at most one chunk of query tiles
+    (padded to whole tiles) x all keys, where torch's create_block_mask makes B x Tq x Tk."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from parallel.documents import FLEX_BLOCK, _allowed, blockwise_block_mask
+
+    class Largest(TorchDispatchMode):
+        bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    self.bytes = max(self.bytes, leaf.untyped_storage().nbytes())
+            return out
+
+    tokens = torch.randint(EOS + 1, 50, (2, 1024))
+    tokens[:, ::100] = EOS
+    ids, _ = document_ids_and_positions(tokens, eos_id=EOS)
+    pos = torch.arange(1024)
+
+    def mask_mod(b, h, q, kv):
+        return _allowed(ids[b, q], ids[b, kv], pos[q], pos[kv])
+
+    chunk = 2 * FLEX_BLOCK * 1024 * 2  # two query tiles of both rows
+    with Largest() as ours:
+        blockwise_block_mask(mask_mod, ids, ids, pos, pos, chunk_elements=chunk)
+    with Largest() as whole:
+        create_block_mask(mask_mod, 2, None, 1024, 1024, device="cpu")
+    dense = 2 * 1024 * 1024
+    assert whole.bytes >= dense and ours.bytes <= chunk < dense
+    print(f"largest tensor building a 2 x 1024 x 1024 BlockMask: {ours.bytes} bytes blockwise,"
+          f" {whole.bytes} by create_block_mask")

@@ -39,7 +39,11 @@ CHATML = ("{% for message in messages %}{% if loop.first and message['role'] != 
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sft_tok")
+    return trained_tokenizer(tmp_path_factory.mktemp("sft_tok"))
+
+
+def trained_tokenizer(root: Path) -> Path:
+    """A 320-token BPE trained on WORDS and the default template's markers: its folder."""
     rnd = random.Random(0)
     corpus = root / "corpus.txt"
     corpus.write_text(" ".join(rnd.choices(WORDS, k=4000)) + " <|user|> <|end|> <|assistant|>")
@@ -104,7 +108,8 @@ def test_tokenizer_chat_template_is_used_and_masked(tok_dir, tmp_path):
 
 
 def test_eos_inside_conversations_is_counted_and_warned(tok_dir, tmp_path):
-    """A template that ends turns with EOS: document masking would cut conversations there."""
+    """A template that ends turns with EOS: counted, and conversations end with another token
+    (tests/unit/test_sft_document_mask.py: document masking keeps them whole)."""
     folder = tmp_path / "eos_turns"
     folder.mkdir()
     (folder / "tokenizer.json").write_bytes((tok_dir / "tokenizer.json").read_bytes())
@@ -120,9 +125,11 @@ def test_eos_inside_conversations_is_counted_and_warned(tok_dir, tmp_path):
            str(tmp_path / "out"), str(chats)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert json.loads((tmp_path / "out" / MANIFEST).read_text())["eos_inside_conversations"] \
-        == len(TWO_TURNS)
-    assert "warning: 5 EOS tokens inside conversations" in done.stdout
+    m = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    assert m["eos_inside_conversations"] == len(TWO_TURNS)
+    assert m["document_separator_id"] == m["pad_id"] != m["tokenizer"]["eos_id"]
+    assert ("5 EOS tokens inside conversations (the chat template ends turns with EOS): "
+            "conversations end with '<pad>' (id 2) instead") in done.stdout
 
 
 def test_a_template_that_hides_the_content_is_refused(tok_dir):
