@@ -110,3 +110,23 @@ def test_missing_tiktoken_is_a_clear_error(tok_dir, monkeypatch):
     with pytest.raises(ValueError, match=r"needs the `tiktoken` package.*pip install"):
         load_tokenizer(tok_dir)
     assert read_tokenizer_info(tok_dir).vocab_size == N_RANKS + 256  # resolve() needs no library
+
+
+def test_export_writes_a_tokenizer_autotokenizer_loads(tok_dir, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from training.export import export_tokenizer
+
+    out = tmp_path / "export"
+    out.mkdir()
+    info = export_tokenizer(str(tok_dir), out)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "special_tokens_map.json", "tokenizer.model", "tokenizer_config.json"]
+    loaded = transformers.AutoTokenizer.from_pretrained(out)  # converts the rank file
+    ours = load_tokenizer(tok_dir)
+    assert len(loaded) == info.vocab_size
+    assert (loaded.bos_token_id, loaded.eos_token_id, loaded.pad_token_id) == \
+        (info.bos_id, info.eos_id, info.pad_id)
+    for text in SAMPLES:
+        if "<|" not in text:  # transformers splits special-token text out; data prepare does not
+            assert loaded(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
+    assert loaded.convert_ids_to_tokens([N_RANKS + 9]) == ["<|eot_id|>"]
