@@ -10,6 +10,7 @@ approximation. The weights (training/hf_import.py) are `model.safetensors`, or s
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from conf.errors import ProblemList
@@ -26,6 +27,9 @@ SHAPE_KNOBS = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_siz
                "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                "rope_original_max_seq_len")
 """Model knobs a checkpoint's weights or logits depend on (max_seq_len and init_std do not)."""
+USER_WINS = ("max_seq_len", "init_std")
+"""Knobs config.json only proposes: an explicit `model.<knob>=` override replaces its value (the
+weights and logits do not depend on them). An explicit shape knob must agree with config.json."""
 
 _HF_KEYS = {"n_layers": "num_hidden_layers", "dim": "hidden_size",
             "n_heads": "num_attention_heads", "ffn_dim": "intermediate_size",
@@ -61,6 +65,53 @@ def read_hf_model_config(path: str | Path, *, key: str,
     for rule in refusals:
         problems.add(key, path, f"{CONFIG_FILE}: {rule}", fix)
     return None if refusals else knobs
+
+
+def explicit_model_keys(overrides: Iterable[str]) -> frozenset[str]:
+    """The `model.<knob>` keys that command-line overrides (`key=v`, `+key=v`, `++key=v`) set."""
+    from conf.compose import try_parse_override
+
+    parsed = (try_parse_override(line)[0] for line in overrides)
+    return frozenset(p.key for p in parsed
+                     if p is not None and p.key.startswith("model.") and not p.is_delete)
+
+
+def apply_explicit(knobs: dict[str, object], *, model: object, explicit: Collection[str],
+                   path: str, problems: ProblemList) -> dict[str, object]:
+    """config.json's `knobs`, less the USER_WINS knobs the user set explicitly (`explicit`:
+    keys such as "model.n_layers"); an explicit shape knob that differs from config.json is a
+    problem naming both values, never silently replaced."""
+    out = dict(knobs)
+    for name, from_file in knobs.items():
+        if f"model.{name}" not in explicit:
+            continue
+        if name in USER_WINS:
+            del out[name]
+            continue
+        given = getattr(model, name)
+        if name == "n_kv_heads" and given == -1:  # -1 = n_heads (of config.json here)
+            given = knobs["n_heads"]
+        if given != from_file:
+            problems.add(f"model.{name}", _shown(given),
+                         f"conflicts with {name}={_shown(from_file)} ({_hf_key(name)} in "
+                         f"{Path(path) / CONFIG_FILE}): with model.path the shape comes from "
+                         f"that file",
+                         f"drop model.{name}= or set it to {_shown(from_file)}; for another "
+                         f"shape, use a model group without model.path")
+    return out
+
+
+def _shown(value: object) -> object:
+    return str(value).lower() if isinstance(value, bool) else getattr(value, "value", value)
+
+
+def _hf_key(name: str) -> str:
+    """The config.json key a knob comes from, for messages."""
+    keys = {**_HF_KEYS, **{k: f"rope_scaling.{v}" for k, v in _LLAMA3_KEYS.items()},
+            "n_kv_heads": "num_key_value_heads", "norm_eps": "rms_norm_eps",
+            "tie_embeddings": "tie_word_embeddings", "rope_theta": "rope_theta",
+            "rope_scaling": "rope_scaling.rope_type", "attention_bias": "architectures"}
+    return keys.get(name, name)
 
 
 def _knobs(hf: dict) -> tuple[dict[str, object], list[str]]:

@@ -131,7 +131,7 @@ def check_tokenizer(d: DataConfig, *, vocab_size: int, problems: ProblemList) ->
         info = read_tokenizer_info(d.tokenizer)
     except ValueError as err:
         problems.add("data.tokenizer", d.tokenizer, str(err),
-                     "give a tokenizer.json or a folder holding one")
+                     "give a tokenizer.json, a tiktoken rank file, or a folder holding one")
         return
     if vocab_size < info.vocab_size:
         problems.add("model.vocab_size", vocab_size, f"below the tokenizer's vocab size "

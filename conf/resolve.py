@@ -8,13 +8,15 @@ from __future__ import annotations
 import glob
 import math
 import os
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
 from conf import name_rules, rules
 from conf.document_rules import resolve_document_eos
 from conf.errors import ProblemList
-from conf.hf_model_config import check_hf_load_from, is_hf_model_dir, read_hf_model_config
+from conf.hf_model_config import (apply_explicit, check_hf_load_from, is_hf_model_dir,
+                                  read_hf_model_config)
 from conf.split_rules import check_model_split, check_recompute
 from conf.parallel_rules import resolve_parallel
 from conf.prepared import check_tokenizer, resolve_prepared, resolve_sources
@@ -34,13 +36,16 @@ HF_MODEL_OPTION = "hf"
 """The model group option whose shape comes from model.path (conf/model/hf.yaml)."""
 
 
-def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True) -> RunSpec:
-    """Fill every auto value and check every rule; raise one ConfigError listing all problems."""
+def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
+            explicit: Collection[str] = ()) -> RunSpec:
+    """Fill every auto value and check every rule; raise one ConfigError listing all problems.
+    `explicit`: the keys the user's overrides set (conf.hf_model_config.explicit_model_keys);
+    with model.path, an explicit shape knob must agree with that folder's config.json."""
     problems = ProblemList()
     cfg = rules.typed_lists(rules.finite_floats(cfg, problems), problems)
     host = target_host(cfg.cluster, local=host)
     device = _resolve_device(cfg, host, problems)
-    model = _resolve_model(cfg, problems)
+    model = _resolve_model(cfg, problems, explicit)
     procs = _resolve_procs_per_node(cfg, host, device, problems)
     parallel = resolve_parallel(cfg.parallel, world_size=cfg.cluster.nodes * procs,
                                 nodes=cfg.cluster.nodes, problems=problems)
@@ -98,7 +103,7 @@ def _resolve_device(cfg: RunConfig, host: HostSpec, problems: ProblemList) -> De
     return wanted
 
 
-def _resolve_model(cfg: RunConfig, problems: ProblemList) -> ModelSpec:
+def _resolve_model(cfg: RunConfig, problems: ProblemList, explicit: Collection[str]) -> ModelSpec:
     """The model knobs; with model.path, the shape comes from that folder's config.json."""
     m = cfg.model
     if m.name == HF_MODEL_OPTION and not m.path:
@@ -106,6 +111,7 @@ def _resolve_model(cfg: RunConfig, problems: ProblemList) -> ModelSpec:
                      "set model.path=<a Hugging Face model folder (config.json + safetensors)>")
     if m.path:
         knobs = read_hf_model_config(m.path, key="model.path", problems=problems) or {}
+        knobs = apply_explicit(knobs, model=m, explicit=explicit, path=m.path, problems=problems)
         if "rope_scaling" in knobs:
             knobs["rope_scaling"] = RopeScaling(knobs["rope_scaling"])
         m = replace(m, **knobs, path=_absolute(m.path))

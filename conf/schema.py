@@ -123,7 +123,9 @@ class ModelConfig:
     """rope_scaling=llama3: the context length the model was pre-trained with before scaling."""
     path: str = ""
     """A Hugging Face model folder (`model=hf`): resolve() reads the shape above from its
-    config.json (Llama or Qwen2), and the run starts from its safetensors weights."""
+    config.json (Llama or Qwen2), and the run starts from its safetensors weights. A shape knob
+    given on the command line must agree with config.json (else an error); max_seq_len and
+    init_std given there replace config.json's."""
 
 
 @dataclass
@@ -236,7 +238,8 @@ class DataConfig:
     """files only: a folder made by `meshrun data prepare`; trains on its train shards,
     evaluates on its val shards, dtype from its manifest (leave train_files/val_files empty)."""
     tokenizer: str = ""
-    """A Hugging Face tokenizer.json (or a folder holding one); empty = byte-level. Checked
+    """A Hugging Face tokenizer.json, a tiktoken rank file (*.tiktoken, Llama 3's
+    tokenizer.model), or a folder holding one; empty = byte-level. Checked
     against model.vocab_size, and against the tokenizer data.prepared was made with."""
     sources: list[str] = field(default_factory=list)
     """files only, instead of data.prepared: several prepared dirs (`meshrun data prepare`,

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from conf.compose import compose_config, config_yaml
 from conf.errors import ConfigError, Problem, ProblemList
+from conf.hf_model_config import explicit_model_keys
 from conf.resolve import resolve
 from conf.search_path import add_config_dirs, user_config_dirs
 from conf.spec import RunSpec
@@ -40,7 +41,8 @@ from parallel.cost.plan import make_plan
 def compose_spec(overrides: list[str]) -> tuple[RunSpec, str]:
     """Overrides -> validated RunSpec and the composed config as YAML."""
     cfg = compose_config(overrides)
-    return resolve(cfg, host=probe_host()), config_yaml(cfg)
+    spec = resolve(cfg, host=probe_host(), explicit=explicit_model_keys(overrides))
+    return spec, config_yaml(cfg)
 
 
 def plan(overrides: list[str], *, console: Console, attention: str = "full",

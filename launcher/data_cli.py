@@ -28,7 +28,9 @@ def register(sub) -> None:
     train.add_argument("files", nargs="+")
     train.set_defaults(handler=train_tokenizer)
     prep = verbs.add_parser("prepare", help="tokenize text/JSONL/Parquet into token shards")
-    prep.add_argument("--tokenizer", required=True, help="tokenizer.json or a folder holding one")
+    prep.add_argument("--tokenizer", required=True,
+                      help="tokenizer.json, a tiktoken rank file (*.tiktoken, Llama 3 "
+                           "tokenizer.model), or a folder holding one")
     prep.add_argument("--out", required=True, help="prepared dir (shards + manifest.json)")
     prep.add_argument("--text-field", default="text", help="JSONL: the field holding the text")
     prep.add_argument("--column", default="text", help="Parquet: the column holding the text")

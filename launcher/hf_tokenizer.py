@@ -1,17 +1,23 @@
-"""Hugging Face `tokenizers` tokenizers for meshrun data: load one, train a BPE on local text.
+"""Tokenizers for meshrun data: load one, train a BPE on local text.
 
-A tokenizer is a `tokenizer.json` (or a folder holding one, as a Hugging Face model dir does).
-Special token ids come from conf.tokenizer_info (shared with resolve()), so the launcher, the
-manifest and the pre-launch checks agree on them. Byte-level data (data=stdlib) needs none of this.
+A tokenizer is a Hugging Face `tokenizer.json` (the `tokenizers` library), or a tiktoken BPE
+rank file (`*.tiktoken`, Llama 3's `tokenizer.model`; the optional `tiktoken` library), or a
+folder holding one, as a Hugging Face model dir does. Special token ids come from
+conf.tokenizer_info (shared with resolve()), so the launcher, the manifest and the pre-launch
+checks agree on them. Byte-level data (data=stdlib) needs none of this.
 """
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from conf.tokenizer_info import TOKENIZER_FILE, TokenizerInfo, read_tokenizer_info, tokenizer_file
 
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+"""How Llama 3 (and tiktoken's cl100k_base) splits text before the BPE merges."""
 TRAINED_SPECIALS = ("<s>", "</s>", "<pad>")
 """BOS, EOS and pad of a tokenizer made by `meshrun data train-tokenizer` (ids 0, 1, 2)."""
 
@@ -26,13 +32,47 @@ def import_tokenizers():
     return tokenizers
 
 
+def import_tiktoken():
+    """The `tiktoken` module, or ValueError saying how to get it."""
+    try:
+        import tiktoken
+    except ImportError:
+        raise ValueError("a tiktoken rank file needs the `tiktoken` package, which is not "
+                         "installed (fix: pip install 'meshrun[tiktoken]', or pip install "
+                         "tiktoken)") from None
+    return tiktoken
+
+
+def load_backend(info: TokenizerInfo):
+    """The library's tokenizer for `info`: tokenizers.Tokenizer, or tiktoken.Encoding."""
+    if info.kind != "tiktoken":
+        return import_tokenizers().Tokenizer.from_file(info.path)
+    tiktoken = import_tiktoken()
+    raw = Path(info.path).read_bytes()  # not tiktoken's loader: it caches by path, in /tmp
+    pairs = raw.split()
+    ranks = {base64.b64decode(token): int(rank) for token, rank in zip(pairs[::2], pairs[1::2])}
+    first_special = info.vocab_size - len(info.specials)
+    return tiktoken.Encoding(name=Path(info.path).name, pat_str=LLAMA3_PATTERN,
+                             mergeable_ranks=ranks,
+                             special_tokens={name: first_special + i
+                                             for i, name in enumerate(info.specials)})
+
+
+def encode_batch(backend, texts: Sequence[str], *, kind: str) -> list[list[int]]:
+    """Ids of each text alone: no BOS/EOS added; with tiktoken, special-token text is
+    ordinary text (a document cannot end itself by quoting `<|end_of_text|>`)."""
+    if kind == "tiktoken":
+        return backend.encode_ordinary_batch(list(texts))
+    return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
+
+
 @dataclass(frozen=True)
 class Tokenizer:
     """A loaded tokenizer and its facts (vocab size, special ids, file hash)."""
 
     info: TokenizerInfo
     backend: object
-    """tokenizers.Tokenizer"""
+    """tokenizers.Tokenizer, or tiktoken.Encoding (info.kind == "tiktoken")."""
 
     @property
     def vocab_size(self) -> int:
@@ -40,12 +80,14 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text` alone: no BOS/EOS added (documents get those in `data prepare`)."""
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+        return encode_batch(self.backend, texts, kind=self.info.kind)
 
     def decode(self, ids: Sequence[int]) -> str:
+        if self.info.kind == "tiktoken":
+            return self.backend.decode(list(ids))
         return self.backend.decode(list(ids), skip_special_tokens=False)
 
 
@@ -54,9 +96,7 @@ def load_tokenizer(path: str | Path, *, bos_token: str = "", eos_token: str = ""
     """ValueError with the reason for a missing, unreadable or inconsistent tokenizer."""
     info = read_tokenizer_info(path, bos_token=bos_token, eos_token=eos_token,
                                pad_token=pad_token)
-    tokenizers = import_tokenizers()
-    backend = tokenizers.Tokenizer.from_file(info.path)
-    return Tokenizer(info=info, backend=backend)
+    return Tokenizer(info=info, backend=load_backend(info))
 
 
 def train_bpe(files: Sequence[str | Path], *, vocab_size: int, out_dir: str | Path,

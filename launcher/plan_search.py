@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.compose import compose_config
+from conf.hf_model_config import explicit_model_keys
 from conf.errors import ConfigError, Problem
 from conf.resolve import resolve
 from conf.schema import RecomputeConfig, RecomputeMode, RunConfig
@@ -55,7 +56,8 @@ def plan_search(overrides: list[str], *, console: Console, top: int = 10,
         raise _bad("--top", top, "must be at least 1", "e.g. --top 10")
     cfg = compose_config(overrides)
     global_batch_size = batch_sequences(cfg, global_batch_tokens)
-    base = resolve(neutral_layout(cfg), host=probe_host(), check_paths=False)
+    base = resolve(neutral_layout(cfg), host=probe_host(), check_paths=False,
+                   explicit=explicit_model_keys(overrides))
     result = search(cfg, base, global_batch_size=global_batch_size,
                     policies=recompute_policies(), top=top)
     if write_sweep is not None:

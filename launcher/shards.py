@@ -31,7 +31,7 @@ import numpy as np
 
 from conf.prepared import FORMAT, MANIFEST, SPLITS, incomplete_shards, read_manifest
 from launcher.documents import expand_inputs, read_documents
-from launcher.hf_tokenizer import load_tokenizer
+from launcher.hf_tokenizer import encode_batch, load_tokenizer
 
 PROGRESS = "progress.json"
 CHUNK_DOCS = 512
@@ -262,13 +262,12 @@ def _chunks(files: list[Path], options: PrepareOptions) -> Iterator[tuple[int, l
 _WORKER: dict = {}
 
 
-def _init_worker(path: str, bos_id: int | None, eos_id: int, val_fraction: float,
-                 threads: bool) -> None:
+def _init_worker(info, val_fraction: float, threads: bool) -> None:
     if not threads:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from launcher.hf_tokenizer import import_tokenizers
+    from launcher.hf_tokenizer import load_backend
 
-    _WORKER.update(backend=import_tokenizers().Tokenizer.from_file(path), bos=bos_id, eos=eos_id,
+    _WORKER.update(backend=load_backend(info), kind=info.kind, bos=info.bos_id, eos=info.eos_id,
                    f=val_fraction)
 
 
@@ -276,12 +275,12 @@ def _encode_chunk(task: tuple[int, list[str]]):
     """(characters, ((train tokens, train docs), (val tokens, val docs))) for one chunk."""
     first, docs = task
     w = _WORKER
-    encoded = w["backend"].encode_batch(docs, add_special_tokens=False)
+    encoded = encode_batch(w["backend"], docs, kind=w["kind"])
     head = [] if w["bos"] is None else [w["bos"]]
     parts: dict[bool, list[list[int]]] = {False: [], True: []}
-    for i, e in enumerate(encoded, first):
+    for i, ids in enumerate(encoded, first):
         is_val = math.floor((i + 1) * w["f"]) > math.floor(i * w["f"])
-        parts[is_val].append(head + e.ids + [w["eos"]])
+        parts[is_val].append(head + ids + [w["eos"]])
     out = tuple((np.fromiter((t for doc in parts[v] for t in doc), dtype=np.uint32),
                  len(parts[v])) for v in (False, True))
     return sum(len(d) for d in docs), out
@@ -292,7 +291,7 @@ def _encode_all(files: list[Path], info, options: PrepareOptions, workers: int, 
     """Encoded chunks in order, after the first `skip` (read, not tokenized): in this process
     for workers=1, else a process pool."""
     workers = workers or os.cpu_count() or 1
-    init = (info.path, info.bos_id, info.eos_id, options.val_fraction, workers == 1)
+    init = (info, options.val_fraction, workers == 1)
     chunks = itertools.islice(_chunks(files, options), skip, None)
     if workers == 1:
         _init_worker(*init)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from conf.compose import compose_many
 from conf.errors import ConfigError, Problem
+from conf.hf_model_config import explicit_model_keys
 from conf.resolve import resolve
 from conf.schema import RunConfig
 from conf.spec import HostSpec, RunSpec
@@ -42,7 +43,7 @@ def _check(point: Point, config: RunConfig | ConfigError, host: HostSpec) -> Che
     if isinstance(config, ConfigError):
         return Checked(point=point, problems=tuple(config.problems), title=config.title)
     try:
-        spec = resolve(config, host=host)
+        spec = resolve(config, host=host, explicit=explicit_model_keys(point.overrides))
     except ConfigError as err:
         return Checked(point=point, problems=tuple(err.problems), title=err.title)
     problems = _sweep_rules(spec)

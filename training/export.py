@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 from conf.spec import ModelSpec
-from conf.tokenizer_info import TOKENIZER_FILE, TokenizerInfo, read_tokenizer_info
+from conf.tokenizer_info import (TIKTOKEN_MODEL, TOKENIZER_FILE, TokenizerInfo,
+                                  read_tokenizer_info)
 from parallel.cost.params import parameter_shapes
 
 # Our state-dict name -> Hugging Face Llama name; "{i}" is the block index.
@@ -169,17 +170,26 @@ def _model_dir_tokenizer(model: ModelSpec) -> str:
 
 
 def export_tokenizer(tokenizer: str, out_dir: Path) -> TokenizerInfo | None:
-    """Copy tokenizer.json and write tokenizer_config.json (the source's, completed) and
-    special_tokens_map.json next to the weights; None when the run has no tokenizer."""
+    """Copy the tokenizer file (tokenizer.json, or a tiktoken rank file as tokenizer.model,
+    which transformers converts on load) and write tokenizer_config.json (the source's,
+    completed) and special_tokens_map.json next to the weights; None when the run has none."""
     if not tokenizer:
         return None
     info = read_tokenizer_info(tokenizer)
     source = Path(info.path)
-    (out_dir / TOKENIZER_FILE).write_bytes(source.read_bytes())
-    names = _special_names(json.loads(source.read_text()), info)
     config_path = source.parent / "tokenizer_config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    if info.kind == "tiktoken":
+        (out_dir / TIKTOKEN_MODEL).write_bytes(source.read_bytes())
+        first = info.vocab_size - len(info.specials)
+        by_id = {first + i: name for i, name in enumerate(info.specials)}
+        config.setdefault("extra_special_tokens", list(info.specials))  # ids first, first+1...
+    else:
+        (out_dir / TOKENIZER_FILE).write_bytes(source.read_bytes())
+        by_id = _names_by_id(json.loads(source.read_text()))
+    ids = {"bos_token": info.bos_id, "eos_token": info.eos_id, "pad_token": info.pad_id}
+    names = {key: by_id[i] for key, i in ids.items() if i is not None and i in by_id}
     for key, name in names.items():
         config.setdefault(key, name)
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -187,13 +197,12 @@ def export_tokenizer(tokenizer: str, out_dir: Path) -> TokenizerInfo | None:
     return info
 
 
-def _special_names(data: dict, info: TokenizerInfo) -> dict[str, str]:
-    """bos_token/eos_token/pad_token -> the token's text, for the ids the tokenizer has."""
+def _names_by_id(data: dict) -> dict[int, str]:
+    """id -> token text over a tokenizer.json's vocab and added tokens."""
     vocab = data["model"].get("vocab")
     by_id = {int(i): str(token) for token, i in vocab.items()} if isinstance(vocab, dict) else {}
     by_id.update({int(t["id"]): t["content"] for t in data.get("added_tokens") or []})
-    ids = {"bos_token": info.bos_id, "eos_token": info.eos_id, "pad_token": info.pad_id}
-    return {key: by_id[i] for key, i in ids.items() if i is not None and i in by_id}
+    return by_id
 
 
 def make_shareable(path: Path) -> None:

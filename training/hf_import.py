@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -56,12 +57,36 @@ def local_region(param: torch.Tensor) -> tuple[slice, ...]:
     return tuple(slice(start, start + size) for start, size in zip(offset, shape))
 
 
+@dataclass(frozen=True, slots=True)
+class TensorRead:
+    """One slice read from a safetensors file."""
+
+    file: str
+    """The file's name in the folder."""
+    tensor: str
+    """The Hugging Face tensor name."""
+    region: tuple[tuple[int, int], ...]
+    """[start, stop) per tensor dim."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """What one load_hf_weights call opened and read."""
+
+    opened: tuple[str, ...]
+    """The names of the files it opened, in order."""
+    reads: tuple[TensorRead, ...]
+
+
 @torch.no_grad()
-def load_hf_weights(module: nn.Module, *, folder: str | Path) -> None:
+def load_hf_weights(module: nn.Module, *, folder: str | Path) -> LoadRecord:
     """Fill every parameter of `module` (a model or a pipeline stage, materialised, maybe
-    sharded) with its slice of `folder`'s weights. ValueError names missing or extra tensors."""
+    sharded) with its slice of `folder`'s weights, opening a file only when one of its
+    tensors is needed; return what it opened and read. ValueError names missing or extra
+    tensors."""
     files = weight_files(folder)
     _check_names(module, files, folder)
+    reads = []
     with ExitStack() as stack:
         opened: dict[Path, object] = {}
         for name, param in module.named_parameters():
@@ -69,9 +94,12 @@ def load_hf_weights(module: nn.Module, *, folder: str | Path) -> None:
             path = files[source]
             if path not in opened:
                 opened[path] = stack.enter_context(safe_open(str(path), framework="pt"))
-            value = opened[path].get_slice(source)[local_region(param)]
+            region = local_region(param)
+            value = opened[path].get_slice(source)[region]
             local = param.to_local() if isinstance(param, DTensor) else param
             local.copy_(value.to(dtype=local.dtype, device=local.device))
+            reads.append(TensorRead(path.name, source, tuple((r.start, r.stop) for r in region)))
+        return LoadRecord(opened=tuple(p.name for p in opened), reads=tuple(reads))
 
 
 def _check_names(module: nn.Module, files: dict[str, Path], folder: str | Path) -> None:

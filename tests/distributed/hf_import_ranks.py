@@ -1,6 +1,9 @@
 """Rank-side code of tests/distributed/test_hf_import_layouts.py: build a run's model under its
-layout with a Hugging Face folder's weights, and report what this rank holds and computes."""
+layout with a Hugging Face folder's weights, and report what this rank holds, reads and
+computes."""
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from safetensors.torch import load_file
@@ -9,7 +12,7 @@ from torch.distributed.tensor import DTensor
 from conf.spec import RunSpec
 from conf.spec_io import spec_from_dict
 from training.export import hf_name
-from training.hf_import import weight_files
+from training.hf_import import load_hf_weights, weight_files
 
 CPU = torch.device("cpu")
 
@@ -23,17 +26,20 @@ def _hf_tensors(folder: str) -> dict[str, torch.Tensor]:
 def hf_layout_rank(*, rank: int, world_size: int, spec_dicts: list[dict],
                    tokens: torch.Tensor) -> list[dict]:
     """Per spec: every parameter, gathered whole, equals its Hugging Face tensor (checked here,
-    by name); the names this rank holds, how many it holds only a shard of, and the logits
-    (when one forward gives them)."""
+    by name); this rank's mesh coordinates, the names it holds, how many it holds only a shard
+    of, their local shapes and element count, the files the loader opens and the slices it
+    reads for them, the logits
+    (when one forward gives them) and the token-loss sum of tokens[:, 1:] (last stage)."""
     from parallel.data_parallel import unwrap
     from training.parallel_model import build_parallel_model
+    from training.step import eval_loss_sum
 
     reports = []
     for spec_dict in spec_dicts:
         spec = spec_from_dict(RunSpec, spec_dict)
         layout = build_parallel_model(spec, rank=rank, device=CPU)
         hf = _hf_tensors(spec.model.path)
-        held, sharded, shapes = [], 0, {}
+        held, sharded, shapes, local_numel = [], 0, {}, 0
         for part in layout.parts:
             for name, param in unwrap(part).named_parameters():
                 local = param.to_local() if isinstance(param, DTensor) else param
@@ -42,11 +48,22 @@ def hf_layout_rank(*, rank: int, world_size: int, spec_dicts: list[dict],
                 held.append(name)
                 shapes[name] = tuple(local.shape)
                 sharded += local.numel() < param.numel()
+                local_numel += local.numel()
+        # The loader's own record of what it opens and reads for these parts (the call
+        # materialize made).
+        records = [load_hf_weights(unwrap(part), folder=spec.model.path) for part in layout.parts]
+        reads = [r for record in records for r in record.reads]
+        opened = [name for record in records for name in record.opened]
         logits = None
         if layout.dims.pp == 1:
             with torch.no_grad():
-                logits = unwrap(layout.parts[0])(tokens)
+                logits = unwrap(layout.parts[0])(tokens[:, :-1])
             logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
-        reports.append({"layout": spec.parallel.name, "held": sorted(held),
-                        "sharded": sharded, "local_shapes": shapes, "logits": logits})
+        loss_sum, _ = eval_loss_sum(layout, tokens[:, :-1], tokens[:, 1:], device=CPU,
+                                    autocast=contextlib.nullcontext())
+        reports.append({"layout": spec.parallel.name, "coords": layout.coords,
+                        "held": sorted(held), "sharded": sharded, "local_shapes": shapes,
+                        "local_numel": local_numel, "reads": reads, "opened": opened,
+                        "logits": logits,
+                        "loss_sum": loss_sum if layout.reports_loss else None})
     return reports

@@ -1,5 +1,8 @@
-"""End to end: train a BPE, `meshrun data prepare` a corpus, `meshrun run data=files
-data.prepared=DIR` trains 3 steps on the shards (one torchrun rank)."""
+"""End to end, one launch: train a BPE, `meshrun data prepare` a corpus, then
+`meshrun run model=hf model.path=DIR data=files data.prepared=...` (one torchrun rank) starts
+from a transformers Llama (llama3 RoPE, tied embeddings), trains 3 steps on the shards (the
+first loss is transformers' loss on the same batch) and exports; transformers'
+AutoModelForCausalLM and AutoTokenizer load the export."""
 from __future__ import annotations
 
 import json
@@ -19,7 +22,7 @@ def meshrun(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_run_trains_three_steps_on_prepared_shards(tmp_path):
+def test_hf_model_trains_on_prepared_shards_and_exports(tmp_path):
     rnd = random.Random(1)
     words = "alpha beta gamma delta tokens shards loss falls".split()
     for i in range(30):
@@ -31,15 +34,53 @@ def test_run_trains_three_steps_on_prepared_shards(tmp_path):
     done = meshrun("data", "prepare", "--tokenizer", str(tmp_path / "tok"), "--out",
                    str(tmp_path / "prep"), "--val-fraction", "0.2", "--workers", "1", *files)
     assert done.returncode == 0, done.stderr
-    done = meshrun("run", "model=tiny", "data=files", f"data.prepared={tmp_path / 'prep'}",
-                   f"data.tokenizer={tmp_path / 'tok'}", "model.vocab_size=320",
+    from tests.unit.test_hf_import import make_llama  # imports torch and transformers
+
+    reference = make_llama(tmp_path / "hf", tied=True)  # vocab 300, 2 layers, dim 64
+    done = meshrun("run", "model=hf", f"model.path={tmp_path / 'hf'}", "data=files",
+                   f"data.prepared={tmp_path / 'prep'}", f"data.tokenizer={tmp_path / 'tok'}",
                    "training.steps=3", "training.seq_len=32", "training.micro_batch_size=4",
                    "training.eval_every=0", "training.eval_batches=1", "checkpoint.every_steps=0",
-                   "checkpoint.export_safetensors=false", "logging=disabled",
-                   "cluster.procs_per_node=1", f"runs_dir={tmp_path / 'runs'}")
+                   "logging=disabled", "cluster.procs_per_node=1", f"runs_dir={tmp_path / 'runs'}")
     assert done.returncode == 0, done.stdout + done.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert sorted(r["step"] for r in rows if r["kind"] == "train") == [1, 2, 3]
+    losses = {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+    assert sorted(losses) == [1, 2, 3]
     spec = json.loads((run_dir / "spec.json").read_text())
     assert spec["data"]["dtype"] == "uint16" and spec["data"]["prepared"].endswith("prep")
+    assert losses[1] == pytest.approx(_reference_first_loss(reference, run_dir), rel=1e-5)
+    _check_export(run_dir / "export", reference, tmp_path / "tok")
+
+
+def _reference_first_loss(reference, run_dir: Path) -> float:
+    """transformers' mean token loss on the batch the run's step 1 trained on."""
+    import torch
+    import torch.nn.functional as F
+
+    from conf.rundir import RunDir
+    from training.data import build_train_batches
+
+    spec = RunDir(run_dir).read_spec()
+    ((inputs, targets),) = build_train_batches(spec.data, spec.training, dp_rank=0,
+                                               dp_size=1).next_step()
+    with torch.no_grad():
+        logits = reference(inputs).logits
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
+
+
+def _check_export(export: Path, reference, tokenizer: Path) -> None:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert model.config.rope_parameters["rope_type"] == "llama3"
+    trained, start = model.state_dict(), reference.state_dict()
+    assert set(trained) == set(start)
+    assert not torch.equal(trained["model.layers.0.mlp.up_proj.weight"],
+                           start["model.layers.0.mlp.up_proj.weight"])  # 3 steps moved it
+    loaded = transformers.AutoTokenizer.from_pretrained(export)
+    ours = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer / "tokenizer.json"))
+    assert loaded("gamma tokens falls")["input_ids"] == ours("gamma tokens falls")["input_ids"]
+    assert (loaded.bos_token, loaded.eos_token) == ("<s>", "</s>")
