@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from conf.parallel_rules import SPLIT_BACKWARD_SCHEDULES
 from conf.schema import RecomputeMode
 from conf.spec import ParallelSpec, RecomputeSpec, RunSpec
 from parallel.cost.activations import (
@@ -28,7 +29,7 @@ from parallel.cost.memory import (
     PARAM_BYTES, STEP_BYTES, MemoryEstimate, autocast_keeps_copy, zero1_shares,
 )
 from parallel.cost.params import (
-    fsdp_local_numel, held_layers, held_parameters, numel, parameter_shapes, tp_local_shape,
+    EMBEDDING, fsdp_local_numel, held_layers, held_parameters, numel, parameter_shapes, tp_local_shape,
 )
 from parallel.cost.search_space import Candidate
 
@@ -64,6 +65,7 @@ class MemoryTable:
         p, recompute = candidate.parallel, candidate.recompute
         fsdp = p.uses_fsdp
         copies = self._memo(("copies", *_layout(p), p.tp, fsdp, p.zero if fsdp else None,
+                             p.pp_schedule in SPLIT_BACKWARD_SCHEDULES if fsdp else None,
                              None if fsdp or self.compute >= PARAM_BYTES else recompute),
                             self._copies, p, recompute)
         kept = self._memo(("act", *_layout(p), p.pp_schedule, p.pp_microbatches, p.tp,
@@ -144,9 +146,12 @@ class MemoryTable:
         layers = self._holding(p, pp_rank).layers
         block_size = sum(numel(local) for _, _, local in block)
         if p.uses_fsdp:
-            root_size = sum(numel(local) for _, _, local in root)
-            gathered = len(layers) if p.zero == 2 else min(2, len(layers))
-            return self.compute * (root_size + gathered * block_size)
+            if p.zero == 2 or p.pp > 1 and p.pp_schedule in SPLIT_BACKWARD_SCHEDULES:
+                root_size = sum(numel(local) for _, _, local in root)
+                return self.compute * (root_size + len(layers) * block_size)
+            head_unit = sum(numel(local) for name, _, local in root
+                            if name != EMBEDDING or self.model.tie_embeddings)
+            return self.compute * (head_unit + min(2, len(layers)) * block_size)
         if self.compute >= PARAM_BYTES:
             return 0
         keeps = (lambda name, shape: autocast_keeps_copy(name, shape, self.model, recompute,
