@@ -1,21 +1,34 @@
 """Seconds from `meshrun run` to the first training step, against a bare `torchrun`.
 
 Both start the same number of CPU ranks on this machine. The bare torchrun runs a trivial
-script (import torch, join a gloo group, all-reduce one tensor, write the time); meshrun runs
-the tiny model for one step. Rounds alternate; medians of each phase are printed, the phases
-read from rank 0's log timestamps (logs/rank0.log) and metrics.jsonl:
+script (import torch, join a gloo group, all-reduce one tensor); meshrun runs the tiny model
+for one step. Rounds alternate; the median of each phase is printed, in seconds from the
+moment the command was started:
 
-    enter -> rank 0 logs      the CLI (imports, compose, resolve, run dir) + torchrun + rank imports
-    -> preflight passed       join/all-reduce/bandwidth check (cluster.preflight)
-    -> peak measured          model build, optimizer, data, the CPU peak (the MFU line)
-    -> step-0 eval            the first validation pass
-    -> step 1 logged          the first training step
+  bare torchrun   rank python started   torchrun itself: python, import torch, spawn the ranks
+                  imports done          the rank's `import torch`
+                  joined                init_process_group (rendezvous)
+                  all-reduce done
+  meshrun run     run dir written       the CLI: imports, compose, resolve, data check, run dir
+                                        (split by the CLI probe below)
+                  rank python started   torchrun itself, as above
+                  imports done          the rank's imports (rank 0's log: "start-up ... imports")
+                  joined                init_process_group (rendezvous)
+                  preflight passed      join/all-reduce/bandwidth check (cluster.preflight)
+                  peak measured         model build, optimizer, data, the CPU peak (MFU line)
+                  train state built     + restore, loggers
+                  step-0 eval           the first validation pass
+                  step 1 logged         the first training step
+
+The CLI probe is a separate process that calls the functions `meshrun run` calls, in its
+order, and times each: imports, Hydra compose, resolve, config YAML, data check, run dir.
 
     PYTHONPATH=$PWD /work/venv/bin/python benchmarks/launch_overhead.py [--rounds 5] [--procs 2]
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -33,38 +46,52 @@ OVERRIDES = ["model=tiny", "data=synthetic", "training.steps=1", "training.seq_l
              "training.grad_accum_steps=-1", "training.eval_every=0", "logging=disabled",
              "checkpoint.every_steps=0", "checkpoint.export_safetensors=false"]
 TRIVIAL = """
-import os, sys, time
+import json, os, sys, time
+started = time.time()
 import torch, torch.distributed as dist
+imported = time.time()
 dist.init_process_group("gloo")
+joined = time.time()
 dist.all_reduce(torch.ones(1))
 if dist.get_rank() == 0:
-    open(sys.argv[1], "w").write(repr(time.time()))
+    marks = {"rank python started": started, "imports done": imported, "joined": joined,
+             "all-reduce done": time.time()}
+    open(sys.argv[1], "w").write(json.dumps(marks))
 dist.destroy_process_group()
 """
-MARKS = {"rank 0 logs": r" rank0 meshrun\.main INFO rank 0/",
-         "preflight passed": r"preflight passed", "peak measured": r"MFU = achieved",
+STARTUP = re.compile(r" rank0 meshrun\.main INFO rank 0/.*start-up ([\d.]+) s: imports "
+                     r"([\d.]+) s")
+MARKS = {"joined": r" rank0 meshrun\.main INFO rank 0/", "preflight passed": r"preflight passed",
+         "peak measured": r"MFU = achieved", "train state built": r"train state built in",
          "step-0 eval": r"step 0: val loss"}
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+WRITTEN_ONCE = ("spec.json", "config.yaml", "overrides.json", "command.txt", "env.json")
 
 
-def bare_torchrun(procs: int, work: Path) -> float:
-    script, done = work / "trivial.py", work / "done.txt"
+def bare_torchrun(procs: int, work: Path) -> dict[str, float]:
+    script, done = work / "trivial.py", work / "done.json"
     script.write_text(TRIVIAL)
     start = time.time()
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                     f"--nproc_per_node={procs}", str(script), str(done)], check=True,
                    capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return float(done.read_text()) - start
+    return {name: t - start for name, t in json.loads(done.read_text()).items()}
 
 
 def _log_times(log: Path) -> dict[str, float]:
     times = {}
     for line in log.read_text().splitlines():
         match = STAMP.match(line)
+        if not match:
+            continue
+        stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
         for name, pattern in MARKS.items():
-            if match and name not in times and re.search(pattern, line):
-                stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
-                times[name] = stamp.timestamp()
+            if name not in times and re.search(pattern, line):
+                times[name] = stamp
+        startup = STARTUP.search(line)
+        if startup:
+            times["rank python started"] = stamp - float(startup.group(1))
+            times["imports done"] = times["rank python started"] + float(startup.group(2))
     return times
 
 
@@ -77,28 +104,84 @@ def meshrun_phases(procs: int, work: Path, extra: list[str]) -> dict[str, float]
     (run_dir,) = list(runs.iterdir())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     marks = _log_times(run_dir / "logs" / "rank0.log")
+    marks["run dir written"] = max((run_dir / name).stat().st_mtime for name in WRITTEN_ONCE)
     marks["step 1 logged"] = next(r["time"] for r in rows if r["kind"] == "train")
     return {name: t - start for name, t in sorted(marks.items(), key=lambda kv: kv[1])}
 
 
+def cli_probe(runs: str, overrides: list[str]) -> None:
+    """Run in its own process: time each step `meshrun run` takes before it starts torchrun."""
+    t0 = time.perf_counter()
+    steps: dict[str, float] = {}
+
+    def done(name: str) -> None:
+        steps[name] = time.perf_counter() - t0 - sum(steps.values())
+
+    importlib.import_module("launcher.cli")  # what `meshrun` imports before it parses
+    from conf.compose import compose_config, config_yaml
+    from conf.resolve import resolve
+    from launcher import commands
+    from launcher.hardware import probe_host
+    from launcher.rundir import create_run_dir
+    done("imports")
+    cfg = compose_config(overrides)
+    done("compose")
+    spec = resolve(cfg, host=probe_host())
+    done("resolve")
+    yaml_text = config_yaml(cfg)
+    done("config yaml")
+    command = commands.launch_command(spec)
+    spec = commands.with_prepared_data(spec)
+    done("data check")
+    create_run_dir(spec, overrides=overrides, config_yaml=yaml_text, command=command)
+    done("run dir")
+    steps["torch imported"] = float("torch" in sys.modules)
+    print(json.dumps(steps))
+
+
+def probe_cli(procs: int, work: Path, extra: list[str]) -> dict[str, float]:
+    runs = work / f"probe{time.monotonic_ns()}"
+    out = subprocess.run([sys.executable, __file__, "--cli-probe", str(runs), *OVERRIDES, *extra,
+                          f"cluster.procs_per_node={procs}", f"runs_dir={runs}"], cwd=REPO,
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def _median(rounds: list[dict[str, float]], name: str) -> float:
+    return statistics.median(r[name] for r in rounds if name in r)
+
+
+def report(procs: int, bare: list[dict], phases: list[dict], cli: list[dict]) -> None:
+    print(f"{procs} CPU ranks, median of {len(bare)} alternating rounds (s from enter):")
+    for label, rounds in (("bare torchrun", bare), ("meshrun run", phases)):
+        for name in sorted(rounds[0], key=lambda n: _median(rounds, n)):
+            print(f"  {label:<13} -> {name:<22} {_median(rounds, name):6.2f}")
+    steps = ", ".join(f"{name} {_median(cli, name):.2f}" for name in cli[0]
+                      if name != "torch imported")
+    print(f"  CLI probe (s each): {steps}; torch imported: {bool(cli[0]['torch imported'])}")
+    rank_imports = _median(phases, "imports done") - _median(phases, "rank python started")
+    bare_imports = _median(bare, "imports done") - _median(bare, "rank python started")
+    print(f"  rank imports: meshrun {rank_imports:.2f} s, bare `import torch` {bare_imports:.2f} s")
+    first = _median(phases, "step 1 logged") - _median(bare, "all-reduce done")
+    print(f"  meshrun overhead over bare torchrun: {first:+.2f} s")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--cli-probe"]:
+        cli_probe(sys.argv[2], sys.argv[3:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("overrides", nargs="*", help="extra meshrun overrides")
     args = parser.parse_args()
-    bare, phases = [], []
+    bare, phases, cli = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             bare.append(bare_torchrun(args.procs, Path(tmp)))
             phases.append(meshrun_phases(args.procs, Path(tmp), args.overrides))
-    print(f"{args.procs} CPU ranks, median of {args.rounds} alternating rounds (s from enter):")
-    print(f"  bare torchrun -> trivial all-reduce done: {statistics.median(bare):6.2f}")
-    for name in phases[0]:
-        values = [p[name] for p in phases if name in p]
-        print(f"  meshrun run -> {name:<24} {statistics.median(values):6.2f}")
-    first = statistics.median(p["step 1 logged"] for p in phases)
-    print(f"  meshrun overhead over bare torchrun: {first - statistics.median(bare):+.2f} s")
+            cli.append(probe_cli(args.procs, Path(tmp), args.overrides))
+    report(args.procs, bare, phases, cli)
 
 
 if __name__ == "__main__":

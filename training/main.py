@@ -8,9 +8,13 @@ import gc
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from conf.rundir import RunDir
+
+STARTED = time.time()
+"""When this rank's Python reached its entry point (interpreter start-up, ~50 ms, is before)."""
 
 
 def setup_logging(run_dir: Path, rank: int) -> None:
@@ -33,19 +37,25 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     from training.loop import train
     from training.train_state import build_train_state
 
+    imported = time.time()
     spec = RunDir(run_dir).read_spec()
     ctx = init_distributed(spec.training.device, join_timeout_s=spec.cluster.preflight_timeout_s)
+    joined = time.time()
     setup_logging(run_dir, ctx.rank)
     log = logging.getLogger("meshrun.main")
-    log.info("rank %d/%d on %s (%s, pid %d), torch %s", ctx.rank, ctx.world_size, ctx.device,
-             node_name(), os.getpid(), torch.__version__)
+    log.info("rank %d/%d on %s (%s, pid %d), torch %s; start-up %.2f s: imports %.2f s, "
+             "join %.2f s", ctx.rank, ctx.world_size, ctx.device, node_name(), os.getpid(),
+             torch.__version__, joined - STARTED, imported - STARTED, joined - imported)
     try:
         if preflight_only or (spec.cluster.preflight and ctx.world_size > 1):
             preflight(spec, run_dir, ctx)
         if preflight_only:
             teardown()
             return "preflight"
+        building = time.time()
         state = build_train_state(spec, run_dir, ctx)
+        log.info("train state built in %.2f s (model, optimizer, data, MFU peak, loggers)",
+                 time.time() - building)
         outcome = train(state)
     except BaseException:
         log.exception("rank %d failed", ctx.rank)
