@@ -78,7 +78,7 @@ def bare_torchrun(procs: int, work: Path) -> dict[str, float]:
     return {name: t - start for name, t in json.loads(done.read_text()).items()}
 
 
-def _log_times(log: Path) -> dict[str, float]:
+def log_marks(log: Path) -> dict[str, float]:
     times = {}
     for line in log.read_text().splitlines():
         match = STAMP.match(line)
@@ -103,7 +103,7 @@ def meshrun_phases(procs: int, work: Path, extra: list[str]) -> dict[str, float]
                    check=True, capture_output=True)
     (run_dir,) = list(runs.iterdir())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    marks = _log_times(run_dir / "logs" / "rank0.log")
+    marks = log_marks(run_dir / "logs" / "rank0.log")
     marks["run dir written"] = max((run_dir / name).stat().st_mtime for name in WRITTEN_ONCE)
     marks["step 1 logged"] = next(r["time"] for r in rows if r["kind"] == "train")
     return {name: t - start for name, t in sorted(marks.items(), key=lambda kv: kv[1])}
