@@ -6,8 +6,9 @@ Needs SLURM_CONF pointing at a cluster, e.g. the local test cluster:
 
 Prints, in seconds from the command's start (median over rounds): the task pickled (submitit's
 *_submitted.pkl written), then from rank 0's log (benchmarks/launch_overhead.py reads it the
-same way) the rank reaching training.main (Slurm scheduling, srun, Python, submitit's unpickle),
-its imports, the join, preflight, the model build, and the first step.
+same way) the rank reaching training.main (Slurm scheduling, srun, Python, submitit's unpickle,
+and `import torch`: training.slurm_entry imports training.dist before training.main), the rest
+of its imports, the join, preflight, the model build, and the first step.
 """
 from __future__ import annotations
 
