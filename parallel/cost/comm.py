@@ -25,12 +25,12 @@ Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a
 - FSDP (zero 2/3) over dp_shard x cp: parameters all-gathered once per micro-batch in forward
   (zero 3: again in backward, after the forward reshard), gradients reduce-scattered once per
   step (the loop turns gradient sync off on all but the last micro-batch:
-  parallel.data_parallel.gradient_sync); one call per FSDP unit (each block, and the root:
-  embedding, norm, head), so the latency is paid L + 1 times;
-- DDP (zero 0/1) over dp_replicate x dp_shard x cp: the model's buffers (the RoPE tables,
-  3 x max_seq_len x head_dim fp32) broadcast from rank 0 before the step's first forward
-  (DistributedDataParallel's broadcast_buffers, on by default, syncs them once per step
-  under no_sync accumulation); gradients all-reduced once per step; zero 1
+  parallel.data_parallel.gradient_sync); one call per FSDP unit (each block, the embedding,
+  and the final norm with the head - one unit with the embedding when tied), so the latency
+  is paid L + 2 times; zero 3 gathers every unit again in backward but the head unit, which
+  is never re-sharded after forward;
+- DDP (zero 0/1) over dp_replicate x dp_shard x cp: gradients all-reduced once per step (the
+  RoPE tables are buffers every rank computes alike: broadcast_buffers is off); zero 1
   also all-gathers the updated parameters from their owners after the optimizer step, one
   call per parameter tensor (each is broadcast by its owner);
 - HSDP: the replicate axis all-reduces the shard's gradients once per step (with the
@@ -197,14 +197,25 @@ class _Shape:
                    tensors=max(1, len(parameter_shapes(m)) // p.pp))
 
 
+def _edge_units(spec: RunSpec) -> int:
+    """FSDP units besides the blocks on the busiest pipeline rank (parallel/fsdp.py): the
+    embedding and the head unit (one unit when tied), or under pp the one the first or the
+    last stage holds."""
+    if spec.parallel.pp > 1 or spec.model.tie_embeddings:
+        return 1
+    return 2
+
+
 def _data_parallel(spec: RunSpec, s: _Shape, link) -> list[Collective]:
     p = spec.parallel
     shard = p.dp_shard * p.cp
     if p.zero in (2, 3):
-        gathers, units = (2 if p.zero == 3 else 1), s.layers + 1
+        units = s.layers + _edge_units(spec)
+        # zero 3 gathers every unit again for backward but the head unit (never re-sharded)
+        gathers = 2 * units - 1 if p.zero == 3 else units
         out = [Collective(axis="fsdp", op="all_gather", group=shard,
                           size_bytes=s.stage_params * s.param_bytes / units,
-                          calls=gathers * s.micro_batches * units, link=link("dp_shard", "cp"),
+                          calls=gathers * s.micro_batches, link=link("dp_shard", "cp"),
                           why=f"zero {p.zero}: each unit gathered {gathers}x per micro-batch"),
                Collective(axis="fsdp", op="reduce_scatter", group=shard,
                           size_bytes=s.stage_params * s.grad_bytes / units,
@@ -218,14 +229,9 @@ def _data_parallel(spec: RunSpec, s: _Shape, link) -> list[Collective]:
                                       "step, right after its reduce-scatter"))
         return out
     group = p.dp_cp
-    m = spec.model
     out = [Collective(axis="ddp", op="all_reduce", group=group,
                       size_bytes=s.stage_params * s.grad_bytes, calls=1,
-                      link=link("dp_replicate", "dp_shard", "cp"), why="gradients, once a step"),
-           Collective(axis="ddp", op="all_gather", group=group,
-                      size_bytes=3 * m.max_seq_len * m.head_dim * 4, calls=1,
-                      link=link("dp_replicate", "dp_shard", "cp"),
-                      why="buffers (RoPE tables) broadcast from rank 0, once a step")]
+                      link=link("dp_replicate", "dp_shard", "cp"), why="gradients, once a step")]
     if p.zero == 1:
         out.append(Collective(axis="zero1", op="all_gather", group=group,
                               size_bytes=s.stage_params * 4 / s.tensors, calls=s.tensors,
