@@ -26,6 +26,7 @@ from parallel.cost.memory import (
     MemoryEstimate, layout_activation_bytes, loss_peak_bytes_of, representative_ranks,
     static_bytes, weight_copy_bytes,
 )
+from parallel.cost.peak import step_peak_bytes
 from parallel.cost.plan import Plan, make_plan
 from parallel.cost.search_space import Candidate, enumerate_candidates
 from parallel.cost.step_time import Hardware, estimate_time, hardware_of
@@ -129,6 +130,7 @@ class MemoryTable:
         self._static: dict[tuple, list] = {}
         self._activations: dict[tuple, dict[str, int]] = {}
         self._copies: dict[tuple, int] = {}
+        self._in_step: dict[tuple, int] = {}
 
     def peak(self, candidate: Candidate, base: RunSpec) -> MemoryEstimate:
         """What estimate_memory(candidate.spec(base)) returns: the fullest representative
@@ -138,12 +140,24 @@ class MemoryTable:
         # uses_fsdp: FSDP mixed precision keeps activations in another dtype regime.
         layout = (*(getattr(p, name) for name in _ACTIVATION_FIELDS), p.uses_fsdp,
                   candidate.micro_batch_size, candidate.recompute)
-        return max((MemoryEstimate(params=static.params, grads=static.grads,
-                                   optimizer=static.optimizer, master_weights=0,
-                                   weight_copies=self._copies_of(spec, rank),
-                                   **self._activations_of(layout, spec, pp_rank))
+        return max((self._estimate(spec, rank, static, self._activations_of(layout, spec, pp_rank))
                     for pp_rank, rank, static in self._static_of(spec)),
                    key=lambda memory: memory.total)
+
+    def _estimate(self, spec: _Lazy, rank: int, static, activations: dict) -> MemoryEstimate:
+        """One rank's estimate; the step's fullest phase (peak.step_peak_bytes) memoised by
+        what it reads of the candidate (its sections) and the byte counts it is given."""
+        c = spec.candidate
+        key = (c.parallel, c.micro_batch_size, c.grad_accum_steps, c.recompute, rank,
+               static.grads, static.optimizer, activations["activations"],
+               activations["loss_peak"])
+        if key not in self._in_step:
+            self._in_step[key] = step_peak_bytes(spec.spec, rank, grads=static.grads,
+                                                 optimizer=static.optimizer, **activations)
+        return MemoryEstimate(params=static.params, grads=static.grads,
+                              optimizer=static.optimizer, master_weights=0,
+                              weight_copies=self._copies_of(spec, rank),
+                              in_step=self._in_step[key], **activations)
 
     def _static_of(self, spec: _Lazy) -> list:
         """(pp rank, rank, static bytes) of each representative rank."""
