@@ -15,15 +15,17 @@ training) and the per-rank byte counts it is given, so a search may memoise it b
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from conf.schema import RecomputeMode
-from conf.spec import RecomputeSpec, RunSpec
+from conf.spec import ModelSpec, RecomputeSpec, RunSpec
 from parallel.cost.activations import (
     DTYPE_BYTES,
     ActivationSplit,
     activation_bytes,
     activation_dtypes,
 )
-from parallel.cost.params import fsdp_local_numel, held_layers, held_parameters, numel, tp_local_shape
+from parallel.cost.params import fsdp_local_numel, held_layers, parameter_shapes, tp_local_shape
 from parallel.dims import ParallelDims
 
 GRAD_BYTES = 4
@@ -50,20 +52,21 @@ def activation_kwargs(spec: RunSpec, rank: int) -> dict:
                 dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))
 
 
-def unit_numels(spec: RunSpec, rank: int, *, sharded: bool) -> dict[str, int]:
-    """Elements of `rank`'s parameters by FSDP unit: each block ("layers.N") and the root
-    (everything else); tp-local, and FSDP-sharded when `sharded`."""
+def block_numel(spec: RunSpec, rank: int, *, sharded: bool) -> int:
+    """Elements of one block's parameters on `rank` (every block is alike, an FSDP unit of
+    its own): tp-local, and FSDP-sharded when `sharded`."""
     dims = ParallelDims.from_spec(spec.parallel)
     coords = dims.coordinates(rank)
-    shards, index = dims.dp_shard * dims.cp, coords["dp_shard"] * dims.cp + coords["cp"]
-    units: dict[str, int] = {}
-    for name, shape in held_parameters(spec, coords["pp"]):
-        local = tp_local_shape(name, shape, dims.tp)
-        size = (fsdp_local_numel(local, shards=shards, index=index)
-                if sharded and dims.uses_fsdp else numel(local))
-        unit = ".".join(name.split(".")[:2]) if name.startswith("layers.") else "root"
-        units[unit] = units.get(unit, 0) + size
-    return units
+    if not (sharded and dims.uses_fsdp):
+        return _block_numel(spec.model, tp=dims.tp, shards=1, index=0)
+    return _block_numel(spec.model, tp=dims.tp, shards=dims.dp_shard * dims.cp,
+                        index=coords["dp_shard"] * dims.cp + coords["cp"])
+
+
+@lru_cache(maxsize=256)
+def _block_numel(model: ModelSpec, *, tp: int, shards: int, index: int) -> int:
+    return sum(fsdp_local_numel(tp_local_shape(name, shape, tp), shards=shards, index=index)
+               for name, shape in parameter_shapes(model) if name.startswith("layers.0."))
 
 
 def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:
@@ -77,8 +80,7 @@ def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:
     dims = ParallelDims.from_spec(spec.parallel)
     if not dims.uses_fsdp:
         return 0
-    blocks = [n for unit, n in unit_numels(spec, rank, sharded=False).items() if unit != "root"]
-    largest = max(blocks, default=0)
+    largest = block_numel(spec, rank, sharded=False)
     reduce = DTYPE_BYTES[spec.precision.reduce_dtype.value] * largest
     gather = DTYPE_BYTES[spec.precision.compute_dtype.value] * largest
     return reduce + (gather if dims.zero == 3 else 0)
@@ -88,9 +90,30 @@ def recompute_working_set_bytes(spec: RunSpec, layer: int, kwargs: dict) -> int:
     """What block `layer`'s backward re-creates at once: the activations it keeps without
     recompute less those its policy keeps (one block's full activations under full
     recompute; nothing without recompute, or under offload on a CPU device)."""
+    return _block_bytes(spec, [layer], kwargs)[layer][1]
+
+
+def _block_bytes(spec: RunSpec, layers: list[int], kwargs: dict) -> dict[int, tuple[int, int]]:
+    """(kept, recompute working set) of each block in `layers`; blocks differ only in
+    whether the policy applies to them, so each is computed once per answer."""
+    first = {spec.recompute.applies_to(layer): layer for layer in reversed(layers)}
+    by_policy = {applies: _one_block(spec.model, spec.recompute, layer, **kwargs)
+                 for applies, layer in first.items()}
+    return {layer: by_policy[spec.recompute.applies_to(layer)] for layer in layers}
+
+
+@lru_cache(maxsize=1024)
+def _one_block(model: ModelSpec, recompute: RecomputeSpec, layer: int, **kwargs
+               ) -> tuple[int, int]:
     one = dict(layers=[layer], with_head=False, with_embedding=False, **kwargs)
-    return (activation_bytes(spec.model, recompute=NO_RECOMPUTE, **one)
-            - activation_bytes(spec.model, recompute=spec.recompute, **one))
+    kept = activation_bytes(model, recompute=recompute, **one)
+    return kept, activation_bytes(model, recompute=NO_RECOMPUTE, **one) - kept
+
+
+@lru_cache(maxsize=1024)
+def _head_bytes(model: ModelSpec, recompute: RecomputeSpec, **kwargs) -> int:
+    return activation_bytes(model, recompute=recompute, layers=[], with_embedding=False,
+                            **kwargs)
 
 
 def optimizer_transient_bytes(spec: RunSpec, optimizer: int) -> int:
@@ -115,19 +138,19 @@ def step_phase_bytes(spec: RunSpec, rank: int, *, grads: int, optimizer: int,
     kwargs = activation_kwargs(spec, rank)
     buffers = collective_buffer_bytes(spec, rank)
     layers = held_layers(spec, ParallelDims.from_spec(spec.parallel).coordinates(rank)["pp"])
-    working = {layer: recompute_working_set_bytes(spec, layer, kwargs) for layer in layers}
+    blocks = _block_bytes(spec, layers, kwargs)
     if spec.parallel.pp > 1:  # backwards interleave with forwards: no one order to walk
-        phases["backward"] = grads + activations + max(working.values(), default=0) + buffers
+        working = max((w for _, w in blocks.values()), default=0)
+        phases["backward"] = grads + activations + working + buffers
         return phases
-    units = unit_numels(spec, rank, sharded=True)
-    kept = activations - activation_bytes(spec.model, recompute=spec.recompute, layers=[],
-                                          with_embedding=False, **kwargs)
-    made = held or GRAD_BYTES * units["root"]
+    block_grads = GRAD_BYTES * block_numel(spec, rank, sharded=True)
+    kept = activations - _head_bytes(spec.model, spec.recompute, **kwargs)
+    made = held or grads - block_grads * len(layers)  # the root's: embedding, norm, head
     for layer in reversed(layers):
-        phases[f"backward layers.{layer}"] = kept + working[layer] + made + buffers
-        kept -= activation_bytes(spec.model, recompute=spec.recompute, layers=[layer],
-                                 with_head=False, with_embedding=False, **kwargs)
-        made = held or made + GRAD_BYTES * units[f"layers.{layer}"]
+        block_kept, working = blocks[layer]
+        phases[f"backward layers.{layer}"] = kept + working + made + buffers
+        kept -= block_kept
+        made = held or made + block_grads
     return phases
 
 
