@@ -3,7 +3,9 @@
 torch 2.13 has no CPU allocator statistics or hooks (`torch.cpu` has no memory functions; the
 CUDA caching allocator's `max_memory_allocated` has no CPU twin), and the profiler's memory
 events are reported per thread (c10's `reportMemoryUsage` looks up the calling thread's
-profiler state), so storages that gloo's worker threads release would never be seen freed.
+profiler state), so storages that gloo's worker threads release would never be seen freed; the process's
+peak RSS (what training.metrics reports on CPU) holds the Python heap and pages glibc keeps,
+well above a tiny model's few MB of tensors.
 So the step is measured from Python: a TorchDispatchMode sees every op the step runs on this
 thread (forward, the autograd engine's backward, FSDP's all-gather and reduce-scatter buffers,
 DTensor redistributions, the optimizer's foreach temporaries) and registers each storage it
