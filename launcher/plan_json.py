@@ -8,9 +8,10 @@ times seconds. Keys (schema "meshrun.plan/1"):
 - flops: {per_token, per_step, convention, attention ("full" | "causal")}
 - memory_bytes: the fullest rank, by kind: {params, grads, optimizer, master_weights,
   weight_copies, activations, loss_peak (the transient at the loss beyond the kept
-  activations: parallel.cost.activations.loss_peak_bytes)} and by phase: {static (between
-  steps: params + grads + optimizer + master_weights), peak (static + weight_copies +
-  activations + loss_peak)}
+  activations: parallel.cost.activations.loss_peak_bytes), in_step (the step's fullest
+  phase beyond params, optimizer and weight copies: parallel.cost.peak.step_peak_bytes)}
+  and by phase: {static (between steps: params + grads + optimizer + master_weights), peak
+  (params + optimizer + master_weights + weight_copies + in_step)}
 - verdict: {fits (true | false | null: no verdict), need_bytes, device_bytes,
   usable_bytes, margin_bytes (usable - need), basis, line}
 - step_time: the step-time model (parallel/cost/step_time.py) or null (a GPU with no known
@@ -50,7 +51,7 @@ def plan_json(spec: RunSpec, plan: Plan, suggestions: list) -> dict:
         "memory_bytes": {"params": m.params, "grads": m.grads, "optimizer": m.optimizer,
                          "master_weights": m.master_weights,
                          "weight_copies": m.weight_copies, "activations": m.activations,
-                         "loss_peak": m.loss_peak,
+                         "loss_peak": m.loss_peak, "in_step": m.in_step,
                          "static": m.static, "peak": m.total},
         "verdict": {"fits": v.fits, "need_bytes": v.need_bytes, "device_bytes": v.device_bytes,
                     "usable_bytes": v.usable_bytes, "margin_bytes": v.margin_bytes,

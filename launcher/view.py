@@ -83,6 +83,9 @@ def _memory_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
         ("  activations", f"{gib(m.activations)} (kept for backward: pipeline chunks in "
                           "flight, recompute policy, dtype, tp/sp/cp split)"),
         ("  loss peak", f"{gib(m.loss_peak)} (transient at the loss, beyond what is kept)"),
+        ("  fullest phase", f"{gib(m.in_step)} (gradients, activations, transients at the "
+                            "loss, a block's backward or the optimizer step; the peak is this "
+                            "+ parameters, optimizer state, weight copies)"),
     ]
 
 

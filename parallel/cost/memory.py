@@ -41,6 +41,7 @@ from parallel.cost.params import (
     parameter_shapes,
     tp_local_shape,
 )
+from parallel.cost.peak import step_peak_bytes
 from parallel.dims import ParallelDims, zero1_owners
 
 PARAM_BYTES = 4
@@ -154,6 +155,10 @@ class MemoryEstimate:
     activations: int
     loss_peak: int = 0
     """Transient bytes at the loss beyond the kept activations (activations.loss_peak_bytes)."""
+    in_step: int
+    """Bytes alive at the step's fullest phase beyond parameters, optimizer state and weight
+    copies: gradients, activations, transients, recompute working set, collective buffers
+    (parallel.cost.peak.step_peak_bytes)."""
 
     @property
     def static(self) -> int:
@@ -162,9 +167,10 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        """The peak: the static bytes, plus weight copies and activations at backward's
-        start, plus the loss's transient."""
-        return self.static + self.weight_copies + self.activations + self.loss_peak
+        """The peak: parameters, optimizer state and weight copies, plus the fullest phase
+        of the step (the loss, a block's backward or the optimizer step)."""
+        return self.params + self.optimizer + self.master_weights + self.weight_copies \
+            + self.in_step
 
 
 def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate:
@@ -178,10 +184,14 @@ def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate
         return max((estimate_memory(spec, rank=r) for r in representative_ranks(spec)),
                    key=lambda m: m.total)
     static = static_bytes(spec, rank)
+    activations, loss_peak = layout_activation_bytes(spec, rank), loss_peak_bytes_of(spec, rank)
     return MemoryEstimate(params=static.params, grads=static.grads, optimizer=static.optimizer,
                           master_weights=0, weight_copies=weight_copy_bytes(spec, rank),
-                          activations=layout_activation_bytes(spec, rank),
-                          loss_peak=loss_peak_bytes_of(spec, rank))
+                          activations=activations, loss_peak=loss_peak,
+                          in_step=step_peak_bytes(spec, rank, grads=static.grads,
+                                                  optimizer=static.optimizer,
+                                                  activations=activations,
+                                                  loss_peak=loss_peak))
 
 
 def representative_ranks(spec: RunSpec) -> list[int]:

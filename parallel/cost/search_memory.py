@@ -31,7 +31,9 @@ from parallel.cost.memory import (
 from parallel.cost.params import (
     EMBEDDING, fsdp_local_numel, held_layers, held_parameters, numel, parameter_shapes, tp_local_shape,
 )
+from parallel.cost.peak import step_peak_bytes
 from parallel.cost.search_space import Candidate
+from parallel.dims import ParallelDims
 
 NO_RECOMPUTE = RecomputeSpec(mode=RecomputeMode.none)
 """What the blocks a policy does not cover keep (as activations.activation_bytes has it)."""
@@ -76,12 +78,27 @@ class MemoryTable:
         for pp_rank, params, optimizer in self._memo(("static", *_layout(p), p.tp,
                                                       *_sharding(p)), self._statics, p):
             activations, loss_peak = kept[pp_rank]
-            total = 2 * params + optimizer + copies[pp_rank] + activations + loss_peak
+            counts = dict(grads=params, optimizer=optimizer, activations=activations,
+                          loss_peak=loss_peak)
+            in_step = self._memo(("in_step", p, candidate.micro_batch_size,
+                                  candidate.grad_accum_steps, recompute, pp_rank,
+                                  *counts.values()),
+                                 self._in_step, candidate, pp_rank, counts)
+            total = params + optimizer + copies[pp_rank] + in_step
             if total > most:
-                best, most = (params, optimizer, copies[pp_rank], activations, loss_peak), total
-        params, optimizer, copies, activations, loss_peak = best
+                best, most = (params, optimizer, copies[pp_rank], in_step, counts), total
+        params, optimizer, copies, in_step, counts = best
         return MemoryEstimate(params=params, grads=params, optimizer=optimizer, master_weights=0,
-                              weight_copies=copies, activations=activations, loss_peak=loss_peak)
+                              weight_copies=copies, activations=counts["activations"],
+                              loss_peak=counts["loss_peak"], in_step=in_step)
+
+    def _in_step(self, candidate: Candidate, pp_rank: int, counts: dict) -> int:
+        """peak.step_peak_bytes of pipeline rank `pp_rank`'s representative rank (shard 0:
+        what it reads of the rank besides the pipeline stage is FSDP's shard index)."""
+        spec = candidate.spec(self.base)
+        rank = ParallelDims.from_spec(spec.parallel).rank_of(
+            {"pp": pp_rank, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0})
+        return step_peak_bytes(spec, rank, **counts)
 
     def _memo(self, key: tuple, compute, *args):
         if key not in self._cache:

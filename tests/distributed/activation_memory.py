@@ -1,5 +1,6 @@
 """Rank-side code of tests/distributed/test_activation_memory.py: what one forward under a
-layout keeps for backward on this rank, against the plan (parallel.cost.memory).
+layout keeps for backward on this rank, and the peak of the whole step (peak_memory.py),
+against the plan (parallel.cost.memory).
 
 Measured as tests/unit/test_recompute.py does, per rank: the storages created during forward
 (a TorchDispatchMode sees every op; a DTensor counts its local shard) that are still alive when
@@ -23,8 +24,11 @@ from torch.utils._pytree import tree_leaves
 
 from conf.spec import RunSpec
 from conf.spec_io import spec_from_dict
+from tests.distributed.peak_memory import LiveBytes, state_tensors, warm_optimizers
 
 CPU = torch.device("cpu")
+PEAK_SLACK = 0.01
+"""The step's peak is summed once each 1% of it is newly made (peak_memory.LiveBytes)."""
 DEBUG = os.environ.get("MESHRUN_DEBUG_ACTIVATIONS")
 """Set to print every kept storage (bytes, the op that made it, shape, dtype) on rank 0."""
 
@@ -86,12 +90,12 @@ def _weights(layout) -> set[int]:
 
 
 def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tensor,
-               documents: dict | None = None) -> int:
+               optimizers: list, documents: dict | None = None) -> int:
     """Activation bytes one forward of this rank's micro-batch keeps (module docstring);
     `documents`: the document-masking keywords (inputs, like the tokens: not counted)."""
     from training.loss import token_cross_entropy_sum
     from training.precision import autocast_context
-    from training.step import loss_context
+    from training.step import clip_and_step, loss_context
 
     documents = documents or {}
     before = _weights(layout) | {_key(t) for t in (inputs, targets, *documents.values())}
@@ -120,12 +124,17 @@ def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tenso
         gc.unfreeze()
     with loss_context(layout):
         loss.backward()
+    clip_and_step(layout, optimizers, grad_clip=spec.optim.grad_clip)
     return kept
 
 
 def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> list[dict]:
-    """For each spec: (name, measured, planned) activation bytes of this rank."""
-    from parallel.cost.memory import layout_activation_bytes
+    """For each spec, this rank's activation bytes kept after forward (measured, plan) and
+    its peak over one whole step (peak_memory.LiveBytes: zero_grad'ed gradients, forward,
+    backward, clip, AdamW over state made beforehand, as in any step after the first)
+    against the plan's (estimate_memory(...).total)."""
+    from parallel.cost.memory import estimate_memory, layout_activation_bytes
+    from training.optim import build_optimizers
     from training.data import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.step import document_inputs
@@ -139,8 +148,14 @@ def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
                                       dp_size=layout.dims.dp).next_step()
         documents = document_inputs(layout, batches[0][0])  # {} unless data.document_mask
         inputs, targets = (layout.shard_tokens(t) for t in batches[0])
-        measured = kept_bytes(layout, spec, inputs, targets, documents)
+        optimizers = build_optimizers(layout, optim=spec.optim,
+                                      state_dtype=spec.precision.optimizer_state_dtype)
+        warm_optimizers(layout, optimizers)
+        with LiveBytes([*state_tensors(layout, optimizers), inputs, targets,
+                        *documents.values()], slack=PEAK_SLACK) as live:
+            measured = kept_bytes(layout, spec, inputs, targets, optimizers, documents)
         rows.append({"name": spec.parallel.name, "rank": rank, "measured": measured,
-                     "plan": layout_activation_bytes(spec, rank)})
+                     "plan": layout_activation_bytes(spec, rank), "peak": live.peak,
+                     "peak_at": live.peak_at, "plan_peak": estimate_memory(spec, rank=rank).total})
         del layout
     return rows

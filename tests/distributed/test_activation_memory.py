@@ -4,6 +4,9 @@ storages alive after forward, weights and autocast's weight casts apart), for th
 layouts without pipelining, every recompute policy family and fp32 / bf16 (autocast over
 fp32 weights for ddp, zero1, tp, cp; FSDP mixed precision for zero 2/3), with sequence
 parallel and loss parallel on and off. Equal up to the loss's two fp32 scalars (8 bytes).
+In the same spawns, the same step goes on through backward, clipping and AdamW, and its
+peak (every tensor storage alive at once, tests/distributed/peak_memory.py) is the plan's
+(estimate_memory(spec, rank=...).total) within PEAK_TOLERANCE, on every rank.
 
 Pipeline layouts are not here: their forward and backward interleave inside the schedule, so
 "alive after forward" is not one moment. The static terms (params, grads, optimizer state)
@@ -68,18 +71,30 @@ def _specs(layouts: dict[str, list[str]], world: int, policies: list[str]) -> li
 
 
 KNOWN_GAPS = {
-    "dp2_tp2-bf16-none": "FSDP + tp in bf16 without recompute keeps less than the plan's "
-                         "RoPE-table and embedding terms say (-8 KiB a block); not explained yet",
-    "cp2_tp2-bf16-none": "as dp2_tp2-bf16-none, with cp",
+    "dp2_tp2-bf16-none": "FSDP + tp in bf16 without recompute keeps 16 KiB less than the plan: "
+                         "the same with 1, 2 or 3 blocks (so not per block), halved under cp, "
+                         "the size of the plan's embedding term here (4 copies of the rank's "
+                         "[tokens / tp, dim] bf16 share); which copies go is not explained yet",
+    "cp2_tp2-bf16-none": "as dp2_tp2-bf16-none, with cp (8 KiB: half the tokens)",
 }
 """Configurations where the plan is known to be wrong: checked to STILL be wrong, so the
 entry goes when the formula is fixed."""
+
+
+PEAK_TOLERANCE = 0.10
+"""The step's peak is the plan's within 10% (issue 10's target): the plan walks phases
+(parallel.cost.peak), not every op; what it leaves out (backward's gradient temporaries, the
+loss's gathered logits under tp) is below that here."""
 
 
 def _check(results: list[list[dict]]) -> None:
     wrong = [f"{row['name']} rank {row['rank']}: kept {row['measured']} B, plan "
              f"{row['plan']} B" for rows in results for row in rows
              if (row["measured"] - row["plan"] != SCALARS) != (row["name"] in KNOWN_GAPS)]
+    wrong += [f"{row['name']} rank {row['rank']}: step peak {row['peak']} B (at op "
+              f"{row['peak_at']}), plan {row['plan_peak']} B"
+              for rows in results for row in rows
+              if abs(row["peak"] / row["plan_peak"] - 1) > PEAK_TOLERANCE]
     assert not wrong, "\n".join(wrong)
 
 
