@@ -5,7 +5,8 @@ Shape: torchtitan's llama3 debugmodel (dim 256, 6 layers, 16 heads, ffn 768, voc
 Each layout is built by the trainer's `build_parallel_model`, eager then compiled (inductor by
 default), in the same spawned processes, so the ratio compares like with like; the compiled
 run's first step (Dynamo capture + inductor build; the TORCHINDUCTOR_CACHE_DIR is a fresh
-folder, so nothing is reused) is reported apart from its steady steps. A step's time is the
+folder, so nothing is reused) is reported apart from its steady steps, which alternate with
+the eager ones. A step's time is the
 slowest rank's; tokens/s = global tokens per step / median step time.
 
 The machine is shared: the 1-minute load average is printed before and after each layout.
@@ -31,39 +32,46 @@ DEBUG_SHAPE = ["model=debug", "model.dim=256", "model.n_layers=6", "model.n_head
 LAYOUTS = {"1 process": (1, ["parallel=single"]), "2-process FSDP": (2, ["parallel=zero3"])}
 
 
-def timed_steps(spec, rank: int, steps: int) -> list[float]:
-    """Step times (s, slowest rank): one warm-up step first, then `steps`."""
-    import torch
-    import torch.distributed as dist
+class Runner:
+    """One layout built by the trainer's `build_parallel_model`, its optimizer and data."""
 
-    from training.data import build_train_batches
-    from training.optim import build_optimizers
-    from training.parallel_model import build_parallel_model
-    from training.step import clip_and_step, forward_backward
+    def __init__(self, spec, rank: int):
+        import torch
 
-    cpu = torch.device("cpu")
-    layout = build_parallel_model(spec, rank=rank, device=cpu)
-    optimizers = build_optimizers(layout, optim=spec.optim, state_dtype="fp32")
-    batches = build_train_batches(spec.data, spec.training, dp_rank=layout.dims.dp_rank(rank),
-                                  dp_size=layout.dims.dp)
-    times = []
-    for _ in range(1 + steps):
+        from training.data import build_train_batches
+        from training.optim import build_optimizers
+        from training.parallel_model import build_parallel_model
+
+        self.cpu = torch.device("cpu")
+        self.layout = build_parallel_model(spec, rank=rank, device=self.cpu)
+        self.optimizers = build_optimizers(self.layout, optim=spec.optim, state_dtype="fp32")
+        self.batches = build_train_batches(spec.data, spec.training,
+                                           dp_rank=self.layout.dims.dp_rank(rank),
+                                           dp_size=self.layout.dims.dp)
+
+    def step_s(self) -> float:
+        """One training step's time (s), the slowest rank's."""
+        import torch
+        import torch.distributed as dist
+
+        from training.step import clip_and_step, forward_backward
+
         dist.barrier()
         start = time.perf_counter()
-        forward_backward(layout, batches.next_step(), device=cpu,
+        forward_backward(self.layout, self.batches.next_step(), device=self.cpu,
                          autocast=torch.autocast("cpu", enabled=False))
-        clip_and_step(layout, optimizers, grad_clip=1.0)
+        clip_and_step(self.layout, self.optimizers, grad_clip=1.0)
         elapsed = torch.tensor([time.perf_counter() - start])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        times.append(float(elapsed))
-    return times
+        return float(elapsed)
 
 
 def measure_rank(*, rank: int, world_size: int, spec_dict: dict, steps: int,
                  cache_dir: str) -> dict:
+    """First step of each (eager, then compiled: capture + build), then `steps` steps of
+    each, alternating, so a change in the machine's load hits both alike."""
     import dataclasses
 
-    import torch
     import torch._inductor.config
 
     from conf.spec import RunSpec
@@ -72,8 +80,14 @@ def measure_rank(*, rank: int, world_size: int, spec_dict: dict, steps: int,
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, f"rank{rank}")
     torch._inductor.config.compile_threads = 1
     spec = spec_from_dict(RunSpec, spec_dict)
-    eager = dataclasses.replace(spec, training=dataclasses.replace(spec.training, compile=False))
-    return {"eager": timed_steps(eager, rank, steps), "compiled": timed_steps(spec, rank, steps)}
+    eager_spec = dataclasses.replace(
+        spec, training=dataclasses.replace(spec.training, compile=False))
+    runners = {"eager": Runner(eager_spec, rank), "compiled": Runner(spec, rank)}
+    times = {name: [runner.step_s()] for name, runner in runners.items()}
+    for _ in range(steps):
+        for name, runner in runners.items():
+            times[name].append(runner.step_s())
+    return times
 
 
 def load_average() -> float:
