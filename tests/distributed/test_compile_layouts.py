@@ -19,8 +19,9 @@ reductions of its generated backward), so fp32 results differ from eager by roun
 relative ~1e-6..1e-5, never bitwise; aot_eager's decompositions differ by less. One update
 at lr 1e-4 keeps AdamW's first step (about lr x sign(grad)) within the same bound.
 
-Wall time: the aot_eager group takes about 40 s here; the inductor group is dominated by one
-cold inductor build of the block per rank (minutes on this shared 2-core machine under load).
+Wall time on this shared 2-core machine (load average 5-15): the aot_eager group 51 s, the
+inductor group 84 s, nearly all of it one cold inductor build of the block per rank (175 s
+under load average ~60).
 Inductor needs a warm-up compile per process: TORCHINDUCTOR_CACHE_DIR is set to a fresh folder
 under the test's tmp_path, so a run never depends on (or leaves) a warm cache.
 """
