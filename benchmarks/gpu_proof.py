@@ -159,7 +159,7 @@ def add_plan(res: Result, ovr: list[str], *, budget: Budget, work: Path, shape: 
     res.plan_fits = plan["verdict"]["fits"]
     if plan.get("step_time"):
         res.plan_tokens_per_s = shape.tokens_per_step / plan["step_time"]["step_s"]
-        res.plan_mfu = plan["step_time"]["assumed_mfu"]
+        res.plan_mfu = plan["step_time"]["mfu"]  # the plan json names it mfu (was assumed_mfu)
 
 
 def measure(res: Result, runs_dir: Path, shape: Shape) -> None:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from conf import name_rules, rules
+from conf.compile_rules import check_compile
 from conf.document_rules import resolve_document_eos
 from conf.errors import ProblemList
 from conf.hf_model_config import (apply_explicit, check_hf_load_from, is_hf_model_dir,
@@ -66,6 +67,8 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     check_model_split(parallel, model=model, training=training, precision=precision,
                  problems=problems)
     check_recompute(cfg.recompute, problems)
+    check_compile(compile_=cfg.training.compile, cp=parallel.cp, recompute=cfg.recompute,
+                  problems=problems)
     problems.raise_if_any()
     return RunSpec(
         name=cfg.name, runs_dir=_absolute(cfg.runs_dir), model=model, precision=precision,

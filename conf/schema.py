@@ -48,6 +48,12 @@ class DecayShape(StrEnum):
     one_minus_sqrt = "one_minus_sqrt"
 
 
+class CompileBackend(StrEnum):
+    inductor = "inductor"
+    aot_eager = "aot_eager"
+    eager = "eager"
+
+
 class DataKind(StrEnum):
     stdlib = "stdlib"
     files = "files"
@@ -280,7 +286,12 @@ class TrainingConfig:
     device: DeviceKind = DeviceKind.auto
     """auto (CUDA when present), cpu or cuda."""
     compile: bool = False
-    """torch.compile each block."""
+    """torch.compile each transformer block separately (after TP/SP, context parallel and
+    recompute, before FSDP), under every layout; embeddings, final norm and output stay eager."""
+    compile_backend: CompileBackend = CompileBackend.inductor
+    """With training.compile: inductor (generated kernels; on CPU it needs a C++ compiler),
+    aot_eager (Dynamo + AOTAutograd graph capture run by eager kernels: checks that the
+    blocks compile, fast to build) or eager (Dynamo capture only)."""
     stop_at_step: int = 0
     """Stop with a checkpoint after this step, leaving the schedule unfinished (continue with
     `meshrun resume`); 0 = run to training.steps."""

@@ -144,6 +144,9 @@ class ContextParallelAttention:
         self.group = group
         self.positions = positions
 
+    # Its gloo/NCCL collectives (dist.all_gather in an autograd Function) are not traceable:
+    # with training.compile the rest of each block compiles and this call runs eagerly.
+    @torch.compiler.disable
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                  mask=None) -> torch.Tensor:
         return context_parallel_attention(q, k, v, q_positions=self.positions, group=self.group,

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from conf.spec import RunSpec
+from parallel.compile import apply_compile
 from parallel.context_parallel import apply_context_parallel, shard_positions, shard_sequence
 from parallel.data_parallel import apply_ddp
 from parallel.dims import ParallelDims
@@ -134,8 +135,7 @@ def _parallelize_part(part: nn.Module, spec: RunSpec, layout: ParallelModel,
         apply_context_parallel(part, group=layout.group("cp"), positions=layout.cp_positions)
     apply_recompute(part, recompute=spec.recompute)
     if spec.training.compile:
-        for block in part.layers.values():
-            block.compile()
+        apply_compile(part, backend=spec.training.compile_backend)
     if layout.dims.uses_fsdp:
         apply_fsdp(part, mesh=fsdp_mesh(layout.mesh, layout.dims), zero=layout.dims.zero,
                    mp_policy=mixed_precision_policy(spec.precision))
