@@ -15,6 +15,7 @@ training) and the per-rank byte counts it is given, so a search may memoise it b
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from conf.schema import RecomputeMode
@@ -94,12 +95,17 @@ def recompute_working_set_bytes(spec: RunSpec, layer: int, kwargs: dict) -> int:
 
 
 def _block_bytes(spec: RunSpec, layers: list[int], kwargs: dict) -> dict[int, tuple[int, int]]:
-    """(kept, recompute working set) of each block in `layers`; blocks differ only in
-    whether the policy applies to them, so each is computed once per answer."""
-    first = {spec.recompute.applies_to(layer): layer for layer in reversed(layers)}
-    by_policy = {applies: _one_block(spec.model, spec.recompute, layer, **kwargs)
+    """(kept, recompute working set) of each block in `layers`."""
+    return _block_bytes_of(spec.model, spec.recompute, layers, kwargs)
+
+
+def _block_bytes_of(model: ModelSpec, recompute: RecomputeSpec, layers, kwargs: dict
+                    ) -> dict[int, tuple[int, int]]:
+    """Blocks differ only in whether the policy applies to them: each kind computed once."""
+    first = {recompute.applies_to(layer): layer for layer in reversed(layers)}
+    by_policy = {applies: _one_block(model, recompute, layer, **kwargs)
                  for applies, layer in first.items()}
-    return {layer: by_policy[spec.recompute.applies_to(layer)] for layer in layers}
+    return {layer: by_policy[recompute.applies_to(layer)] for layer in layers}
 
 
 @lru_cache(maxsize=1024)
@@ -122,9 +128,13 @@ def optimizer_transient_bytes(spec: RunSpec, optimizer: int) -> int:
     one temporary list the size of the second moments (`_foreach_sqrt`; all else is in
     place): half the state. CUDA's fused kernel makes none; the bf16-state AdamW
     (training/adamw_bf16.py) makes its temporaries one tensor at a time (not counted)."""
-    foreach = (spec.training.device != "cuda"
-               and spec.precision.optimizer_state_dtype.value != "bf16")
-    return optimizer // 2 if foreach else 0
+    return optimizer // 2 if foreach_adamw(spec) else 0
+
+
+def foreach_adamw(spec: RunSpec) -> bool:
+    """Does the run's AdamW make a temporary half its state (optimizer_transient_bytes)?"""
+    return (spec.training.device != "cuda"
+            and spec.precision.optimizer_state_dtype.value != "bf16")
 
 
 def step_phase_bytes(spec: RunSpec, rank: int, *, grads: int, optimizer: int,
@@ -132,28 +142,95 @@ def step_phase_bytes(spec: RunSpec, rank: int, *, grads: int, optimizer: int,
     """Bytes alive at each phase (module docstring) beyond parameters, optimizer state and
     weight copies; `grads`, `optimizer`, `activations`, `loss_peak`: the rank's bytes
     (memory.static_bytes, layout_activation_bytes, loss_peak_bytes_of)."""
-    held = grads if grads_outlive_backward(spec) else 0
-    phases = {"loss": held + activations + loss_peak,
-              "optimizer step": grads + optimizer_transient_bytes(spec, optimizer)}
-    kwargs = activation_kwargs(spec, rank)
-    buffers = collective_buffer_bytes(spec, rank)
-    layers = held_layers(spec, ParallelDims.from_spec(spec.parallel).coordinates(rank)["pp"])
-    blocks = _block_bytes(spec, layers, kwargs)
-    if spec.parallel.pp > 1:  # backwards interleave with forwards: no one order to walk
-        working = max((w for _, w in blocks.values()), default=0)
-        phases["backward"] = grads + activations + working + buffers
-        return phases
-    block_grads = GRAD_BYTES * block_numel(spec, rank, sharded=True)
-    kept = activations - _head_bytes(spec.model, spec.recompute, **kwargs)
-    made = held or grads - block_grads * len(layers)  # the root's: embedding, norm, head
-    for layer in reversed(layers):
-        block_kept, working = blocks[layer]
-        phases[f"backward layers.{layer}"] = kept + working + made + buffers
-        kept -= block_kept
-        made = held or made + block_grads
+    terms = phase_terms(spec, rank)
+    phases, base = terms.phases(grads=grads, optimizer=optimizer, activations=activations,
+                                loss_peak=loss_peak)
+    if terms.pipeline:
+        phases["backward"] = base + terms.walk.peak
+    else:
+        phases.update({f"backward layers.{layer}": base + extra
+                       for layer, extra in terms.walk.by_layer})
     return phases
 
 
 def step_peak_bytes(spec: RunSpec, rank: int, **counts: int) -> int:
-    """The fullest phase of `step_phase_bytes`."""
-    return max(step_phase_bytes(spec, rank, **counts).values())
+    """The fullest phase of `step_phase_bytes` (without listing every block's)."""
+    return phase_terms(spec, rank).peak(**counts)
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseTerms:
+    """What a rank's step phases add to its byte counts (gradients, optimizer state, kept
+    activations, the loss's transient): the same for every rank of a layout with equal
+    pipeline stage and FSDP shard, whatever the counts - so a search computes it once."""
+
+    grads_held: bool
+    """grads_outlive_backward."""
+    foreach_adamw: bool
+    """optimizer_transient_bytes is half the state."""
+    pipeline: bool
+    buffers: int
+    head: int
+    """The head's kept activations (freed before the blocks' backward; 0 with pp)."""
+    block_grads: int
+    """Gradient bytes of the rank's blocks together (0 with pp)."""
+    walk: "_Walk"
+
+    def phases(self, *, grads: int, optimizer: int, activations: int, loss_peak: int
+               ) -> tuple[dict[str, int], int]:
+        """(the loss's and the optimizer step's phases, what every block's backward holds)."""
+        held = grads if self.grads_held else 0
+        transient = optimizer // 2 if self.foreach_adamw else 0  # optimizer_transient_bytes
+        phases = {"loss": held + activations + loss_peak, "optimizer step": grads + transient}
+        if self.pipeline:  # backwards interleave with forwards: no one order to walk
+            return phases, grads + activations + self.buffers
+        made = held or grads - self.block_grads  # the root's: embedding, norm, head
+        return phases, activations - self.head + made + self.buffers
+
+    def peak(self, **counts: int) -> int:
+        phases, base = self.phases(**counts)
+        return max(*phases.values(), base + self.walk.peak)
+
+
+def phase_terms(spec: RunSpec, rank: int) -> PhaseTerms:
+    """PhaseTerms of `rank` (module docstring)."""
+    held = grads_outlive_backward(spec)
+    kwargs = activation_kwargs(spec, rank)
+    layers = tuple(held_layers(spec, ParallelDims.from_spec(spec.parallel).coordinates(rank)["pp"]))
+    pipeline = spec.parallel.pp > 1
+    block_grads = 0 if pipeline else GRAD_BYTES * block_numel(spec, rank, sharded=True)
+    walk = _walk(spec.model, spec.recompute, layers,
+                 None if pipeline else 0 if held else block_grads,
+                 tuple(sorted(kwargs.items())))
+    return PhaseTerms(
+        grads_held=held, foreach_adamw=foreach_adamw(spec),
+        pipeline=pipeline, buffers=collective_buffer_bytes(spec, rank),
+        head=0 if pipeline else _head_bytes(spec.model, spec.recompute, **kwargs),
+        block_grads=block_grads * len(layers), walk=walk)
+
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    by_layer: tuple[tuple[int, int], ...]
+    """(layer, bytes its backward adds to what every block's backward holds)."""
+    peak: int
+
+
+@lru_cache(maxsize=4096)
+def _walk(model: ModelSpec, recompute: RecomputeSpec, layers: tuple[int, ...],
+          grad_step: int | None, kwargs: tuple) -> _Walk:
+    """Backward, the last block first: block i's backward holds its recompute working set,
+    less the kept activations of the later blocks (freed), plus the gradients those made
+    (`grad_step` per block; 0 when the gradients are held all along). `grad_step` None: a
+    pipeline stage, with no one order - the largest working set."""
+    spec_blocks = _block_bytes_of(model, recompute, layers, dict(kwargs))
+    if grad_step is None:
+        peak = max((w for _, w in spec_blocks.values()), default=0)
+        return _Walk(by_layer=(), peak=peak)
+    out, freed, made = [], 0, 0
+    for layer in reversed(layers):
+        block_kept, working = spec_blocks[layer]
+        out.append((layer, working - freed + made))
+        freed += block_kept
+        made += grad_step
+    return _Walk(by_layer=tuple(out), peak=max((extra for _, extra in out), default=0))

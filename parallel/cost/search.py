@@ -122,6 +122,10 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
     for candidate in enumerate_candidates(cfg, base, global_batch_size=global_batch_size,
                                           policies=policies, rejected=rejected):
         enumerated += 1
+        if usable is not None and smallest is not None and table.floor(candidate) >= max(
+                smallest, usable + 1):  # does not fit, and cannot be the smallest misfit
+            misfits += 1
+            continue
         memory = table.peak(candidate)
         if usable is not None and memory.total > usable:  # memory_verdict's rule
             misfits += 1

@@ -31,7 +31,7 @@ from parallel.cost.memory import (
 from parallel.cost.params import (
     EMBEDDING, fsdp_local_numel, held_layers, held_parameters, numel, parameter_shapes, tp_local_shape,
 )
-from parallel.cost.peak import step_peak_bytes
+from parallel.cost.peak import PhaseTerms, phase_terms
 from parallel.cost.search_space import Candidate
 from parallel.dims import ParallelDims
 
@@ -61,9 +61,17 @@ class MemoryTable:
         """One block's tensors: (name inside the block, shape)."""
         self._cache: dict[tuple, object] = {}
 
-    def peak(self, candidate: Candidate) -> MemoryEstimate:
-        """estimate_memory(candidate.spec(base)): of the representative ranks (pipeline-rank
-        major, as memory.representative_ranks sorts them), the first with the largest total."""
+    def floor(self, candidate: Candidate) -> int:
+        """A lower bound of peak(candidate).total without the step's phases: on each
+        representative rank parameters, optimizer state and weight copies, plus the larger of
+        the kept activations with the loss's transient and the gradients (the loss's and the
+        optimizer step's phases hold at least those: peak.PhaseTerms.phases)."""
+        copies, kept, statics = self._pieces(candidate)
+        return max(params + optimizer + copies[pp_rank] + max(sum(kept[pp_rank]), params)
+                   for pp_rank, params, optimizer in statics)
+
+    def _pieces(self, candidate: Candidate) -> tuple:
+        """(weight copies, (activations, loss peak)) per pipeline rank, and the statics."""
         p, recompute = candidate.parallel, candidate.recompute
         fsdp = p.uses_fsdp
         copies = self._memo(("copies", *_layout(p), p.tp, fsdp, p.zero if fsdp else None,
@@ -74,16 +82,25 @@ class MemoryTable:
                            p.sequence_parallel, p.loss_parallel, p.cp, p.uses_fsdp,
                            candidate.micro_batch_size, recompute),
                           self._activations, p, candidate.micro_batch_size, recompute)
+        statics = self._memo(("static", *_layout(p), p.tp, *_sharding(p)), self._statics, p)
+        return copies, kept, statics
+
+    def peak(self, candidate: Candidate) -> MemoryEstimate:
+        """estimate_memory(candidate.spec(base)): of the representative ranks (pipeline-rank
+        major, as memory.representative_ranks sorts them), the first with the largest total."""
+        p, recompute = candidate.parallel, candidate.recompute
+        copies, kept, statics = self._pieces(candidate)
         best, most = None, -1
-        for pp_rank, params, optimizer in self._memo(("static", *_layout(p), p.tp,
-                                                      *_sharding(p)), self._statics, p):
+        for pp_rank, params, optimizer in statics:
             activations, loss_peak = kept[pp_rank]
             counts = dict(grads=params, optimizer=optimizer, activations=activations,
                           loss_peak=loss_peak)
-            in_step = self._memo(("in_step", p, candidate.micro_batch_size,
-                                  candidate.grad_accum_steps, recompute, pp_rank,
-                                  *counts.values()),
-                                 self._in_step, candidate, pp_rank, counts)
+            terms = self._memo(("terms", *_layout(p), p.pp_schedule, p.pp_microbatches,
+                                p.tp, p.sequence_parallel, p.loss_parallel, p.cp,
+                                p.uses_ddp, p.zero, *_sharding(p), candidate.micro_batch_size,
+                                candidate.grad_accum_steps, recompute, pp_rank),
+                               self._phase_terms, candidate, pp_rank)
+            in_step = terms.peak(**counts)
             total = params + optimizer + copies[pp_rank] + in_step
             if total > most:
                 best, most = (params, optimizer, copies[pp_rank], in_step, counts), total
@@ -92,13 +109,13 @@ class MemoryTable:
                               weight_copies=copies, activations=counts["activations"],
                               loss_peak=counts["loss_peak"], in_step=in_step)
 
-    def _in_step(self, candidate: Candidate, pp_rank: int, counts: dict) -> int:
-        """peak.step_peak_bytes of pipeline rank `pp_rank`'s representative rank (shard 0:
-        what it reads of the rank besides the pipeline stage is FSDP's shard index)."""
+    def _phase_terms(self, candidate: Candidate, pp_rank: int) -> PhaseTerms:
+        """peak.phase_terms of pipeline rank `pp_rank`'s representative rank (shard 0: what
+        they read of the rank besides the pipeline stage is FSDP's shard index)."""
         spec = candidate.spec(self.base)
         rank = ParallelDims.from_spec(spec.parallel).rank_of(
             {"pp": pp_rank, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0})
-        return step_peak_bytes(spec, rank, **counts)
+        return phase_terms(spec, rank)
 
     def _memo(self, key: tuple, compute, *args):
         if key not in self._cache:

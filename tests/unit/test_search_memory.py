@@ -75,6 +75,9 @@ def test_fast_memory_equals_estimate_memory_byte_for_byte(case):
     for candidate in checked:
         expected = estimate_memory(candidate.spec(base))
         assert table.peak(candidate) == expected, (case, candidate)
+        # the search skips a misfit whose floor cannot beat the smallest misfit: a true floor
+        assert table.floor(candidate) <= expected.total, (case, candidate)
+    assert any(table.floor(c) == estimate_memory(c.spec(base)).total for c in checked)
     seen = {(c.parallel.zero, c.parallel.pp > 1, c.parallel.pp_virtual_stages > 1,
              c.parallel.tp > 1, c.parallel.cp > 1) for c in checked}
     assert {z for z, *_ in seen} == {0, 1, 2, 3}, seen  # every ZeRO stage was compared
