@@ -66,22 +66,30 @@ def wait_until(predicate, *, timeout_s: float, what: str, every_s: float = 0.2) 
 
 
 @pytest.fixture(scope="module")
-def two_runs(slurm_cluster, tmp_path_factory):
-    """A 2-node x 2-rank Slurm job (with awkward characters in its name) and the same spec as
-    a local 4-process torchrun, started together (the Slurm job spends much of its time
-    queued, starting and polled)."""
+def launches(slurm_cluster, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Three launches started together (a Slurm job spends much of its time queued, starting
+    and polled): "slurm", a 2-node x 2-rank job with awkward characters in its name; "local",
+    the same spec as a local 4-process torchrun; "one_node", a 1-node job of 6 steps. Each
+    name: (the `meshrun run` result, its runs_dir)."""
     root = tmp_path_factory.mktemp("slurm-runs")
     name = "name='a b \"c\" $HOME; echo x\nnext line'"
     spec = [*TINY, "training.steps=12", name]
-    with ThreadPoolExecutor(2) as pool:
-        slurm = pool.submit(meshrun, "run", "--wait", *spec, *SLURM, "cluster.nodes=2",
-                            f"runs_dir={root / 's'}")
-        local = pool.submit(meshrun, "run", *spec, "cluster.procs_per_node=4",
-                            f"runs_dir={root / 'l'}")
-        slurm, local = slurm.result(), local.result()
-    assert slurm.returncode == 0, slurm.stdout + slurm.stderr
-    assert local.returncode == 0, local.stdout + local.stderr
-    return only_run_dir(root / "s"), only_run_dir(root / "l")
+    argv = {"slurm": ["run", "--wait", *spec, *SLURM, "cluster.nodes=2"],
+            "local": ["run", *spec, "cluster.procs_per_node=4"],
+            "one_node": ["run", "--wait", *TINY, "training.steps=6", *SLURM, "cluster.nodes=1"]}
+    with ThreadPoolExecutor(len(argv)) as pool:
+        started = {key: pool.submit(meshrun, *args, f"runs_dir={root / key}")
+                   for key, args in argv.items()}
+        return {key: (future.result(), root / key) for key, future in started.items()}
+
+
+@pytest.fixture(scope="module")
+def two_runs(launches):
+    """The run dirs of the 2-node Slurm job and of its local 4-process twin."""
+    for key in ("slurm", "local"):
+        result, _ = launches[key]
+        assert result.returncode == 0, result.stdout + result.stderr
+    return only_run_dir(launches["slurm"][1]), only_run_dir(launches["local"][1])
 
 
 def test_two_node_job_matches_a_local_four_process_run(two_runs):
@@ -101,11 +109,10 @@ def test_awkward_overrides_reach_the_ranks_exactly(two_runs):
     assert read_runs(slurm_dir).user_config()["name"] == expected
 
 
-def test_one_node_job_runs_to_completion(slurm_cluster, tmp_path):
-    result = meshrun("run", "--wait", *TINY, "training.steps=6", *SLURM, "cluster.nodes=1",
-                     f"runs_dir={tmp_path}")
+def test_one_node_job_runs_to_completion(launches):
+    result, runs_dir = launches["one_node"]
     assert result.returncode == 0, result.stdout + result.stderr
-    run_dir = only_run_dir(tmp_path)
+    run_dir = only_run_dir(runs_dir)
     assert sorted(losses(run_dir)) == list(range(1, 7))
     (job,) = json.loads((run_dir / "slurm" / "jobs.json").read_text())
     assert Path(job["stdout"]).exists()
