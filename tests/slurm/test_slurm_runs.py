@@ -134,11 +134,12 @@ def test_warning_signal_checkpoints_requeues_and_resumes_one_wandb_run(slurm_clu
     assert 5 <= stopped_at < steps
     assert (run_dir / "checkpoints" / f"step_{stopped_at:08d}").exists() or stopped_at < steps
     assert sorted(losses(run_dir)) == list(range(1, steps + 1))  # no step lost or doubled
+    # summary.json comes before W&B has written its file: read that once the job has ended
+    wait_until(lambda: status(run_dir)["state"] == "completed", timeout_s=60, what="completed",
+               every_s=1)
     record = read_runs(run_dir)
     assert record.run_id == (run_dir / "wandb_id.txt").read_text().strip()
     assert len(record.sources) == 2
-    wait_until(lambda: status(run_dir)["state"] == "completed", timeout_s=60, what="completed",
-               every_s=1)
     assert status(run_dir)["requeues"] == 1
 
 
