@@ -1,11 +1,13 @@
 """A Slurm job's state from sacct (accounting), torch-free; a poll()-able handle for progress."""
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from conf.errors import ConfigError, Problem
 from conf.rundir import RunDir, RunState, failure_tail, looks_oom, state_from_files
 
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
@@ -13,6 +15,9 @@ ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPEN
 POLL_FIRST_S = 2.0
 POLL_MOST_S = 30.0
 POLL_GROWTH = 1.2
+POLL_MOST_ENV = "MESHRUN_SLURM_POLL_MOST_S"
+"""Environment variable that lowers the longest wait between sacct polls (e.g. 1 on a test
+cluster, where jobs are short and sacct is cheap); unset = POLL_MOST_S."""
 SLURM_STATES = {
     "PENDING": RunState.pending, "REQUEUED": RunState.pending, "CONFIGURING": RunState.pending,
     "REQUEUE_HOLD": RunState.pending, "REQUEUE_FED": RunState.pending,
@@ -104,12 +109,29 @@ def _row_names(row_id: str, job_id: str) -> bool:
     return False
 
 
-def poll_intervals(*, first_s: float = POLL_FIRST_S, most_s: float = POLL_MOST_S,
+def poll_most_s() -> float:
+    """The longest wait between sacct polls: $MESHRUN_SLURM_POLL_MOST_S, else POLL_MOST_S."""
+    raw = os.environ.get(POLL_MOST_ENV, "")
+    if not raw:
+        return POLL_MOST_S
+    try:
+        most = float(raw)
+    except ValueError:
+        most = 0.0
+    if not 0 < most <= POLL_MOST_S:
+        raise ConfigError([Problem(POLL_MOST_ENV, raw, f"must be seconds in (0, {POLL_MOST_S:g}]",
+                                   f"unset it for the default {POLL_MOST_S:g} s")],
+                          title="Invalid environment")
+    return most
+
+
+def poll_intervals(*, first_s: float = POLL_FIRST_S, most_s: float | None = None,
                    growth: float = POLL_GROWTH):
     """Seconds to wait before each next sacct poll: `first_s`, growing by `growth` each time up
     to `most_s` (2 s, 2.4 s, 2.9 s, ... 30 s after about 2.5 min): quick for short jobs, light on
-    slurmdbd for long ones."""
-    wait = first_s
+    slurmdbd for long ones. `most_s` defaults to poll_most_s()."""
+    most_s = poll_most_s() if most_s is None else most_s
+    wait = min(first_s, most_s)
     while True:
         yield wait
         wait = min(most_s, wait * growth)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,10 +39,12 @@ class _Plant:
 
 
 def test_resume_skips_damaged_checkpoints_and_matches_an_uninterrupted_run(tmp_path):
-    straight = meshrun("run", *TINY, f"runs_dir={tmp_path / 'a'}")
+    with ThreadPoolExecutor(2) as pool:  # the uninterrupted run and the first leg together
+        straight = pool.submit(meshrun, "run", *TINY, f"runs_dir={tmp_path / 'a'}")
+        first = pool.submit(meshrun, "run", *TINY, "training.stop_at_step=6",
+                            "checkpoint.keep_last=3", f"runs_dir={tmp_path / 'b'}")
+        straight, first = straight.result(), first.result()
     assert straight.returncode == 0, straight.stdout + straight.stderr
-    first = meshrun("run", *TINY, "training.stop_at_step=6", "checkpoint.keep_last=3",
-                    f"runs_dir={tmp_path / 'b'}")
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = only_run_dir(tmp_path / "b")
     ck = RunDir(run_dir).checkpoints_dir

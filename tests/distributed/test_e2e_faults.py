@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -64,8 +65,8 @@ def _kill_inside_a_save(proc: subprocess.Popen, runs: Path, *, from_step: int,
 
 
 def test_sigkill_inside_checkpoint_saves_then_resume_matches_an_uninterrupted_run(tmp_path):
-    straight = meshrun("run", *SAVE_EVERY_STEP, f"runs_dir={tmp_path / 'a'}")
-    assert straight.returncode == 0, straight.stdout + straight.stderr
+    pool = ThreadPoolExecutor(1)  # the uninterrupted run goes on beside the killed ones
+    straight = pool.submit(meshrun, "run", *SAVE_EVERY_STEP, f"runs_dir={tmp_path / 'a'}")
     runs = tmp_path / "b"
     out = open(tmp_path / "out.txt", "w")
     argv = meshrun_argv("run", *SAVE_EVERY_STEP, f"runs_dir={runs}")
@@ -84,6 +85,9 @@ def test_sigkill_inside_checkpoint_saves_then_resume_matches_an_uninterrupted_ru
 
     resumed = meshrun("resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    straight = straight.result()
+    pool.shutdown()
+    assert straight.returncode == 0, straight.stdout + straight.stderr
     expected, got = train_losses(only_run_dir(tmp_path / "a")), train_losses(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1))
     assert got == expected

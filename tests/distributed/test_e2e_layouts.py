@@ -2,10 +2,10 @@
 
 Same seed, same global batch (8 sequences of 32 tokens), fp32 on CPU; relative 1e-4. Each run
 goes through the loop's whole path: build_parallel_model -> train, eval, checkpoint, gathered
-safetensors export, summary. The single-process reference and three layouts (zero3, the 8-rank
-pp x dp x tp, and the checkpoint it resumes across layouts) are real `meshrun run` launches
-(compose -> resolve -> run dir -> torchrun -> preflight -> `python -m training`); the other
-layouts train the same run dirs on spawned gloo ranks, one spawn per world size
+safetensors export, summary. Three layouts (zero3, the 8-rank pp x dp x tp, and the checkpoint
+it resumes across layouts) are real `meshrun run` launches (compose -> resolve -> run dir ->
+torchrun -> preflight -> `python -m training`); the other layouts and the one-process
+references train the same run dirs on spawned gloo ranks, one spawn per world size
 (tests/support/loop_runs.py), since a launch each would add only its start-up (~10 s here).
 Runs go one at a time: gloo on 2 cores with 12 processes at once once segfaulted inside a
 reduce-scatter.
@@ -48,8 +48,11 @@ LAYOUTS = {  # name: (processes, overrides)
     "pp2_dp2_tp2": (8, ["parallel=3d"]),
 }
 LAUNCHED = ("zero3", "pp2_dp2_tp2")
-"""Layouts run through `meshrun run` (beside the single-process reference); zero3's
-checkpoint is also the source of the cross-layout continuation below."""
+"""Layouts run through `meshrun run`; zero3's checkpoint is also the source of the cross-layout
+continuation below."""
+REFERENCES = {"single": ["parallel=single"], "straight": ["training.steps=7", "parallel=single"]}
+"""One-process runs, trained in one spawn: the 5-step reference of every layout and the 7-step
+straight run the continuation is compared with."""
 
 
 def _launch(root: Path, name: str, procs: int, overrides: list[str]) -> Path:
@@ -73,9 +76,9 @@ def _spawned(root: Path, runs: dict[str, list[str]], procs: int) -> dict[str, Pa
 
 @pytest.fixture(scope="module")
 def layout_runs(tmp_path_factory) -> dict[str, Path]:
-    """Run dir of every layout's 5-step run (and of the single-process reference)."""
+    """Run dir of every layout's 5-step run (and of the one-process references)."""
     root = tmp_path_factory.mktemp("layouts")
-    out = {"single": _launch(root, "single", 1, ["parallel=single"])}
+    out = _spawned(root, REFERENCES, 1)
     out.update({name: _launch(root, name, *LAYOUTS[name]) for name in LAUNCHED})
     for procs in sorted({procs for procs, _ in LAYOUTS.values()}):
         names = [n for n, (p, _) in LAYOUTS.items() if p == procs and n not in LAUNCHED]
@@ -105,12 +108,11 @@ def test_new_run_starts_from_another_layouts_checkpoint(layout_runs, tmp_path):
     position) continues under pp x dp x tp (8 ranks) exactly as one process running 7 steps
     straight (constant LR after warmup, so the schedule does not depend on the step count;
     the straight reference trains on one spawned rank, the continuation is a real launch)."""
-    straight = _spawned(tmp_path, {"straight": ["training.steps=7", "parallel=single"]}, 1)
     result = meshrun("run", *COMMON, "training.steps=7", "parallel=3d",
                      f"checkpoint.load_from={layout_runs['zero3']}", "cluster.procs_per_node=8",
                      f"runs_dir={tmp_path / 'continued'}", timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    runs = {"straight": train_losses(straight["straight"]),
+    runs = {"straight": train_losses(layout_runs["straight"]),
             "continued": train_losses(only_run_dir(tmp_path / "continued"))}
     assert sorted(runs["continued"]) == [6, 7]  # a new run: its metrics start after step 5
     for step in (6, 7):

@@ -3,6 +3,7 @@ non-finite loss fails the run at once; resumes remember every leg's overrides.""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -40,11 +41,13 @@ def test_a_resume_of_a_resume_keeps_the_later_legs_overrides(tmp_path):
     """run steps=8 stop 2; resume steps=12 stop 4; refused resumes change nothing; a plain
     resume then finishes at 12 on the 12-step LR schedule, as one uninterrupted run would."""
     legs = ["checkpoint.every_steps=2", "schedule.warmup_steps=2"]
-    straight = meshrun("run", *TINY, *legs, "training.steps=12", "checkpoint.export_safetensors=false",
-                       f"runs_dir={tmp_path / 'a'}")
+    with ThreadPoolExecutor(2) as pool:  # the uninterrupted run and the first leg together
+        straight = pool.submit(meshrun, "run", *TINY, *legs, "training.steps=12",
+                               "checkpoint.export_safetensors=false", f"runs_dir={tmp_path / 'a'}")
+        first = pool.submit(meshrun, "run", *TINY, *legs, "training.steps=8",
+                            "training.stop_at_step=2", f"runs_dir={tmp_path / 'b'}")
+        straight, first = straight.result(), first.result()
     assert straight.returncode == 0, straight.stdout + straight.stderr
-    first = meshrun("run", *TINY, *legs, "training.steps=8", "training.stop_at_step=2",
-                    f"runs_dir={tmp_path / 'b'}")
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = only_run_dir(tmp_path / "b")
     second = meshrun("resume", str(run_dir), "training.steps=12", "training.stop_at_step=4")

@@ -15,9 +15,9 @@ Shell:   eval "$(python -m tests.slurm.cluster up /tmp/slurm)"; srun -N2 -n4 hos
 Each node has CPUs=2 (so `srun -N2 -n4` puts ranks 0-1 on n1 and 2-3 on n2; the real cores are
 shared by both nodes, allowed by `SlurmdParameters=config_overrides`), and the partition has
 `OverSubscribe=FORCE:4`, so up to four jobs share a core and concurrent test jobs do not queue.
-`KillWait=5` (Slurm's default 30: SIGTERM to SIGKILL), `cred_expire=10` (default 120: how long a
-requeued job waits before it may start again) and 2 s scheduler intervals (defaults 60/30 s)
-keep cancel and requeue tests short.
+`KillWait=5` (Slurm's default 30: SIGTERM to SIGKILL), `cred_expire=5` (default 120, and the least
+Slurm accepts: how long a requeued job waits before it may start again) and 1 s scheduler
+intervals (defaults 60/30 s) keep cancel and requeue tests short.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ CLUSTER_NAME = "meshrun"
 ACCOUNT = "meshrun"
 DB_USER, DB_PASS, DB_NAME = "slurm", "slurm-test-pw", "slurm_acct_db"
 KILL_WAIT_S = 5
-REQUEUE_DELAY_S = 10  # cred_expire: also how long a requeued job waits to start (Slurm default 120)
+REQUEUE_DELAY_S = 5  # cred_expire: also how long a requeued job waits to start (default 120, least 5)
 _DAEMONS = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")
 _CLIENTS = ("sinfo", "sacctmgr", "sacct", "sbatch", "srun", "scontrol", "scancel", "squeue")
 _TOOLS = ("mariadb-install-db", "mariadb")
@@ -168,7 +168,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2,bf_interval=2
+SchedulerParameters=sched_interval=1,bf_interval=1
 SlurmdParameters=config_overrides
 MpiDefault=none
 SwitchType=switch/none

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.slurm_state import POLL_MOST_ENV
 from tests.slurm.cluster import INSTALL_HINT, SlurmCluster, missing_binaries
 
+SACCT_POLL_MOST_S = 1  # sacct on the test cluster answers in milliseconds
 _MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 108 bytes; the munge socket lives under the dir
 
 
@@ -35,8 +37,9 @@ def _cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
     """A running two-node cluster (n1, n2, 2 CPUs each) with accounting.
 
-    Sets SLURM_CONF in os.environ for the session (so sbatch, sacct and submitit find it) and
-    restores it afterwards. Skips when the Slurm packages are missing; fails instead under CI.
+    Sets SLURM_CONF in os.environ for the session (so sbatch, sacct and submitit find it), and
+    MESHRUN_SLURM_POLL_MOST_S so `--wait` asks sacct at least every second (a job's end is seen
+    within a second, not up to 30 s later); restores both afterwards. Skips when the Slurm packages are missing; fails instead under CI.
     """
     reason = _unavailable_reason()
     if reason:
@@ -44,14 +47,16 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
     cluster = SlurmCluster.up(_cluster_dir(tmp_path_factory))
-    saved = os.environ.get("SLURM_CONF")
-    os.environ.update(cluster.env)
+    env = {**cluster.env, POLL_MOST_ENV: str(SACCT_POLL_MOST_S)}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     try:
         yield cluster
     finally:
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         cluster.down()
         shutil.rmtree(cluster.root / "mysql", ignore_errors=True)  # ~100 MB; logs stay for debugging

@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from launcher.slurm_state import parse_sacct, poll_intervals, sacct_command
+from conf.errors import ConfigError
+from launcher.slurm_state import POLL_MOST_ENV, parse_sacct, poll_intervals, sacct_command
 
 SACCT = """\
 101|COMPLETED|0:0|00:00:12|n1
@@ -53,3 +54,16 @@ def test_polls_grow_apart_up_to_a_most():
     assert waits[-1] == 30.0 and max(waits) == 30.0
     assert all(b >= a for a, b in zip(waits, waits[1:]))
     assert list(itertools.islice(poll_intervals(first_s=1, most_s=2, growth=3), 3)) == [1, 2, 2]
+
+
+def test_the_longest_poll_wait_can_be_lowered_by_environment(monkeypatch):
+    monkeypatch.setenv(POLL_MOST_ENV, "1")
+    assert list(itertools.islice(poll_intervals(), 3)) == [1.0, 1.0, 1.0]  # first wait capped too
+    monkeypatch.setenv(POLL_MOST_ENV, "5")
+    assert list(itertools.islice(poll_intervals(), 12))[-1] == 5.0
+    for bad in ("0", "-1", "31", "soon"):
+        monkeypatch.setenv(POLL_MOST_ENV, bad)
+        with pytest.raises(ConfigError, match=f"{POLL_MOST_ENV}={bad}: must be seconds in"):
+            poll_intervals().__next__()
+    monkeypatch.delenv(POLL_MOST_ENV)
+    assert max(itertools.islice(poll_intervals(), 30)) == 30.0
