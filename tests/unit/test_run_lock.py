@@ -53,7 +53,7 @@ def test_a_killed_holders_lock_is_taken_over_with_a_notice(tmp_path, holder, cap
         record = json.loads((tmp_path / "launcher.lock").read_text())
         assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
     err = capfd.readouterr().err
-    assert f"stale lock" in err and f"pid {holder.pid}" in err and "has exited" in err
+    assert "stale lock" in err and f"pid {holder.pid}" in err and "has exited" in err
 
 
 def test_a_clean_release_leaves_no_stale_record(tmp_path, capfd):
