@@ -58,10 +58,14 @@ def load_backend(info: TokenizerInfo):
                                              for i, name in enumerate(info.specials)})
 
 
-def encode_batch(backend, texts: Sequence[str], *, kind: str) -> list[list[int]]:
+def encode_batch(backend, texts: Sequence[str], *, kind: str,
+                 special_text: bool = False) -> list[list[int]]:
     """Ids of each text alone: no BOS/EOS added; with tiktoken, special-token text is
-    ordinary text (a document cannot end itself by quoting `<|end_of_text|>`)."""
+    ordinary text (a document cannot end itself by quoting `<|end_of_text|>`) unless
+    `special_text` (a chat template's rendering, whose markers are special tokens)."""
     if kind == "tiktoken":
+        if special_text:
+            return backend.encode_batch(list(texts), allowed_special="all")
         return backend.encode_ordinary_batch(list(texts))
     return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
 
@@ -82,8 +86,25 @@ class Tokenizer:
         """Ids of `text` alone: no BOS/EOS added (documents get those in `data prepare`)."""
         return self.encode_batch([text])[0]
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return encode_batch(self.backend, texts, kind=self.info.kind)
+    def encode_batch(self, texts: Sequence[str], *, special_text: bool = False
+                     ) -> list[list[int]]:
+        return encode_batch(self.backend, texts, kind=self.info.kind, special_text=special_text)
+
+    def special_ids(self) -> list[int]:
+        """Ids of the tokenizer's special tokens, ascending."""
+        if self.info.kind == "tiktoken":
+            first = self.vocab_size - len(self.info.specials)
+            return list(range(first, self.vocab_size))
+        return sorted(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
+
+    def token_text(self, token_id: int) -> str:
+        """One token as the tokenizer writes it (a special token's name)."""
+        if self.info.kind == "tiktoken":
+            first = self.vocab_size - len(self.info.specials)
+            if token_id >= first:
+                return self.info.specials[token_id - first]
+            return self.backend.decode_single_token_bytes(token_id).decode("utf-8", "replace")
+        return self.backend.id_to_token(token_id)
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.info.kind == "tiktoken":

@@ -133,7 +133,7 @@ def encode_conversation(messages: list[dict], tok: Tokenizer,
     """Tokens and loss mask of one conversation, closed by the EOS (mask 0); `prepare_sft`
     swaps that EOS for another separator when conversations hold EOS inside."""
     segments = template.segments(messages)
-    encoded = tok.encode_batch([s.text for s in segments])
+    encoded = tok.encode_batch([s.text for s in segments], special_text=True)
     head = [tok.info.bos_id] if template.origin == "default" and tok.info.bos_id is not None \
         else []
     tokens = head + [t for ids in encoded for t in ids] + [tok.info.eos_id]
@@ -161,8 +161,7 @@ def choose_separator(tok: Tokenizer, conversations: list[Conversation]) -> int |
     used = np.unique(np.concatenate([_inside(c) for c in conversations])) if conversations \
         else np.empty(0, dtype=np.int64)
     info = tok.info
-    specials = sorted(i for i, t in tok.backend.get_added_tokens_decoder().items() if t.special)
-    candidates = [info.eos_id, info.pad_id, info.bos_id] + specials
+    candidates = [info.eos_id, info.pad_id, info.bos_id] + tok.special_ids()
     for token in candidates:
         if token is not None and token < tok.vocab_size and not np.isin(token, used):
             return token
@@ -266,4 +265,4 @@ def _check_options(options: SftOptions) -> None:
 
 
 def _token_text(tok: Tokenizer, token_id: int | None) -> str:
-    return "" if token_id is None else tok.backend.id_to_token(token_id)
+    return "" if token_id is None else tok.token_text(token_id)

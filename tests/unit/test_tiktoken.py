@@ -130,3 +130,44 @@ def test_export_writes_a_tokenizer_autotokenizer_loads(tok_dir, tmp_path):
         if "<|" not in text:  # transformers splits special-token text out; data prepare does not
             assert loaded(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
     assert loaded.convert_ids_to_tokens([N_RANKS + 9]) == ["<|eot_id|>"]
+
+
+LLAMA3_CHAT = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+               "<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"
+               "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>"
+               "\n\n{% endif %}")
+"""Llama 3 instruct's chat template, shortened: every turn ends with <|eot_id|>."""
+
+
+def test_prepare_sft_with_a_tiktoken_instruct_tokenizer(tok_dir, tmp_path):
+    """SFT prepare with a tiktoken rank file and an instruct config (EOS = <|eot_id|>, which
+    ends every turn): the template's markers become special ids, and conversations are
+    separated by a token none of them holds (not the EOS)."""
+    from launcher.sft_prepare import SftOptions, prepare_sft
+
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": LLAMA3_CHAT, "bos_token": "<|begin_of_text|>",
+         "eos_token": "<|eot_id|>"}))
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"numbers {i} and {i + 7}?"},
+        {"role": "assistant", "content": "the tokenizer merges bytes " * (1 + i % 3)}]}) + "\n"
+        for i in range(12)))
+    out, manifest, skipped = prepare_sft(
+        [str(chats)], tokenizer=str(tok_dir), out_dir=str(tmp_path / "sft"),
+        options=SftOptions(seq_len=127, val_fraction=0.0))
+    tok = load_tokenizer(tok_dir)
+    specials = {name: tok.info.vocab_size - len(tok.info.specials) + i
+                for i, name in enumerate(tok.info.specials)}
+    eot = specials["<|eot_id|>"]
+    assert manifest["tokenizer"]["eos_id"] == eot and not skipped
+    separator = manifest["document_separator_id"]
+    assert separator != eot and separator in tok.special_ids()
+    tokens = np.concatenate([np.fromfile(out / s["file"], dtype=manifest["dtype"])
+                             for s in manifest["splits"]["train"]["shards"]])
+    # each turn's markers are single special ids, not their text spelled in bytes
+    assert int((tokens == specials["<|start_header_id|>"]).sum()) == 24
+    assert int((tokens == eot).sum()) == 24  # inside the conversations: not a boundary
+    assert manifest["splits"]["train"]["conversations"] == 12
+    assert int((tokens == separator).sum()) >= 12  # each ends with it (pad may be it too)
+    assert tok.token_text(eot) == "<|eot_id|>"
