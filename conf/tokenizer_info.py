@@ -96,24 +96,29 @@ def read_tokenizer_info(path: str | Path, *, bos_token: str = "", eos_token: str
         vocab = _vocab(data)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{file} is not a Hugging Face tokenizer.json ({err})") from None
-    config = _tokenizer_config(file.parent)
-    ids = {name: _special_id(vocab, wanted, config.get(key), names, key)
-           for name, wanted, key, names in (("bos_id", bos_token, "bos_token", BOS_NAMES),
-                                            ("eos_id", eos_token, "eos_token", EOS_NAMES),
-                                            ("pad_id", pad_token, "pad_token", PAD_NAMES))}
+    ids = _special_ids(vocab, file.parent, bos_token=bos_token, eos_token=eos_token,
+                       pad_token=pad_token)
     return TokenizerInfo(path=str(file.resolve()), sha256=hashlib.sha256(raw).hexdigest(),
                          vocab_size=max(vocab.values()) + 1, **ids)
+
+
+def _special_ids(vocab: dict, directory: Path, *, bos_token: str, eos_token: str,
+                 pad_token: str) -> dict:
+    """bos_id / eos_id / pad_id: the token asked for, else tokenizer_config.json's, else the
+    first of the usual names found in `vocab` (name -> id)."""
+    config = _tokenizer_config(directory)
+    return {name: _special_id(vocab, wanted, config.get(key), names, key)
+            for name, wanted, key, names in (("bos_id", bos_token, "bos_token", BOS_NAMES),
+                                             ("eos_id", eos_token, "eos_token", EOS_NAMES),
+                                             ("pad_id", pad_token, "pad_token", PAD_NAMES))}
 
 
 def _tiktoken_info(file: Path, raw: bytes, *, bos_token: str, eos_token: str,
                    pad_token: str) -> TokenizerInfo:
     n_ranks = count_ranks(raw, file)
     specials = {name: n_ranks + i for i, name in enumerate(LLAMA3_SPECIALS)}
-    config = _tokenizer_config(file.parent)
-    ids = {name: _special_id(specials, wanted, config.get(key), names, key)
-           for name, wanted, key, names in (("bos_id", bos_token, "bos_token", BOS_NAMES),
-                                            ("eos_id", eos_token, "eos_token", EOS_NAMES),
-                                            ("pad_id", pad_token, "pad_token", PAD_NAMES))}
+    ids = _special_ids(specials, file.parent, bos_token=bos_token, eos_token=eos_token,
+                       pad_token=pad_token)
     return TokenizerInfo(path=str(file.resolve()), sha256=hashlib.sha256(raw).hexdigest(),
                          vocab_size=n_ranks + len(LLAMA3_SPECIALS), kind="tiktoken",
                          specials=LLAMA3_SPECIALS, **ids)

@@ -93,6 +93,17 @@ def layout_update(spec: RunSpec, rank: int):
     return own.item() / loss.global_tokens, grads, params, memory
 
 
+def assert_same_update(where: str, got: tuple, ref: tuple) -> None:
+    """(loss, {name: grad}, {name: param}) equal to the reference's within the tolerance; a
+    mismatch names `where` and the tensor."""
+    (loss, grads, params), (ref_loss, ref_grads, ref_params) = got, ref
+    assert abs(loss - ref_loss) <= ATOL + RTOL * abs(ref_loss), (where, loss, ref_loss)
+    for kind, tensors, refs in (("grad", grads, ref_grads), ("param", params, ref_params)):
+        for name, tensor in tensors.items():
+            torch.testing.assert_close(tensor, refs[name], atol=ATOL, rtol=RTOL,
+                                       msg=lambda m, n=name, k=kind: f"{where} {k} {n}: {m}")
+
+
 def parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> list[dict]:
     """Every check runs on the ranks (a mismatch raises there, with the parameter's name)."""
     report = []
@@ -101,14 +112,8 @@ def parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> list[d
         ref_loss, ref_grads, ref_params = reference_update(spec)
         loss, grads, params, memory = layout_update(spec, rank)
         check_memory(spec, rank, memory)
-        where = f"layout {spec.parallel.name}"
-        assert abs(loss - ref_loss) <= ATOL + RTOL * abs(ref_loss), (where, loss, ref_loss)
-        for name, grad in grads.items():
-            torch.testing.assert_close(grad, ref_grads[name], atol=ATOL, rtol=RTOL,
-                                       msg=lambda m, n=name: f"{where} grad {n}: {m}")
-        for name, param in params.items():
-            torch.testing.assert_close(param, ref_params[name], atol=ATOL, rtol=RTOL,
-                                       msg=lambda m, n=name: f"{where} param {n}: {m}")
+        assert_same_update(f"layout {spec.parallel.name}", (loss, grads, params),
+                           (ref_loss, ref_grads, ref_params))
         report.append({"layout": spec.parallel.name, "names": sorted(grads),
                        "loss": loss, "ref_loss": ref_loss, "memory": memory})
     return report

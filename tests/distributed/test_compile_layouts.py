@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from conf.spec import RunSpec
 from conf.spec_io import spec_from_dict, spec_to_dict
-from tests.distributed.layout_parity import ATOL, RTOL, full, named_params
+from tests.distributed.layout_parity import assert_same_update, full, named_params
 from tests.distributed.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 
@@ -127,13 +127,7 @@ def compile_parity_rank(*, rank: int, world_size: int, cache_dir: str,
         ref_loss, ref_grads, ref_params = _update(eager_spec, rank)
         (loss, grads, params), graphs = _compiled_update(spec, rank)
         where = f"{spec.parallel.name} ({spec.training.compile_backend})"
-        assert abs(loss - ref_loss) <= ATOL + RTOL * abs(ref_loss), (where, loss, ref_loss)
-        for name, grad in grads.items():
-            torch.testing.assert_close(grad, ref_grads[name], atol=ATOL, rtol=RTOL,
-                                       msg=lambda m, n=name: f"{where} grad {n}: {m}")
-        for name, param in params.items():
-            torch.testing.assert_close(param, ref_params[name], atol=ATOL, rtol=RTOL,
-                                       msg=lambda m, n=name: f"{where} param {n}: {m}")
+        assert_same_update(where, (loss, grads, params), (ref_loss, ref_grads, ref_params))
         report.append({"layout": spec.parallel.name, "graphs": graphs, "names": sorted(grads),
                        "wall_s": time.perf_counter() - start})
         print(f"rank {rank} {where}: {time.perf_counter() - start:.1f} s", flush=True)
