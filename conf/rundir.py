@@ -199,24 +199,43 @@ def history(rows) -> list[dict]:
     return kept
 
 
-_ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)"
-    r"[^\n]*?(?:\((SIG[A-Z0-9]+)\))?\s*\n", re.S)
+_FAILURE_ENTRY = re.compile(
+    r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*?(?:\((SIG[A-Z0-9]+)\))?\s*\n", re.S)
+ROOT_CAUSE = "Root Cause (first observed failure):"
 COLLATERAL_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")
 """A rank whose error says one of these failed because a peer died first (gloo/NCCL)."""
 
 
 def first_failure(run_dir: Path) -> tuple[int, int, str] | None:
-    """torchrun's verdict from its log's last error summary: (rank, exit code, signal name or
-    "") of the "Root Cause (first observed failure)", or None where there is none."""
-    log = RunDir(run_dir).torchrun_log
-    if not log.exists():
+    """The rank that failed first, from torchrun's last error summary: (rank, exit code, signal
+    name or ""), or None where there is none. torchrun's "Root Cause (first observed
+    failure)" is the earliest timestamp, and a survivor that wrote its error file ("connection
+    reset by peer") can be stamped before the agent noticed the peer it lost (a SIGKILLed rank
+    leaves no file): such a root cause gives way to a listed failure whose log says no such
+    thing."""
+    rd = RunDir(run_dir)
+    if not rd.torchrun_log.exists():
         return None
-    found = _ROOT_CAUSE.findall(log.read_text(errors="replace"))
-    if not found:
+    text = rd.torchrun_log.read_text(errors="replace")
+    if ROOT_CAUSE not in text:
         return None
-    rank, code, sig = found[-1]
-    return int(rank), int(code), sig
+    summary_start = text.rfind("Failures:", 0, text.rfind(ROOT_CAUSE))
+    summary = text[summary_start if summary_start >= 0 else text.rfind(ROOT_CAUSE):]
+    listed, _, root_part = summary.rpartition(ROOT_CAUSE)
+    root = _FAILURE_ENTRY.search(root_part)
+    if root is None:
+        return None
+    entries = [root] + list(_FAILURE_ENTRY.finditer(listed))
+    failures = [(int(m.group(1)), int(m.group(2)), m.group(3) or "") for m in entries]
+    primary = [f for f in failures if not _peer_death(rd, f[0])]
+    return primary[0] if primary else failures[0]
+
+
+def _peer_death(rd: RunDir, rank: int) -> bool:
+    """Does `rank`'s log say it failed because a peer died (COLLATERAL_MARKERS)?"""
+    log = rd.rank_log(rank)
+    return log.exists() and any(m in log.read_text(errors="replace").lower()
+                                for m in COLLATERAL_MARKERS)
 
 
 def failure_tail(run_dir: Path, lines: int = 30) -> str:

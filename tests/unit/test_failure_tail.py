@@ -52,3 +52,35 @@ def test_without_torchrun_a_peer_death_error_ranks_last(tmp_path):
 def test_an_exit_code_failure_is_reported_as_such(tmp_path):
     write_logs(tmp_path, SUMMARY.replace("-9 (pid: 9426)  (SIGKILL)", "1 (pid: 9426)"))
     assert failure_tail(tmp_path).startswith("rank 1 failed first (exit code 1, says torchrun)")
+
+
+def test_a_survivors_earlier_stamp_does_not_make_it_the_root_cause(tmp_path):
+    """torchrun stamps a survivor's error file before it notices the SIGKILLed peer (seen in
+    CI): its "Root Cause" then names the survivor, whose log says the peer reset the
+    connection; the listed SIGKILLed rank is the one that failed first."""
+    swapped = """
+Failures:
+[0]:
+  time      : 2026-12-01_11:31:12
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 1456)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 1456
+------------------------------------------------------------
+Root Cause (first observed failure):
+[1]:
+  time      : 2026-12-01_11:31:11
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 1455)  (SIGTERM)
+  error_file: /tmp/torchelastic/error.json
+  traceback : Traceback (most recent call last):
+============================================================
+"""
+    write_logs(tmp_path, "an older leg\n" + swapped)
+    assert first_failure(tmp_path) == (1, -9, "SIGKILL")
+    assert failure_tail(tmp_path).startswith("rank 1 failed first (killed by SIGKILL")
+    rd = RunDir(tmp_path)  # a root cause whose own log holds no peer's death stays the root
+    rd.rank_log(0).write_text("Traceback (most recent call last):\nValueError: bad batch\n")
+    assert first_failure(tmp_path) == (0, -15, "SIGTERM")
