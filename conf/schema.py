@@ -1,8 +1,8 @@
 """Hydra-facing schema: the mutable dataclasses that YAML and overrides compose against.
 
 Each knob is documented once, by the docstring under its field; the frozen spec sections
-(conf/spec.py) are derived from these classes, not declared again. Choices are `StrEnum`s
-(omegaconf 2.3 rejects `Literal`): they compare equal to, and print as, their values.
+(conf/spec.py) are derived from these classes, not declared again. Choices are the
+`StrEnum`s of conf/choices.py.
 `-1` means "auto": `resolve()` fills it in.
 Schema defaults equal the default group options (conf/config.yaml), so Hydra's `~group`
 (delete) falls back to the same values as the default option. Nothing here is
@@ -11,81 +11,11 @@ validated across fields; that is `resolve()`'s job (conf/resolve.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-
-class Precision(StrEnum):
-    auto = "auto"
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp8 = "fp8"
-
-
-class DType(StrEnum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class RecomputeMode(StrEnum):
-    none = "none"
-    full = "full"
-    selective = "selective"
-    offload = "offload"
-
-
-class ScheduleKind(StrEnum):
-    constant = "constant"
-    linear = "linear"
-    cosine = "cosine"
-    wsd = "wsd"
-
-
-class DecayShape(StrEnum):
-    linear = "linear"
-    cosine = "cosine"
-    one_minus_sqrt = "one_minus_sqrt"
-
-
-class CompileBackend(StrEnum):
-    inductor = "inductor"
-    aot_eager = "aot_eager"
-    eager = "eager"
-
-
-class DataKind(StrEnum):
-    stdlib = "stdlib"
-    files = "files"
-    synthetic = "synthetic"
-
-
-class ClusterKind(StrEnum):
-    local = "local"
-    slurm = "slurm"
-    nodes = "nodes"
-
-
-class DeviceKind(StrEnum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class RopeScaling(StrEnum):
-    none = "none"
-    llama3 = "llama3"
-
-
-class NonFinite(StrEnum):
-    stop = "stop"
-    skip_step = "skip_step"
-
-
-class WandbMode(StrEnum):
-    offline = "offline"
-    online = "online"
-    disabled = "disabled"
+from conf.choices import (  # noqa: F401 -- re-exported: the schema's field types
+    ClusterKind, CompileBackend, DataKind, DecayShape, DeviceKind, DType, NonFinite, Precision,
+    RecomputeMode, RopeScaling, ScheduleKind, WandbMode,
+)
 
 
 @dataclass
