@@ -3,25 +3,22 @@ from __future__ import annotations
 
 from conf.rundir import RunDir, failure_tail, first_failure
 
-SUMMARY = """
-Failures:
-[1]:
-  time      : 2026-12-01_03:44:30
-  host      : localhost
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 9425)
-  traceback : RuntimeError: Connection closed by peer
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-12-01_03:44:30
-  host      : localhost
-  rank      : 1 (local_rank: 1)
-  exitcode  : -9 (pid: 9426)  (SIGKILL)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 9426
-============================================================
-"""
+def entry(rank: int, exitcode: str, traceback: str) -> str:
+    """One failure as torchrun's error summary lists it."""
+    return (f"  time      : 2026-12-01_03:44:30\n  host      : localhost\n"
+            f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {exitcode}\n"
+            f"  error_file: <N/A>\n  traceback : {traceback}\n")
+
+
+def summary(listed: str, root: str) -> str:
+    """torchrun's error summary: the other failures, then its root cause (the earliest)."""
+    return (f"\nFailures:\n[1]:\n{listed}{'-' * 60}\n"
+            f"Root Cause (first observed failure):\n[0]:\n{root}{'=' * 60}\n")
+
+
+SIGKILLED = entry(1, "-9 (pid: 9426)  (SIGKILL)", "Signal 9 (SIGKILL) received by PID 9426")
+SUMMARY = summary(entry(0, "1 (pid: 9425)", "RuntimeError: Connection closed by peer"),
+                  SIGKILLED)
 
 
 def write_logs(tmp_path, torchrun: str | None) -> RunDir:
@@ -58,26 +55,8 @@ def test_a_survivors_earlier_stamp_does_not_make_it_the_root_cause(tmp_path):
     """torchrun stamps a survivor's error file before it notices the SIGKILLed peer (seen in
     CI): its "Root Cause" then names the survivor, whose log says the peer reset the
     connection; the listed SIGKILLed rank is the one that failed first."""
-    swapped = """
-Failures:
-[0]:
-  time      : 2026-12-01_11:31:12
-  host      : localhost
-  rank      : 1 (local_rank: 1)
-  exitcode  : -9 (pid: 1456)  (SIGKILL)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 1456
-------------------------------------------------------------
-Root Cause (first observed failure):
-[1]:
-  time      : 2026-12-01_11:31:11
-  host      : localhost
-  rank      : 0 (local_rank: 0)
-  exitcode  : -15 (pid: 1455)  (SIGTERM)
-  error_file: /tmp/torchelastic/error.json
-  traceback : Traceback (most recent call last):
-============================================================
-"""
+    swapped = summary(SIGKILLED, entry(0, "-15 (pid: 9425)  (SIGTERM)",
+                                       "Traceback (most recent call last):"))
     write_logs(tmp_path, "an older leg\n" + swapped)
     assert first_failure(tmp_path) == (1, -9, "SIGKILL")
     assert failure_tail(tmp_path).startswith("rank 1 failed first (killed by SIGKILL")
