@@ -133,11 +133,6 @@ def axis_is_intra_node(degrees: dict[str, int], axes: tuple[str, ...], ranks_per
     return block <= ranks_per_node and ranks_per_node % block == 0
 
 
-def link_of(degrees: dict[str, int], axes: tuple[str, ...], *, ranks_per_node: int,
-            intra: Link, inter: Link) -> Link:
-    return intra if axis_is_intra_node(degrees, axes, ranks_per_node) else inter
-
-
 def step_collectives(spec: RunSpec, *, ranks_per_node: int, intra: Link,
                      inter: Link) -> list[Collective]:
     """Every collective one rank takes part in during a step (module docstring)."""
