@@ -91,17 +91,13 @@ def recompute_working_set_bytes(spec: RunSpec, layer: int, kwargs: dict) -> int:
     """What block `layer`'s backward re-creates at once: the activations it keeps without
     recompute less those its policy keeps (one block's full activations under full
     recompute; nothing without recompute, or under offload on a CPU device)."""
-    return _block_bytes(spec, [layer], kwargs)[layer][1]
-
-
-def _block_bytes(spec: RunSpec, layers: list[int], kwargs: dict) -> dict[int, tuple[int, int]]:
-    """(kept, recompute working set) of each block in `layers`."""
-    return _block_bytes_of(spec.model, spec.recompute, layers, kwargs)
+    return _block_bytes_of(spec.model, spec.recompute, [layer], kwargs)[layer][1]
 
 
 def _block_bytes_of(model: ModelSpec, recompute: RecomputeSpec, layers, kwargs: dict
                     ) -> dict[int, tuple[int, int]]:
-    """Blocks differ only in whether the policy applies to them: each kind computed once."""
+    """(kept, recompute working set) of each block in `layers`; blocks differ only in whether
+    the policy applies to them, so each kind is computed once."""
     first = {recompute.applies_to(layer): layer for layer in reversed(layers)}
     by_policy = {applies: _one_block(model, recompute, layer, **kwargs)
                  for applies, layer in first.items()}
