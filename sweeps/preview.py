@@ -75,43 +75,77 @@ def _local_gpu_memory() -> float | None:
 
 
 def preview_table(checked: list[Checked], *, title: str, max_rows: int = 50) -> Table:
+    """One row per point, sized for an 80-column terminal: no rules between columns, cells never
+    wrapped (long axis names wrap in the header at their dots and underscores), the totals in
+    the caption below."""
     costs = [point_cost(c.spec) for c in checked]
     keys = list(dict.fromkeys(k for c in checked for k in c.point.values))
     shorts = [k.split(".")[-1] for k in keys]
     headers = [s if shorts.count(s) == 1 else k for k, s in zip(keys, shorts)]
     show_fit = any(c.spec.training.device == "cuda" for c in checked)
-    table = Table(title=title, title_justify="left")
-    table.add_column("#", justify="right")
-    for header in headers:
-        table.add_column(header, style="cyan")
-    for column in ("world", "mem/rank") + (("fits",) if show_fit else ()) + ("tokens", "GPU-h"):
-        table.add_column(column, justify="right")
     shown = checked if len(checked) <= max_rows else checked[:max_rows]
-    for c, cost in zip(shown, costs):
-        world = f"{cost.world_size}" + (f" ({cost.nodes} nodes)" if cost.nodes > 1 else "")
-        fit = [] if not show_fit else [_fit_text(cost)]
-        table.add_row(str(c.point.index), *[c.point.values.get(k, "") for k in keys], world,
-                      gib(cost.mem_per_rank), *fit, human(cost.tokens), _hours(cost.gpu_hours))
+    rows = [[str(c.point.index), *[str(c.point.values.get(k, "")) for k in keys],
+             _world_text(cost), _memory_text(cost), *([_fit_text(cost)] if show_fit else []),
+             human(cost.tokens), _hours(cost.gpu_hours)]
+            for c, cost in zip(shown, costs)]
     if len(checked) > len(shown):
-        table.add_row("...", f"{len(checked) - len(shown)} more", *[""] * (len(table.columns) - 2))
-    table.add_section()
-    hours = [c.gpu_hours for c in costs]
-    total_hours = _hours(sum(h for h in hours if h is not None)) if any(
-        h is not None for h in hours) else "-"
-    cells = [f"{len(checked)} pts", *[""] * len(keys),
-             f"max {max(c.world_size for c in costs)}",
-             f"max {gib(max(c.mem_per_rank for c in costs))}"]
-    if show_fit:
-        cells.append(f"{sum(1 for c in costs if c.fits is False)} do not fit")
-    cells += [human(sum(c.tokens for c in costs)), total_hours]
-    table.add_row(*cells, style="bold")
+        rows.append(["...", f"{len(checked) - len(shown)} more"])
+    columns = ["#", *headers, "world", "GiB/rank", *(["fits"] if show_fit else []),
+               "tokens", "GPU-h"]
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False,
+                  collapse_padding=True, header_style="bold",
+                  caption=_totals(checked, costs, show_fit), caption_justify="left")
+    for i, name in enumerate(columns):
+        width = max((len(row[i]) for row in rows if i < len(row)), default=1)
+        table.add_column(_wrapped_header(name, width), no_wrap=True, min_width=width,
+                         justify="left" if 0 < i <= len(keys) else "right",
+                         style="cyan" if 0 < i <= len(keys) else None)
+    for row in rows:
+        table.add_row(*row)
     return table
+
+
+def _wrapped_header(name: str, width: int) -> str:
+    """A header no wider than its cells where it can break: after '.' or '_'."""
+    lines: list[str] = []
+    for piece in name.replace(".", ".\n").replace("_", "_\n").split("\n"):
+        if lines and len(lines[-1]) + len(piece) <= max(width, 5):
+            lines[-1] += piece
+        else:
+            lines.append(piece)
+    return "\n".join(lines)
+
+
+def _totals(checked: list[Checked], costs: list[Cost], show_fit: bool) -> str:
+    hours = [c.gpu_hours for c in costs if c.gpu_hours is not None]
+    parts = [f"{len(checked)} pts", f"max world {max(c.world_size for c in costs)}",
+             f"max {gib(max(c.mem_per_rank for c in costs))}/rank"]
+    if show_fit:
+        parts.append(f"{sum(1 for c in costs if c.fits is False)} do not fit "
+                     "(GiB/rank: need/usable)")
+    parts += [f"{human(sum(c.tokens for c in costs))} tokens",
+              f"{_hours(sum(hours)) if hours else '-'} GPU-h"]
+    return "total: " + ", ".join(parts)
+
+
+def _world_text(cost: Cost) -> str:
+    return f"{cost.world_size}" + (f" ({cost.nodes}n)" if cost.nodes > 1 else "")
+
+
+def _memory_text(cost: Cost) -> str:
+    """Need per rank in GiB; on a known GPU `need/usable` (the verdict's terms: the margin at a
+    glance)."""
+    need = cost.mem_per_rank / 1024**3
+    usable = cost.verdict.usable_bytes
+    if usable is None:
+        return f"{need:.2f}" if need < 10 else f"{need:.1f}"
+    return f"{need:.1f}/{usable / 1024**3:.1f}"
 
 
 def _fit_text(cost: Cost) -> str:
     if cost.fits is None:
         return "?"
-    return "yes" if cost.fits else f"NO ({gib(int(cost.device_mem))})"
+    return "yes" if cost.fits else "NO"
 
 
 def _hours(h: float | None) -> str:

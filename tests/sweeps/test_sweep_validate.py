@@ -98,8 +98,8 @@ def test_cluster_nodes_is_not_a_sweep_backend():
     assert "sweeps run their points locally or on Slurm" in checked[0].problems[0].render()
 
 
-def _render(table) -> str:
-    console = Console(width=250, record=True)
+def _render(table, width: int = 250) -> str:
+    console = Console(width=width, record=True)
     console.print(table)
     return console.export_text()
 
@@ -108,8 +108,12 @@ def test_preview_on_cpu_has_no_fit_column():
     checked = validate(expand(inline_sweep(["model=tiny", "training.device=cpu",
                                             "optim.lr=1e-3,3e-3"])), host=CPU)
     text = _render(preview_table(checked, title="t"))
-    assert "fits" not in text and "mem/rank" in text and "2 pts" in text
+    assert "fits" not in text and "GiB/rank" in text and "2 pts" in text
     assert "491.52K" in text  # 120 steps x micro-batch 16 x seq_len 128 x dp 2
+
+
+def _row(text: str, word: str) -> list[str]:
+    return [line for line in text.splitlines() if word in line][0].split()
 
 
 def test_preview_on_gpus_says_what_fits():
@@ -119,11 +123,23 @@ def test_preview_on_gpus_says_what_fits():
                           "model=llama3_1b,llama3_8b"])
     checked = validate(expand(sweep), host=CPU)
     text = _render(preview_table(checked, title="t"))
-    assert "fits" in text and "yes" in text and "NO (80.00 GiB)" in text
-    assert "1 do not fit" in text
-    cells = [line for line in text.splitlines() if "llama3_8b" in line][0].split("│")
-    assert float(cells[-2]) > float([line for line in text.splitlines()
-                                     if "llama3_1b" in line][0].split("│")[-2]) > 0
+    assert "fits" in text and "1 do not fit" in text
+    small, large = _row(text, "llama3_1b"), _row(text, "llama3_8b")
+    assert small[4] == "yes" and large[4] == "NO"
+    need, usable = (float(x) for x in large[3].split("/"))
+    assert usable == 73.6 and need > usable  # 92% of the H100's 80 GiB
+    assert float(large[-1]) > float(small[-1]) > 0  # GPU-hours
+
+
+def test_preview_fits_80_columns_without_cutting_a_cell():
+    sweep = inline_sweep(["data=synthetic", "cluster=slurm", "cluster.gpus_per_node=8",
+                          "model=llama3_1b", "cluster.nodes=1,2,4", "precision=bf16,fp8",
+                          "training.micro_batch_size=1,2", "recompute=none,selective"])
+    checked = validate(expand(sweep), host=CPU)
+    text = _render(preview_table(checked, title="t"), width=80)
+    lines = text.splitlines()
+    assert all(len(line.rstrip()) <= 80 for line in lines) and "\N{HORIZONTAL ELLIPSIS}" not in text
+    assert _row(text, "selective")[-1] != "" and "GPU-h" in text and "16 (2n)" in text
 
 
 def test_points_with_the_same_resources_share_an_array():
