@@ -317,6 +317,9 @@ class ClusterConfig:
     """Dense peak TFLOP/s of one device in the compute dtype (on CPU: of one core)."""
     hbm_gbps: float = 0.0
     """Device memory bandwidth, GB/s (the optimizer step's time)."""
+    host_link_gbps: float = 0.0
+    """Device <-> host memory bandwidth (PCIe, NVLink-C2C), GB/s per direction per device:
+    what recompute.mode=offload copies activations over (parallel/cost/offload.py)."""
     intra_node_gbps: float = 0.0
     """Collective bandwidth between ranks of one node (NVLink), GB/s per direction per rank."""
     inter_node_gbps: float = 0.0

@@ -10,7 +10,8 @@ Two fits, each from what a measurement can identify:
   overhead (s), z = tensor-parallel overhead (s), w = the software cost of one collective
   call (s), A = the compute (bubble included) at efficiency 1, P = the block passes (bubble
   included), T = P for runs with tp > 1 (else 0), K = the exposed collective calls (each
-  stretched by 1 / core share on CPU), C = the alpha-beta communication and optimizer time;
+  stretched by 1 / core share on CPU), C = the alpha-beta communication, optimizer and
+  activation-offload time;
   (x, y, z, w) minimise the squared relative error over the runs (an overhead the runs cannot
   identify, or that would come out negative, is 0). One constant per mechanism, the same for
   every layout. The overlap rule makes C and K depend on x, so the fit is repeated a few
@@ -143,7 +144,7 @@ def _features(spec: RunSpec, plan: Plan, constants: dict) -> tuple[float, ...]:
     bumped = step_parts(spec, plan, _hardware(spec, bump))
     calls = (bumped.comm_exposed_s - fitted.comm_exposed_s) / (CALL_STEP_US * 1e-6)
     return (parts.compute_s * stretch, passes, passes if spec.parallel.tp > 1 else 0.0, calls,
-            fitted.comm_exposed_s - calls * call * 1e-6 + fitted.optimizer_s)
+            fitted.comm_exposed_s - calls * call * 1e-6 + fitted.optimizer_s + fitted.offload_s)
 
 
 def _solve(rows: list[tuple[float, ...]], measured: list[float]) -> tuple[float, ...]:

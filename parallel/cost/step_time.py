@@ -9,7 +9,10 @@ Torch-free. Read top to bottom, a step of one rank takes
                 axis, the link each axis uses, alpha-beta ring costs plus a software cost per
                 call, the overlap rule)
     optimizer = AdamW's memory traffic over the rank's optimizer shard / HBM bandwidth
-    step      = compute + overhead + bubble + comm + optimizer
+    offload   = recompute=offload on a GPU: the saved activations copied to host memory in
+                forward and back in backward, 2 x bytes / host link bandwidth, none of it
+                hidden (parallel.cost.offload: what moves, and why nothing overlaps)
+    step      = compute + overhead + bubble + comm + optimizer + offload
 
 The bubble is the schedule's idle fraction (pp-1)/(m+pp-1) of the whole pipeline time for
 GPipe/1F1B, divided by the virtual stages v for interleaved schedules (zero-bubble and looped
@@ -31,6 +34,7 @@ from parallel.cost.calibrate_store import CONSTANTS, load_entry
 from parallel.cost.comm import Collective, Link, exposed_s, step_collectives
 from parallel.cost.devices import CPU_KEY, DEVICES, PeakFlops, device_facts, gpu_peak
 from parallel.cost.flops import ATTENTION_TERMS
+from parallel.cost.offload import offload_s
 from parallel.cost.params import param_counts
 from parallel.cost.plan import Plan
 
@@ -44,6 +48,9 @@ moments (16 bytes), write parameter and two moments (12)."""
 
 DEFAULT_LATENCY_US = {"intra-node": 10.0, "inter-node": 20.0, "cpu": 50.0}
 """alpha per collective step when neither a knob nor a calibration gives one."""
+
+DEFAULT_HOST_LINK_GBPS = 25.0
+"""Host link of a GPU the catalogue does not know: PCIe Gen4 x16's effective rate."""
 
 DEFAULT_COLLECTIVE_OVERHEAD_US = {"gpu": 0.0, "cpu": 0.0}
 """o, the software cost per collective call (parallel.cost.comm), when neither a knob nor a
@@ -63,6 +70,8 @@ class Hardware:
     tp_overhead_s: float = 0.0
     """Extra per tensor-parallel block pass (counted only when tp > 1)."""
     hbm_gbps: float
+    host_gbps: float = DEFAULT_HOST_LINK_GBPS
+    """Device <-> host memory, GB/s per direction (activation offload's copies)."""
     intra: Link
     inter: Link
     ranks_per_node: int
@@ -91,6 +100,8 @@ class StepBreakdown:
     """All communication, hidden or not."""
     comm_exposed_s: float
     optimizer_s: float
+    offload_s: float = 0.0
+    """Activation offload's copies to host memory and back (exposed in full)."""
     comm_by_axis: dict[str, float] = field(default_factory=dict)
     """Seconds per step of each axis' collectives (fsdp, ddp, zero1, hsdp, tp, cp, pp)."""
     collectives: tuple = ()
@@ -120,7 +131,7 @@ def estimate_time(spec: RunSpec, plan: Plan, *,
         return None
     parts = step_parts(spec, plan, hardware)
     step_s = parts.compute_s + parts.overhead_s + parts.bubble_s + parts.comm_exposed_s + \
-        parts.optimizer_s
+        parts.optimizer_s + parts.offload_s
     world = plan.world_size
     run_hours = step_s * spec.training.steps / 3600
     return TimeEstimate(
@@ -151,7 +162,8 @@ def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
     return StepBreakdown(compute_s=compute_s,
                          recompute_s=recompute_flops / (world * hw.rank_flops),
                          overhead_s=overhead_s, bubble_s=bubble_s, comm_s=sum(by_axis.values()),
-                         comm_exposed_s=exposed, optimizer_s=optimizer_s, comm_by_axis=by_axis,
+                         comm_exposed_s=exposed, optimizer_s=optimizer_s,
+                         offload_s=offload_s(spec, host_gbps=hw.host_gbps), comm_by_axis=by_axis,
                          collectives=tuple(collectives))
 
 
@@ -258,7 +270,9 @@ def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware |
         matmul_efficiency=pick("matmul_efficiency", None, DEFAULT_MATMUL_EFFICIENCY),
         layer_overhead_s=pick("layer_overhead_us", None, 0.0) * 1e-6,
         tp_overhead_s=pick("tp_overhead_us", None, 0.0) * 1e-6,
-        hbm_gbps=pick("hbm_gbps", get("hbm_gbps"), 1000.0), intra=intra, inter=inter,
+        hbm_gbps=pick("hbm_gbps", get("hbm_gbps"), 1000.0),
+        host_gbps=pick("host_link_gbps", get("host_link_gbps"), DEFAULT_HOST_LINK_GBPS),
+        intra=intra, inter=inter,
         ranks_per_node=ranks, core_share=share, overlaps_comm=not cpu, sources=sources)
 
 
