@@ -335,6 +335,9 @@ class ClusterConfig:
     tp_overhead_us: float = 0.0
     """Extra fixed cost per tensor-parallel block per micro-batch (DTensor's dispatch of its
     ops and collectives, beyond their bytes), us."""
+    update_overhead_us: float = 0.0
+    """Fixed cost of the optimizer step per parameter tensor the rank steps (AdamW's and the
+    gradient clipping's per-tensor work), us."""
     collective_overhead_us: float = 0.0
     """Software cost of one collective call beyond its alpha-beta time (hooks, buffer copies,
     launch, waking the peers), us (parallel/cost/comm.py)."""

@@ -9,6 +9,10 @@ Torch-free. Read top to bottom, a step of one rank takes
                 axis, the link each axis uses, alpha-beta ring costs plus a software cost per
                 call, the overlap rule)
     optimizer = AdamW's memory traffic over the rank's optimizer shard / HBM bandwidth
+                + update_overhead x the parameter tensors the rank's optimizer steps (the
+                per-tensor work of AdamW and of the gradient clipping's norms: on CPU about
+                34 us a tensor here, more than the bandwidth term for small models; a GPU's
+                fused AdamW makes it small)
     offload   = recompute=offload on a GPU: the saved activations copied to host memory in
                 forward and back in backward, 2 x bytes / host link bandwidth, none of it
                 hidden (parallel.cost.offload: what moves, and why nothing overlaps)
@@ -35,7 +39,8 @@ from parallel.cost.comm import Collective, Link, exposed_s, step_collectives
 from parallel.cost.devices import CPU_KEY, DEVICES, PeakFlops, device_facts, gpu_peak
 from parallel.cost.flops import ATTENTION_TERMS
 from parallel.cost.offload import offload_s
-from parallel.cost.params import param_counts
+from parallel.cost.memory import zero1_shares
+from parallel.cost.params import held_parameters, numel, param_counts, tp_local_shape
 from parallel.cost.plan import Plan
 
 DEFAULT_MATMUL_EFFICIENCY = 0.5
@@ -69,6 +74,8 @@ class Hardware:
     layer_overhead_s: float
     tp_overhead_s: float = 0.0
     """Extra per tensor-parallel block pass (counted only when tp > 1)."""
+    update_overhead_s: float = 0.0
+    """Fixed cost per parameter tensor the rank's optimizer steps (`optimizer_tensors`)."""
     hbm_gbps: float
     host_gbps: float = DEFAULT_HOST_LINK_GBPS
     """Device <-> host memory, GB/s per direction (activation offload's copies)."""
@@ -157,8 +164,8 @@ def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
         by_axis[c.axis] = by_axis.get(c.axis, 0.0) + c.seconds
     exposed = exposed_s(collectives, compute_s=compute_s, layers=spec.model.n_layers // p.pp,
                         overlaps=hw.overlaps_comm)
-    optimizer_s = optimizer_params(spec) * ADAMW_BYTES_PER_PARAM / (hw.hbm_gbps * 1e9) / \
-        hw.core_share
+    optimizer_s = (optimizer_params(spec) * ADAMW_BYTES_PER_PARAM / (hw.hbm_gbps * 1e9)
+                   + optimizer_tensors(spec) * hw.update_overhead_s) / hw.core_share
     return StepBreakdown(compute_s=compute_s,
                          recompute_s=recompute_flops / (world * hw.rank_flops),
                          overhead_s=overhead_s, bubble_s=bubble_s, comm_s=sum(by_axis.values()),
@@ -193,6 +200,18 @@ def optimizer_params(spec: RunSpec) -> float:
     p = spec.parallel
     shards = p.dp_shard * p.cp if p.zero >= 2 else p.dp_cp if p.zero == 1 else 1
     return param_counts(spec.model).total / (p.pp * p.tp * shards)
+
+
+def optimizer_tensors(spec: RunSpec) -> int:
+    """Parameter tensors the busiest rank's optimizer steps: those of its pipeline stage (a
+    shard of each under FSDP, its tp part under tp); under zero 1 the most that any dp_shard
+    rank owns (parallel.dims.zero1_owners, as training/parallel_model.py partitions them)."""
+    p = spec.parallel
+    stages = [held_parameters(spec, r) for r in range(p.pp)]
+    if p.zero != 1 or p.dp_shard <= 1:
+        return max(len(held) for held in stages)
+    return max(tensors for held in stages for _, tensors in zero1_shares(
+        tuple(numel(tp_local_shape(name, shape, p.tp)) for name, shape in held), p.dp_shard))
 
 
 def recompute_flops_per_token(spec: RunSpec, *, attention: str = "full") -> float:
@@ -270,6 +289,7 @@ def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware |
         matmul_efficiency=pick("matmul_efficiency", None, DEFAULT_MATMUL_EFFICIENCY),
         layer_overhead_s=pick("layer_overhead_us", None, 0.0) * 1e-6,
         tp_overhead_s=pick("tp_overhead_us", None, 0.0) * 1e-6,
+        update_overhead_s=pick("update_overhead_us", None, 0.0) * 1e-6,
         hbm_gbps=pick("hbm_gbps", get("hbm_gbps"), 1000.0),
         host_gbps=pick("host_link_gbps", get("host_link_gbps"), DEFAULT_HOST_LINK_GBPS),
         intra=intra, inter=inter,
