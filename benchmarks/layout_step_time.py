@@ -6,8 +6,11 @@ CPU time of the busiest rank, the load average when the layout finished, and the
 per-rank bytes of parameters + gradients + optimizer state actually held next to the plan's
 estimate. All layouts run in this one invocation (world sizes 1, 2, 4, 8 on this machine's
 cores), so the ratios between them are comparable; absolute times on a 2-core machine are not.
-Other processes on a shared machine stretch wall times (by more for layouts of fewer ranks);
-the model is compared with each layout's fastest step, the one such load stretched least.
+Other processes on a shared machine stretch wall times; the model is compared with each
+layout's fastest step, the one such load stretched least. A layout of 2 or more ranks also
+waits, at every collective, for a peer the load has descheduled: at load 14, ddp's fastest
+step took 29.9 ms while its busiest rank used 16.0 ms of CPU (single: 25.4 vs 23.7), and the
+model, which predicts an otherwise idle machine, gave ddp 18 ms. Read `cpu ms` beside it.
 
 Then the step-time model (parallel/cost/step_time.py) is calibrated on this machine
 (parallel/cost/calibrate.py: the link from an all-reduce bandwidth table over 2 ranks, as

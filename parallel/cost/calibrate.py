@@ -17,8 +17,8 @@ Two fits, each from what a measurement can identify:
   every layout. The optimizer's per-tensor cost is not fitted: on a loaded machine the fit
   used it to absorb the waits of ranks that are not scheduled together (650 us a tensor where
   the update measures 34 us, with the matmul efficiency pinned at 1); it comes from the knob,
-  a stored calibration or step_time.DEFAULT_UPDATE_OVERHEAD_US. The overlap rule makes C and K depend on x, so the fit is repeated a few
-  times.
+  a stored calibration or step_time.DEFAULT_UPDATE_OVERHEAD_US. The overlap rule makes C
+  and K depend on x, so the fit is repeated a few times.
 """
 from __future__ import annotations
 
