@@ -317,6 +317,9 @@ class ClusterConfig:
     """Dense peak TFLOP/s of one device in the compute dtype (on CPU: of one core)."""
     hbm_gbps: float = 0.0
     """Device memory bandwidth, GB/s (the optimizer step's time)."""
+    host_link_gbps: float = 0.0
+    """Device <-> host memory bandwidth (PCIe, NVLink-C2C), GB/s per direction per device:
+    what recompute.mode=offload copies activations over (parallel/cost/offload.py)."""
     intra_node_gbps: float = 0.0
     """Collective bandwidth between ranks of one node (NVLink), GB/s per direction per rank."""
     inter_node_gbps: float = 0.0
@@ -332,6 +335,9 @@ class ClusterConfig:
     tp_overhead_us: float = 0.0
     """Extra fixed cost per tensor-parallel block per micro-batch (DTensor's dispatch of its
     ops and collectives, beyond their bytes), us."""
+    update_overhead_us: float = 0.0
+    """Fixed cost of the optimizer step per parameter tensor the rank steps (AdamW's and the
+    gradient clipping's per-tensor work), us."""
     collective_overhead_us: float = 0.0
     """Software cost of one collective call beyond its alpha-beta time (hooks, buffer copies,
     launch, waking the peers), us (parallel/cost/comm.py)."""

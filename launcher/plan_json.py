@@ -17,7 +17,8 @@ times seconds. Keys (schema "meshrun.plan/1"):
 - step_time: the step-time model (parallel/cost/step_time.py) or null (a GPU with no known
   peak): {step_s, run_hours, gpu_hours (null on CPU), tokens_per_s_per_device, mfu,
   peak_flops, peak_source, matmul_efficiency, breakdown: {compute_s, recompute_s,
-  overhead_s, bubble_s, comm_s, comm_exposed_s, optimizer_s, comm_by_axis: {axis: s}},
+  overhead_s, bubble_s, comm_s, comm_exposed_s, optimizer_s, offload_s (activation offload's
+  host copies), comm_by_axis: {axis: s}},
   collectives: [{axis, op, group, size_bytes, calls, link, seconds}], sources: {constant:
   cluster | calibration | catalogue | default}}
 - suggestions: when it does not fit, [{what, overrides, memory_bytes (peak), fits,
@@ -72,7 +73,8 @@ def time_json(e: TimeEstimate) -> dict:
             "breakdown": {"compute_s": b.compute_s, "recompute_s": b.recompute_s,
                           "overhead_s": b.overhead_s, "bubble_s": b.bubble_s,
                           "comm_s": b.comm_s, "comm_exposed_s": b.comm_exposed_s,
-                          "optimizer_s": b.optimizer_s, "comm_by_axis": b.comm_by_axis},
+                          "optimizer_s": b.optimizer_s, "offload_s": b.offload_s,
+                          "comm_by_axis": b.comm_by_axis},
             "collectives": [{"axis": c.axis, "op": c.op, "group": c.group,
                              "size_bytes": c.size_bytes, "calls": c.calls,
                              "link": c.link.name, "seconds": c.seconds}

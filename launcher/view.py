@@ -110,7 +110,11 @@ def time_rows(e) -> list[tuple[str, str]]:
                                 f"{b.comm_s * 1e3:.1f} ms (ms by axis: {axes})"),
             ("  bubble, overhead", f"{b.bubble_s * 1e3:.1f} ms pipeline bubble; "
                                    f"{b.overhead_s * 1e3:.1f} ms per-block overhead (TP included)"),
-            ("  optimizer", f"{b.optimizer_s * 1e3:.1f} ms (AdamW memory traffic)")]
+            ("  optimizer", f"{b.optimizer_s * 1e3:.1f} ms (AdamW memory traffic, and "
+                            f"{hw.update_overhead_s * 1e6:.0f} us per parameter tensor)")]
+    if b.offload_s:
+        rows.append(("  offload", f"{b.offload_s * 1e3:.1f} ms (activations to host memory and "
+                                  f"back at {hw.host_gbps:g} GB/s, not overlapped)"))
     if e.gpu_hours is not None:
         rows.append(("est. run time", f"{e.run_hours:.2f} h; {e.gpu_hours:.1f} GPU-hours"))
     return rows

@@ -26,7 +26,8 @@ SCHEMA = "meshrun.calibration/1"
 FILE_NAME = "calibration.json"
 CONSTANTS = ("peak_tflops", "hbm_gbps", "intra_node_gbps", "inter_node_gbps",
              "intra_node_latency_us", "inter_node_latency_us", "matmul_efficiency",
-             "layer_overhead_us", "tp_overhead_us", "collective_overhead_us")
+             "layer_overhead_us", "tp_overhead_us", "collective_overhead_us", "host_link_gbps",
+             "update_overhead_us")
 """The constants a calibration may hold: the `cluster.*` knobs of the same names."""
 
 

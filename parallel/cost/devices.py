@@ -1,6 +1,6 @@
 """The device and network catalogue: dense peak FLOP/s per dtype, memory (HBM) size and
 bandwidth, the intra-node (NVLink) and inter-node (InfiniBand) bandwidth per GPU and the GPUs
-per node. Torch-free.
+per node, and the link to host memory. Torch-free.
 
 Peaks from vendor datasheets, never the 2:4-sparse numbers: the bf16/fp16 dense tensor-core
 peak, and for fp32 runs the TF32 dense peak. Keys match substrings of the device name as CUDA
@@ -43,6 +43,10 @@ class Device:
     """Bandwidth to other nodes (InfiniBand, one NIC per GPU), GB/s per direction per GPU."""
     gpus_per_node: int | None = None
     """GPUs in the usual node of this device (HGX/DGX: 8)."""
+    host_link_gbps: float | None = None
+    """Bandwidth between the GPU and host memory (PCIe, or NVLink-C2C on Grace superchips),
+    GB/s per direction as a device<->pinned-host copy reaches it: what activation offload
+    moves over (parallel.cost.offload)."""
 
 
 CPU_KEY = "CPU core"
@@ -51,28 +55,45 @@ gets)."""
 
 _NVLINK3, _NVLINK4, _NVLINK5 = 300.0, 450.0, 900.0  # GB/s per direction per GPU
 _IB_HDR, _IB_NDR = 25.0, 50.0  # 200 / 400 Gb/s per GPU
+# Host link, per direction: a PCIe x16 link carries 32 GB/s raw at Gen4 and 64 at Gen5 per
+# direction (the "64 / 128 GB/s" of the A100 / H100 datasheets are both directions summed);
+# pinned device<->host copies reach about 80% of that after packet overhead (CUDA's
+# bandwidthTest: ~25 GB/s on Gen4, ~50 on Gen5). HGX B200 hosts attach each GPU with PCIe
+# Gen5 x16 as well. Grace superchips (GH200, GB200) reach the CPU's memory over
+# NVLink-C2C, 900 GB/s both directions: 450 per direction (nominal; calibrate). Sources:
+# NVIDIA A100/H100/H200 datasheets (PCIe Gen4 64 GB/s, Gen5 128 GB/s), the Grace Hopper
+# superchip datasheet (NVLink-C2C 900 GB/s), the PCI-SIG per-generation rates.
+_PCIE4, _PCIE5, _C2C = 25.0, 50.0, 450.0
 
 DEVICES: tuple[Device, ...] = (
     Device("GB200", 2.5e15, 1.25e15, 186, hbm_gbps=8000, intra_node_gbps=_NVLINK5,
-           inter_node_gbps=_IB_NDR, gpus_per_node=4),
+           inter_node_gbps=_IB_NDR, gpus_per_node=4, host_link_gbps=_C2C),
     Device("B200", 2.25e15, 1.1e15, 180, hbm_gbps=8000, intra_node_gbps=_NVLINK5,
-           inter_node_gbps=_IB_NDR, gpus_per_node=8),  # HGX B200: 18 PF dense bf16 / 8 GPUs
+           inter_node_gbps=_IB_NDR, gpus_per_node=8,
+           host_link_gbps=_PCIE5),  # HGX B200: 18 PF dense bf16 / 8 GPUs
+    # GH200 before H200 (its name contains "H200"): an H100-class GPU with HBM3 96 GB at
+    # 4 TB/s (the 144 GB HBM3e part says its size in its name), its Grace CPU over C2C
+    Device("GH200", 989e12, 494e12, 96, hbm_gbps=4000, intra_node_gbps=_NVLINK4,
+           inter_node_gbps=_IB_NDR, gpus_per_node=4, host_link_gbps=_C2C),
     Device("H200", 989e12, 494e12, 141, hbm_gbps=4800, intra_node_gbps=_NVLINK4,
-           inter_node_gbps=_IB_NDR, gpus_per_node=8),
+           inter_node_gbps=_IB_NDR, gpus_per_node=8, host_link_gbps=_PCIE5),
     Device("H100 PCIe", 756e12, 378e12, 80, hbm_gbps=2000, intra_node_gbps=32.0,
-           inter_node_gbps=_IB_NDR, gpus_per_node=8),  # PCIe Gen5 x16 between GPUs
+           inter_node_gbps=_IB_NDR, gpus_per_node=8,
+           host_link_gbps=_PCIE5),  # PCIe Gen5 x16 between GPUs
     Device("H100 NVL", 835e12, 417e12, 94, hbm_gbps=3900, intra_node_gbps=300.0,
-           inter_node_gbps=_IB_NDR, gpus_per_node=8),  # NVLink bridge 600 GB/s both ways
+           inter_node_gbps=_IB_NDR, gpus_per_node=8,
+           host_link_gbps=_PCIE5),  # NVLink bridge 600 GB/s both ways
     Device("H100", 989e12, 494e12, 80, hbm_gbps=3350, intra_node_gbps=_NVLINK4,
-           inter_node_gbps=_IB_NDR, gpus_per_node=8),  # H100 SXM5
+           inter_node_gbps=_IB_NDR, gpus_per_node=8, host_link_gbps=_PCIE5),  # H100 SXM5
     Device("H800", 989e12, 494e12, 80, hbm_gbps=3350, intra_node_gbps=200.0,
-           inter_node_gbps=_IB_NDR, gpus_per_node=8),  # NVLink cut to 400 GB/s both ways
+           inter_node_gbps=_IB_NDR, gpus_per_node=8,
+           host_link_gbps=_PCIE5),  # NVLink cut to 400 GB/s both ways
     Device("A100-SXM4-80GB", 312e12, 156e12, 80, hbm_gbps=2039, intra_node_gbps=_NVLINK3,
-           inter_node_gbps=_IB_HDR, gpus_per_node=8),
+           inter_node_gbps=_IB_HDR, gpus_per_node=8, host_link_gbps=_PCIE4),
     Device("A100 80GB", 312e12, 156e12, 80, hbm_gbps=2039, intra_node_gbps=_NVLINK3,
-           inter_node_gbps=_IB_HDR, gpus_per_node=8),
+           inter_node_gbps=_IB_HDR, gpus_per_node=8, host_link_gbps=_PCIE4),
     Device("A100", 312e12, 156e12, 40, hbm_gbps=1555, intra_node_gbps=_NVLINK3,
-           inter_node_gbps=_IB_HDR, gpus_per_node=8),  # A100 SXM4 40GB
+           inter_node_gbps=_IB_HDR, gpus_per_node=8, host_link_gbps=_PCIE4),  # SXM4 40GB
     Device("A800", 312e12, 156e12, 80),
     Device("L40S", 362e12, 183e12, 48),
     Device("L4", 121e12, 60e12, 24),

@@ -95,7 +95,7 @@ def predict(spec: RunSpec, plan: Plan, hardware: Hardware | None = None) -> Pred
 
 OVERHEADS = {"bubble_s": "pipeline bubble", "comm_exposed_s": "exposed comm",
              "overhead_s": "per-layer overhead", "recompute_s": "recompute",
-             "optimizer_s": "optimizer"}
+             "optimizer_s": "optimizer", "offload_s": "host offload"}
 """The parts of a step-time breakdown (step_time.StepBreakdown) `why` names, as it names them;
 comm_s (hidden or not) and compute_s are left out: they are not a cost beyond the matmuls."""
 

@@ -9,7 +9,15 @@ Torch-free. Read top to bottom, a step of one rank takes
                 axis, the link each axis uses, alpha-beta ring costs plus a software cost per
                 call, the overlap rule)
     optimizer = AdamW's memory traffic over the rank's optimizer shard / HBM bandwidth
-    step      = compute + overhead + bubble + comm + optimizer
+                + update_overhead x the parameter tensors the rank's optimizer steps (the
+                per-tensor work of AdamW and of the gradient clipping's norms: on CPU about
+                34 us a tensor here, more than the bandwidth term for small models; a GPU's
+                fused AdamW makes it small). Not fitted by the run calibration
+                (parallel.cost.calibrate says why)
+    offload   = recompute=offload on a GPU: the saved activations copied to host memory in
+                forward and back in backward, 2 x bytes / host link bandwidth, none of it
+                hidden (parallel.cost.offload: what moves, and why nothing overlaps)
+    step      = compute + overhead + bubble + comm + optimizer + offload
 
 The bubble is the schedule's idle fraction (pp-1)/(m+pp-1) of the whole pipeline time for
 GPipe/1F1B, divided by the virtual stages v for interleaved schedules (zero-bubble and looped
@@ -31,7 +39,9 @@ from parallel.cost.calibrate_store import CONSTANTS, load_entry
 from parallel.cost.comm import Collective, Link, exposed_s, step_collectives
 from parallel.cost.devices import CPU_KEY, DEVICES, PeakFlops, device_facts, gpu_peak
 from parallel.cost.flops import ATTENTION_TERMS
-from parallel.cost.params import param_counts
+from parallel.cost.offload import offload_s
+from parallel.cost.memory import zero1_shares
+from parallel.cost.params import held_parameters, numel, param_counts, tp_local_shape
 from parallel.cost.plan import Plan
 
 DEFAULT_MATMUL_EFFICIENCY = 0.5
@@ -44,6 +54,16 @@ moments (16 bytes), write parameter and two moments (12)."""
 
 DEFAULT_LATENCY_US = {"intra-node": 10.0, "inter-node": 20.0, "cpu": 50.0}
 """alpha per collective step when neither a knob nor a calibration gives one."""
+
+DEFAULT_HOST_LINK_GBPS = 25.0
+"""Host link of a GPU the catalogue does not know: PCIe Gen4 x16's effective rate."""
+
+DEFAULT_UPDATE_OVERHEAD_US = {"gpu": 0.0, "cpu": 34.0}
+"""The optimizer's cost per parameter tensor when neither a knob nor a calibration gives one.
+CPU: measured on this project's 2-core machine, AdamW (foreach) + clip_grads over the tiny
+model at 4, 8 and 16 blocks (39, 75, 147 tensors) and at 4x the parameters: the update took
+34 us a tensor + 28 bytes a parameter at ~6 GB/s (within 6% for all four). GPU: fused AdamW and
+foreach norms launch a few kernels per step whatever the tensor count: 0."""
 
 DEFAULT_COLLECTIVE_OVERHEAD_US = {"gpu": 0.0, "cpu": 0.0}
 """o, the software cost per collective call (parallel.cost.comm), when neither a knob nor a
@@ -62,7 +82,11 @@ class Hardware:
     layer_overhead_s: float
     tp_overhead_s: float = 0.0
     """Extra per tensor-parallel block pass (counted only when tp > 1)."""
+    update_overhead_s: float = 0.0
+    """Fixed cost per parameter tensor the rank's optimizer steps (`optimizer_tensors`)."""
     hbm_gbps: float
+    host_gbps: float = DEFAULT_HOST_LINK_GBPS
+    """Device <-> host memory, GB/s per direction (activation offload's copies)."""
     intra: Link
     inter: Link
     ranks_per_node: int
@@ -91,6 +115,8 @@ class StepBreakdown:
     """All communication, hidden or not."""
     comm_exposed_s: float
     optimizer_s: float
+    offload_s: float = 0.0
+    """Activation offload's copies to host memory and back (exposed in full)."""
     comm_by_axis: dict[str, float] = field(default_factory=dict)
     """Seconds per step of each axis' collectives (fsdp, ddp, zero1, hsdp, tp, cp, pp)."""
     collectives: tuple = ()
@@ -120,7 +146,7 @@ def estimate_time(spec: RunSpec, plan: Plan, *,
         return None
     parts = step_parts(spec, plan, hardware)
     step_s = parts.compute_s + parts.overhead_s + parts.bubble_s + parts.comm_exposed_s + \
-        parts.optimizer_s
+        parts.optimizer_s + parts.offload_s
     world = plan.world_size
     run_hours = step_s * spec.training.steps / 3600
     return TimeEstimate(
@@ -146,12 +172,13 @@ def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
         by_axis[c.axis] = by_axis.get(c.axis, 0.0) + c.seconds
     exposed = exposed_s(collectives, compute_s=compute_s, layers=spec.model.n_layers // p.pp,
                         overlaps=hw.overlaps_comm)
-    optimizer_s = optimizer_params(spec) * ADAMW_BYTES_PER_PARAM / (hw.hbm_gbps * 1e9) / \
-        hw.core_share
+    optimizer_s = (optimizer_params(spec) * ADAMW_BYTES_PER_PARAM / (hw.hbm_gbps * 1e9)
+                   + optimizer_tensors(spec) * hw.update_overhead_s) / hw.core_share
     return StepBreakdown(compute_s=compute_s,
                          recompute_s=recompute_flops / (world * hw.rank_flops),
                          overhead_s=overhead_s, bubble_s=bubble_s, comm_s=sum(by_axis.values()),
-                         comm_exposed_s=exposed, optimizer_s=optimizer_s, comm_by_axis=by_axis,
+                         comm_exposed_s=exposed, optimizer_s=optimizer_s,
+                         offload_s=offload_s(spec, host_gbps=hw.host_gbps), comm_by_axis=by_axis,
                          collectives=tuple(collectives))
 
 
@@ -181,6 +208,18 @@ def optimizer_params(spec: RunSpec) -> float:
     p = spec.parallel
     shards = p.dp_shard * p.cp if p.zero >= 2 else p.dp_cp if p.zero == 1 else 1
     return param_counts(spec.model).total / (p.pp * p.tp * shards)
+
+
+def optimizer_tensors(spec: RunSpec) -> int:
+    """Parameter tensors the busiest rank's optimizer steps: those of its pipeline stage (a
+    shard of each under FSDP, its tp part under tp); under zero 1 the most that any dp_shard
+    rank owns (parallel.dims.zero1_owners, as training/parallel_model.py partitions them)."""
+    p = spec.parallel
+    stages = [held_parameters(spec, r) for r in range(p.pp)]
+    if p.zero != 1 or p.dp_shard <= 1:
+        return max(len(held) for held in stages)
+    return max(tensors for held in stages for _, tensors in zero1_shares(
+        tuple(numel(tp_local_shape(name, shape, p.tp)) for name, shape in held), p.dp_shard))
 
 
 def recompute_flops_per_token(spec: RunSpec, *, attention: str = "full") -> float:
@@ -258,7 +297,11 @@ def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware |
         matmul_efficiency=pick("matmul_efficiency", None, DEFAULT_MATMUL_EFFICIENCY),
         layer_overhead_s=pick("layer_overhead_us", None, 0.0) * 1e-6,
         tp_overhead_s=pick("tp_overhead_us", None, 0.0) * 1e-6,
-        hbm_gbps=pick("hbm_gbps", get("hbm_gbps"), 1000.0), intra=intra, inter=inter,
+        update_overhead_s=pick("update_overhead_us", None,
+                               DEFAULT_UPDATE_OVERHEAD_US["cpu" if cpu else "gpu"]) * 1e-6,
+        hbm_gbps=pick("hbm_gbps", get("hbm_gbps"), 1000.0),
+        host_gbps=pick("host_link_gbps", get("host_link_gbps"), DEFAULT_HOST_LINK_GBPS),
+        intra=intra, inter=inter,
         ranks_per_node=ranks, core_share=share, overlaps_comm=not cpu, sources=sources)
 
 

@@ -14,8 +14,9 @@ from parallel.cost.calibrate import Sample, calibrate, fit_compute, fit_link, pr
 from parallel.cost.calibrate_store import CONSTANTS, SCHEMA, load_entry
 from parallel.cost.comm import Collective, Link, axis_is_intra_node, collective_s, exposed_s
 from parallel.cost.plan import make_plan
+from parallel.cost.params import parameter_shapes
 from parallel.cost.step_time import (bubble_factor, core_share, estimate_time, hardware_of,
-                                     recompute_flops_per_token)
+                                     optimizer_tensors, recompute_flops_per_token, step_parts)
 from tests.support.specs import cpu_spec
 
 SMALL = ("model=tiny", "model.n_layers=4", "data=synthetic", "training.seq_len=64",
@@ -224,13 +225,36 @@ def test_bad_knobs_and_files_are_named():
         load_entry(spec(*GPU[:-1], "cluster.calibration=/nonexistent.json"))
 
 
+def test_the_optimizer_pays_per_parameter_tensor_it_steps():
+    """optimizer_s = (AdamW bytes / HBM + tensors stepped x update_overhead) / core share:
+    every tensor of the model under ddp, about half of them under zero 1 over 2 ranks (the
+    owner with the most), a pipeline stage's under pp. This is what single, ddp and zero1 on
+    a CPU differ by beyond the matmuls: each ddp rank runs the whole update with half the
+    micro-batches. (Mutations tried: the per-tensor term dropped -> fails; zero 1 counted
+    with every tensor -> fails.)"""
+    ddp, zero1, pp = (small(f"parallel={name}") for name in ("ddp", "zero1", "pp"))
+    everything = len(parameter_shapes(ddp.model))
+    assert optimizer_tensors(ddp) == everything
+    assert everything / 2 <= optimizer_tensors(zero1) < everything
+    assert optimizer_tensors(pp) < everything
+    for s in (ddp, zero1, pp):
+        plan = make_plan(s)
+        assert hardware_of(s, calibration={}).update_overhead_s == pytest.approx(34e-6)
+        hw = dataclasses.replace(hardware_of(s, calibration={}), update_overhead_s=0.0)
+        per_tensor = dataclasses.replace(hw, update_overhead_s=1e-3)
+        extra = step_parts(s, plan, per_tensor).optimizer_s - step_parts(s, plan, hw).optimizer_s
+        assert extra == pytest.approx(optimizer_tensors(s) * 1e-3 / hw.core_share)
+        assert estimate_time(s, plan, hardware=per_tensor).step_s - estimate_time(
+            s, plan, hardware=hw).step_s == pytest.approx(extra)
+
+
 # --- the fit ------------------------------------------------------------------------------
 
 TRUTH = {"matmul_efficiency": 0.37, "layer_overhead_us": 900.0, "tp_overhead_us": 2500.0,
-         "collective_overhead_us": 1500.0, "intra_node_gbps": 1.5,
+         "collective_overhead_us": 1500.0, "update_overhead_us": 40.0, "intra_node_gbps": 1.5,
          "intra_node_latency_us": 80.0}
 LAYOUTS = (("parallel=single",), ("parallel=ddp",), ("parallel=zero3",), ("parallel=tp",),
-           ("parallel=pp",), ("parallel=3d",))
+           ("parallel=pp",), ("parallel=3d",), ("parallel=zero1",))
 
 
 def _samples():
@@ -246,19 +270,23 @@ def _samples():
 def test_the_fit_recovers_known_constants():
     """Runs made by the model with TRUTH give TRUTH back. (Mutations tried: leaving the
     bubble out of the features -> the pipeline runs pull the fit off, fails; counting the
-    collective calls without the core share -> the 8-rank run pulls it off, fails.)"""
-    links = {k: TRUTH[k] for k in ("intra_node_gbps", "intra_node_latency_us")}
+    collective calls without the core share -> the 8-rank run pulls it off, fails; the
+    optimizer's time left out of the fixed part C -> fails.)"""
+    links = {k: TRUTH[k] for k in ("intra_node_gbps", "intra_node_latency_us",
+                                   "update_overhead_us")}
     fitted = fit_compute(_samples(), base=links)
     assert fitted["matmul_efficiency"] == pytest.approx(0.37, rel=1e-6)
     assert fitted["layer_overhead_us"] == pytest.approx(900.0, rel=1e-6)
     assert fitted["tp_overhead_us"] == pytest.approx(2500.0, rel=1e-6)
     assert fitted["collective_overhead_us"] == pytest.approx(1500.0, rel=1e-6)
+    assert "update_overhead_us" not in fitted  # measured, not fitted (calibrate.py)
 
 
 def test_the_fit_sets_an_overhead_the_runs_cannot_see_to_zero():
     """No tp run: the tp overhead is not identifiable and comes out 0, the rest exact."""
     no_tp = [s for s in _samples() if s.spec.parallel.tp == 1]
-    links = {k: TRUTH[k] for k in ("intra_node_gbps", "intra_node_latency_us")}
+    links = {k: TRUTH[k] for k in ("intra_node_gbps", "intra_node_latency_us",
+                                   "update_overhead_us")}
     fitted = fit_compute(no_tp, base=links)
     assert fitted["tp_overhead_us"] == 0.0
     assert fitted["matmul_efficiency"] == pytest.approx(0.37, rel=1e-6)
