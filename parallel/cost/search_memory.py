@@ -61,6 +61,7 @@ class MemoryTable:
         """One block's tensors: (name inside the block, shape)."""
         self._cache: dict[tuple, object] = {}
         self._last: tuple = (None, None)
+        self._layout_keys: tuple = (None,)
         """The last candidate and its _pieces (the search asks floor, then peak, of one)."""
 
     def floor(self, candidate: Candidate) -> int:
@@ -77,17 +78,25 @@ class MemoryTable:
         if self._last[0] is candidate:
             return self._last[1]
         p, recompute = candidate.parallel, candidate.recompute
-        fsdp = p.uses_fsdp
-        copies = self._memo(("copies", *_layout(p), p.tp, fsdp, p.zero if fsdp else None,
-                             p.pp_schedule in SPLIT_BACKWARD_SCHEDULES if fsdp else None,
-                             None if fsdp or self.compute >= PARAM_BYTES else recompute),
-                            self._copies, p, recompute)
-        kept = self._memo(("act", *_layout(p), p.pp_schedule, p.pp_microbatches, p.tp,
-                           p.sequence_parallel, p.loss_parallel, p.cp, p.uses_fsdp,
-                           candidate.micro_batch_size, recompute),
+        if self._layout_keys[0] is not p:  # the candidates of one layout come one after another
+            self._layout_keys = (p, *self._keys_of(p))
+        _, copies_key, kept_key, statics = self._layout_keys
+        copies = self._memo((*copies_key, None if p.uses_fsdp or self.compute >= PARAM_BYTES
+                             else recompute), self._copies, p, recompute)
+        kept = self._memo((*kept_key, candidate.micro_batch_size, recompute),
                           self._activations, p, candidate.micro_batch_size, recompute)
-        statics = self._memo(("static", *_layout(p), p.tp, *_sharding(p)), self._statics, p)
         self._last = (candidate, (copies, kept, statics))
+        return copies, kept, statics
+
+    def _keys_of(self, p: ParallelSpec) -> tuple[tuple, tuple, tuple]:
+        """What the weight copies and the kept activations of layout `p` read of it (their
+        memo keys, less the recompute policy and the micro-batch), and its statics."""
+        fsdp = p.uses_fsdp
+        copies = ("copies", *_layout(p), p.tp, fsdp, p.zero if fsdp else None,
+                  p.pp_schedule in SPLIT_BACKWARD_SCHEDULES if fsdp else None)
+        kept = ("act", *_layout(p), p.pp_schedule, p.pp_microbatches, p.tp,
+                p.sequence_parallel, p.loss_parallel, p.cp, fsdp)
+        statics = self._memo(("static", *_layout(p), p.tp, *_sharding(p)), self._statics, p)
         return copies, kept, statics
 
     def peak(self, candidate: Candidate) -> MemoryEstimate:
