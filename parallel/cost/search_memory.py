@@ -103,7 +103,7 @@ class MemoryTable:
         """estimate_memory(candidate.spec(base)): of the representative ranks (pipeline-rank
         major, as memory.representative_ranks sorts them), the first with the largest total."""
         copies, kept, statics = self._pieces(candidate)
-        terms = self._memo(_phase_reads(candidate), self._phase_terms, candidate)
+        terms = self._memo(self._phase_reads(candidate), self._phase_terms, candidate)
         best, most = None, -1
         for pp_rank, params, optimizer in statics:
             activations, loss_peak = kept[pp_rank]
@@ -117,6 +117,25 @@ class MemoryTable:
         return MemoryEstimate(params=params, grads=params, optimizer=optimizer, master_weights=0,
                               weight_copies=copies, activations=counts["activations"],
                               loss_peak=counts["loss_peak"], in_step=in_step)
+
+    def _phase_reads(self, candidate: Candidate) -> tuple:
+        """What peak.phase_terms reads of a candidate besides the base spec (the key its terms
+        are memoised by), generously: the blocks each pipeline rank holds, the schedule and
+        its pipeline micro-batches (the chunks in flight); whether gradients outlive backward
+        (DDP, accumulation); one pipeline micro-batch's sequences and the activation split
+        (tp, sequence / loss parallel, cp, FSDP); whether zero 3 gathers the next unit; the
+        recompute policy; and FSDP's shard count without a pipeline (the blocks' gradients)
+        or off CUDA (where AdamW's temporaries can follow the rank's own tensors). Not keyed:
+        how the data-parallel ranks otherwise split into replicas and shards. A term of
+        peak.py that reads more must be keyed here (tests/unit/test_search_memory.py fails
+        until it is)."""
+        p = candidate.parallel
+        shards = p.dp_shard * p.cp if p.uses_fsdp and (p.pp == 1 or self.device != "cuda") \
+            else None
+        return ("terms", *_layout(p), p.pp_schedule, p.pp_microbatches, p.uses_fsdp,
+                p.zero == 3, p.tp, p.cp, p.sequence_parallel, p.loss_parallel,
+                candidate.micro_batch_size // p.pp_microbatches, candidate.recompute,
+                p.uses_ddp or candidate.grad_accum_steps > 1, shards)
 
     def _phase_terms(self, candidate: Candidate) -> tuple[PhaseTerms, ...]:
         """peak.phase_terms of each pipeline rank's representative rank (shard 0: what they
@@ -275,22 +294,6 @@ class MemoryTable:
 def _layout(p: ParallelSpec) -> tuple:
     """What decides the blocks and tensors each pipeline rank holds."""
     return (p.pp, p.pp_virtual_stages, p.pp_layer_split)
-
-
-def _phase_reads(candidate: Candidate) -> tuple:
-    """What peak.phase_terms reads of a candidate (besides the base spec), the key its terms
-    are memoised by: the blocks each pipeline rank holds; one pipeline micro-batch's
-    sequences and the activation split (tp, sequence / loss parallel, cp, FSDP); whether
-    zero 3 gathers the next unit; the recompute policy; without a pipeline also whether
-    gradients outlive backward (DDP, accumulation; a pipeline's always do) and a block's
-    FSDP shard (its gradients: a pipeline's are not counted by block). A term of peak.py that
-    reads more must be keyed here (tests/unit/test_search_memory.py fails until it is)."""
-    p = candidate.parallel
-    alone = None if p.pp > 1 else (p.uses_ddp or candidate.grad_accum_steps > 1,
-                                   p.dp_shard * p.cp)
-    return ("terms", *_layout(p), p.uses_fsdp, p.zero == 3, p.tp, p.cp, p.sequence_parallel,
-            p.loss_parallel, candidate.micro_batch_size // p.pp_microbatches,
-            candidate.recompute, alone)
 
 
 def _sharding(p: ParallelSpec) -> tuple[str, int]:
