@@ -3,10 +3,14 @@
 of 5; and whether torch was imported. Reports, asserts nothing (issue 10's goal: <= 2 s).
 
     PYTHONPATH=$PWD:/work/ep_shim python benchmarks/plan_search_time.py [--runs 5] [--profile 25]
+        [--against DIR]
 
 --profile N: instead, one run in this process under cProfile, its N costliest calls by
 cumulative time (where the time goes: imports and Hydra compose, enumeration, per-candidate
 memory in parallel/cost/search_memory.py, the time model per fitting layout).
+--against DIR: alternate each run with one of the same command in another checkout (DIR, e.g.
+`git worktree add /tmp/base main`), and give the ratio of the medians: on a shared machine
+the CPU-time ratio says what the wall times cannot.
 """
 from __future__ import annotations
 
@@ -30,13 +34,16 @@ CODE = ("import sys, time; t = time.perf_counter(); from launcher.cli import mai
         "print('RESULT', rc, 'torch' in sys.modules, time.perf_counter() - t, file=sys.stderr)")
 
 
-def one_run() -> tuple[float, float, bool, float]:
+def one_run(repo: Path = REPO) -> tuple[float, float, bool, float]:
     """(wall seconds of the process, seconds inside it, torch imported, CPU seconds: on a
-    shared machine the CPU time says more than the wall time)."""
+    shared machine the CPU time says more than the wall time), of the checkout `repo`."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(repo), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                      if p and Path(p).resolve() != REPO)]))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", CODE.format(overrides=OVERRIDES)], cwd=REPO,
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", CODE.format(overrides=OVERRIDES)], cwd=repo,
+                          capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     line = [x for x in proc.stderr.splitlines() if x.startswith("RESULT")]
     if proc.returncode or not line:
@@ -68,18 +75,37 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile one in-process run instead; print the N costliest calls")
+    parser.add_argument("--against", type=Path, metavar="DIR",
+                        help="alternate the runs with the same command in checkout DIR")
     args = parser.parse_args()
     if args.profile:
         return profile(args.profile)
-    runs = [one_run() for _ in range(args.runs)]
-    walls = [r[0] for r in runs]
+    trees = {"this checkout": REPO, **({str(args.against): args.against.resolve()}
+                                      if args.against else {})}
+    runs: dict[str, list] = {name: [] for name in trees}
+    for _ in range(args.runs):
+        for name, repo in trees.items():
+            runs[name].append(one_run(repo))
     print(f"meshrun plan --search {' '.join(OVERRIDES)} --global-batch-tokens 4194304")
-    print(f"wall per run (s): {', '.join(f'{w:.2f}' for w in walls)}")
-    print(f"median wall: {statistics.median(walls):.2f} s (goal <= 2 s); median inside the "
-          f"process: {statistics.median(r[1] for r in runs):.2f} s")
-    print(f"median CPU time of the process: {statistics.median(r[3] for r in runs):.2f} s "
-          f"(load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-    print(f"torch imported: {any(r[2] for r in runs)}")
+    for name, mine in runs.items():
+        report(name, mine)
+    if args.against:
+        ours, theirs = runs.values()
+        print("this checkout / the other, medians: wall "
+              f"{_median(ours, 0) / _median(theirs, 0):.2f}, CPU "
+              f"{_median(ours, 3) / _median(theirs, 3):.2f}")
+    print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
+def _median(runs: list, field: int) -> float:
+    return statistics.median(r[field] for r in runs)
+
+
+def report(name: str, runs: list) -> None:
+    print(f"{name}: wall per run (s): {', '.join(f'{r[0]:.2f}' for r in runs)}")
+    print(f"  median wall: {_median(runs, 0):.2f} s (goal <= 2 s); median inside the "
+          f"process: {_median(runs, 1):.2f} s; median CPU time of the process: "
+          f"{_median(runs, 3):.2f} s; torch imported: {any(r[2] for r in runs)}")
 
 
 if __name__ == "__main__":

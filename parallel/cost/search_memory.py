@@ -60,6 +60,9 @@ class MemoryTable:
                            if name.startswith("layers.0."))
         """One block's tensors: (name inside the block, shape)."""
         self._cache: dict[tuple, object] = {}
+        self._last: tuple = (None, None)
+        self._layout_keys: tuple = (None,)
+        """The last candidate and its _pieces (the search asks floor, then peak, of one)."""
 
     def floor(self, candidate: Candidate) -> int:
         """A lower bound of peak(candidate).total without the step's phases: on each
@@ -72,35 +75,41 @@ class MemoryTable:
 
     def _pieces(self, candidate: Candidate) -> tuple:
         """(weight copies, (activations, loss peak)) per pipeline rank, and the statics."""
+        if self._last[0] is candidate:
+            return self._last[1]
         p, recompute = candidate.parallel, candidate.recompute
-        fsdp = p.uses_fsdp
-        copies = self._memo(("copies", *_layout(p), p.tp, fsdp, p.zero if fsdp else None,
-                             p.pp_schedule in SPLIT_BACKWARD_SCHEDULES if fsdp else None,
-                             None if fsdp or self.compute >= PARAM_BYTES else recompute),
-                            self._copies, p, recompute)
-        kept = self._memo(("act", *_layout(p), p.pp_schedule, p.pp_microbatches, p.tp,
-                           p.sequence_parallel, p.loss_parallel, p.cp, p.uses_fsdp,
-                           candidate.micro_batch_size, recompute),
+        if self._layout_keys[0] is not p:  # the candidates of one layout come one after another
+            self._layout_keys = (p, *self._keys_of(p))
+        _, copies_key, kept_key, statics = self._layout_keys
+        copies = self._memo((*copies_key, None if p.uses_fsdp or self.compute >= PARAM_BYTES
+                             else recompute), self._copies, p, recompute)
+        kept = self._memo((*kept_key, candidate.micro_batch_size, recompute),
                           self._activations, p, candidate.micro_batch_size, recompute)
+        self._last = (candidate, (copies, kept, statics))
+        return copies, kept, statics
+
+    def _keys_of(self, p: ParallelSpec) -> tuple[tuple, tuple, tuple]:
+        """What the weight copies and the kept activations of layout `p` read of it (their
+        memo keys, less the recompute policy and the micro-batch), and its statics."""
+        fsdp = p.uses_fsdp
+        copies = ("copies", *_layout(p), p.tp, fsdp, p.zero if fsdp else None,
+                  p.pp_schedule in SPLIT_BACKWARD_SCHEDULES if fsdp else None)
+        kept = ("act", *_layout(p), p.pp_schedule, p.pp_microbatches, p.tp,
+                p.sequence_parallel, p.loss_parallel, p.cp, fsdp)
         statics = self._memo(("static", *_layout(p), p.tp, *_sharding(p)), self._statics, p)
         return copies, kept, statics
 
     def peak(self, candidate: Candidate) -> MemoryEstimate:
         """estimate_memory(candidate.spec(base)): of the representative ranks (pipeline-rank
         major, as memory.representative_ranks sorts them), the first with the largest total."""
-        p, recompute = candidate.parallel, candidate.recompute
         copies, kept, statics = self._pieces(candidate)
+        terms = self._memo(self._phase_reads(candidate), self._phase_terms, candidate)
         best, most = None, -1
         for pp_rank, params, optimizer in statics:
             activations, loss_peak = kept[pp_rank]
             counts = dict(grads=params, optimizer=optimizer, activations=activations,
                           loss_peak=loss_peak)
-            terms = self._memo(("terms", *_layout(p), p.pp_schedule, p.pp_microbatches,
-                                p.tp, p.sequence_parallel, p.loss_parallel, p.cp,
-                                p.uses_ddp, p.zero, *_sharding(p), candidate.micro_batch_size,
-                                candidate.grad_accum_steps, recompute, pp_rank),
-                               self._phase_terms, candidate, pp_rank)
-            in_step = terms.peak(**counts)
+            in_step = terms[pp_rank].peak(**counts)
             total = params + optimizer + copies[pp_rank] + in_step
             if total > most:
                 best, most = (params, optimizer, copies[pp_rank], in_step, counts), total
@@ -109,13 +118,33 @@ class MemoryTable:
                               weight_copies=copies, activations=counts["activations"],
                               loss_peak=counts["loss_peak"], in_step=in_step)
 
-    def _phase_terms(self, candidate: Candidate, pp_rank: int) -> PhaseTerms:
-        """peak.phase_terms of pipeline rank `pp_rank`'s representative rank (shard 0: what
-        they read of the rank besides the pipeline stage is FSDP's shard index)."""
+    def _phase_reads(self, candidate: Candidate) -> tuple:
+        """What peak.phase_terms reads of a candidate besides the base spec (the key its terms
+        are memoised by), generously: the blocks each pipeline rank holds, the schedule and
+        its pipeline micro-batches (the chunks in flight); whether gradients outlive backward
+        (DDP, accumulation); one pipeline micro-batch's sequences and the activation split
+        (tp, sequence / loss parallel, cp, FSDP); whether zero 3 gathers the next unit; the
+        recompute policy; and FSDP's shard count without a pipeline (the blocks' gradients)
+        or off CUDA (where AdamW's temporaries can follow the rank's own tensors). Not keyed:
+        how the data-parallel ranks otherwise split into replicas and shards. A term of
+        peak.py that reads more must be keyed here (tests/unit/test_search_memory.py fails
+        until it is)."""
+        p = candidate.parallel
+        shards = p.dp_shard * p.cp if p.uses_fsdp and (p.pp == 1 or self.device != "cuda") \
+            else None
+        return ("terms", *_layout(p), p.pp_schedule, p.pp_microbatches, p.uses_fsdp,
+                p.zero == 3, p.tp, p.cp, p.sequence_parallel, p.loss_parallel,
+                candidate.micro_batch_size // p.pp_microbatches, candidate.recompute,
+                p.uses_ddp or candidate.grad_accum_steps > 1, shards)
+
+    def _phase_terms(self, candidate: Candidate) -> tuple[PhaseTerms, ...]:
+        """peak.phase_terms of each pipeline rank's representative rank (shard 0: what they
+        read of the rank besides the pipeline stage is FSDP's shard index)."""
         spec = candidate.spec(self.base)
-        rank = ParallelDims.from_spec(spec.parallel).rank_of(
-            {"pp": pp_rank, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0})
-        return phase_terms(spec, rank)
+        dims = ParallelDims.from_spec(spec.parallel)
+        return tuple(phase_terms(spec, dims.rank_of(
+            {"pp": pp_rank, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0}))
+            for pp_rank in range(spec.parallel.pp))
 
     def _memo(self, key: tuple, compute, *args):
         if key not in self._cache:

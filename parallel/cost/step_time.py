@@ -160,9 +160,7 @@ def estimate_time(spec: RunSpec, plan: Plan, *,
 def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
     """Every term of the step (module docstring)."""
     world, p = plan.world_size, spec.parallel
-    recompute_flops = recompute_flops_per_token(spec, attention=plan.flops_attention) * \
-        plan.tokens_per_step
-    compute_s = (plan.flops_per_step + recompute_flops) / (world * hw.rank_flops)
+    compute_s, recompute_flops = compute_terms(spec, plan, hw)
     per_pass = hw.layer_overhead_s + (hw.tp_overhead_s if p.tp > 1 else 0.0)
     overhead_s = per_pass * block_passes(spec) / hw.core_share
     bubble_s = (compute_s + overhead_s) * bubble_factor(spec)
@@ -180,6 +178,25 @@ def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
                          comm_exposed_s=exposed, optimizer_s=optimizer_s,
                          offload_s=offload_s(spec, host_gbps=hw.host_gbps), comm_by_axis=by_axis,
                          collectives=tuple(collectives))
+
+
+def compute_terms(spec: RunSpec, plan: Plan, hw: Hardware) -> tuple[float, float]:
+    """(compute_s, the recompute re-run's FLOPs per step): the step's matmuls, recompute's
+    included, over the ranks' achieved FLOP/s."""
+    recompute_flops = recompute_flops_per_token(spec, attention=plan.flops_attention) * \
+        plan.tokens_per_step
+    return (plan.flops_per_step + recompute_flops) / (plan.world_size * hw.rank_flops), \
+        recompute_flops
+
+
+def step_floor_s(spec: RunSpec, plan: Plan, hw: Hardware) -> float:
+    """A lower bound of estimate_time's step_s, cheap (no communication): the compute term
+    and the bubble over it alone. step_parts adds the same compute term, a bubble over
+    compute + overhead, and terms that are never negative (calibrated and catalogue constants
+    are >= 0), and floating-point addition and multiplication are monotone, so its sum is
+    never below this. The search predicts only the layouts whose bound could rank high."""
+    compute_s, _ = compute_terms(spec, plan, hw)
+    return compute_s + compute_s * bubble_factor(spec)
 
 
 def collectives_of(spec: RunSpec, hw: Hardware) -> list[Collective]:
