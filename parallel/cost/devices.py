@@ -47,6 +47,9 @@ class Device:
     """Bandwidth between the GPU and host memory (PCIe, or NVLink-C2C on Grace superchips),
     GB/s per direction as a device<->pinned-host copy reaches it: what activation offload
     moves over (parallel.cost.offload)."""
+    name_size_is_the_superchip: bool = False
+    """Grace superchips name the CPU's and GPU's memory together ("NVIDIA GH200 480GB": 480 GB
+    LPDDR5X beside 96 GB HBM3): a size in the name is not the GPU's."""
 
 
 CPU_KEY = "CPU core"
@@ -67,14 +70,16 @@ _PCIE4, _PCIE5, _C2C = 25.0, 50.0, 450.0
 
 DEVICES: tuple[Device, ...] = (
     Device("GB200", 2.5e15, 1.25e15, 186, hbm_gbps=8000, intra_node_gbps=_NVLINK5,
-           inter_node_gbps=_IB_NDR, gpus_per_node=4, host_link_gbps=_C2C),
+           inter_node_gbps=_IB_NDR, gpus_per_node=4, host_link_gbps=_C2C,
+           name_size_is_the_superchip=True),
     Device("B200", 2.25e15, 1.1e15, 180, hbm_gbps=8000, intra_node_gbps=_NVLINK5,
            inter_node_gbps=_IB_NDR, gpus_per_node=8,
            host_link_gbps=_PCIE5),  # HGX B200: 18 PF dense bf16 / 8 GPUs
     # GH200 before H200 (its name contains "H200"): an H100-class GPU with HBM3 96 GB at
     # 4 TB/s (the 144 GB HBM3e part says its size in its name), its Grace CPU over C2C
     Device("GH200", 989e12, 494e12, 96, hbm_gbps=4000, intra_node_gbps=_NVLINK4,
-           inter_node_gbps=_IB_NDR, gpus_per_node=4, host_link_gbps=_C2C),
+           inter_node_gbps=_IB_NDR, gpus_per_node=4, host_link_gbps=_C2C,
+           name_size_is_the_superchip=True),
     Device("H200", 989e12, 494e12, 141, hbm_gbps=4800, intra_node_gbps=_NVLINK4,
            inter_node_gbps=_IB_NDR, gpus_per_node=8, host_link_gbps=_PCIE5),
     Device("H100 PCIe", 756e12, 378e12, 80, hbm_gbps=2000, intra_node_gbps=32.0,
@@ -129,11 +134,13 @@ def gpu_peak(device_name: str, dtype: str) -> PeakFlops | None:
 
 def gpu_memory_bytes(gpu_name: str) -> float | None:
     """Bytes of one GPU: from its name ("...-80GB"), else from the table (the name matches
-    case-sensitively here, unlike `gpu_peak`); None if neither says."""
-    match = re.search(r"(\d+)\s*GB", gpu_name)
-    if match:
-        return float(match.group(1)) * GIB
+    case-sensitively here, unlike `gpu_peak`); None if neither says. A Grace superchip's name
+    sizes the superchip, so its row answers (the 144 GB HBM3e GH200 then reads as 96 GB: the
+    verdict errs on the safe side)."""
     device = _find(gpu_name, "memory_gib", match_case=True)
+    match = re.search(r"(\d+)\s*GB", gpu_name)
+    if match and not (device is not None and device.name_size_is_the_superchip):
+        return float(match.group(1)) * GIB
     return device.memory_gib * GIB if device is not None else None
 
 

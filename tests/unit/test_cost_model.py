@@ -138,6 +138,7 @@ def test_gpu_peaks_come_from_the_device_catalogue(name, dtype, source):
 @pytest.mark.parametrize(("name", "gib"), [
     ("NVIDIA A100-SXM4-80GB", 80), ("NVIDIA A100-SXM4", 40), ("NVIDIA H100 NVL", 94),
     ("NVIDIA H100 PCIe", 80), ("H200", 141), ("h100", None), ("Some Future GPU", None),
+    ("NVIDIA GH200 480GB", 96),  # 480 GB is the superchip's CPU memory, not the GPU's
 ])
 def test_gpu_memory_comes_from_the_name_or_the_device_catalogue(name, gib):
     """The table matches case-sensitively (as the sweep preview always did; gpu_peak does not)."""
