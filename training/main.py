@@ -48,7 +48,7 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
              torch.__version__, joined - STARTED, imported - STARTED, joined - imported)
     try:
         if preflight_only or (spec.cluster.preflight and ctx.world_size > 1):
-            preflight(spec, run_dir, ctx)
+            preflight(spec, run_dir, ctx, full_table=preflight_only)
         if preflight_only:
             teardown()
             return "preflight"
@@ -68,20 +68,24 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     return outcome
 
 
-def preflight(spec, run_dir: Path, ctx) -> None:
+def preflight(spec, run_dir: Path, ctx, *, full_table: bool) -> None:
+    """The checks; the bandwidth table in full for `meshrun preflight` (`full_table`), else
+    only up to the first bandwidth-bound size (training.preflight.ENOUGH_MS)."""
     from training.dist import node_name
     from conf.preflight_report import format_table
-    from training.preflight import run_preflight
+    from training.preflight import ENOUGH_MS, run_preflight
 
     report = run_preflight(store=None, rank=ctx.rank, world_size=ctx.world_size,
                            device=ctx.device, run_dir=run_dir if ctx.is_main else None,
                            timeout_s=spec.cluster.preflight_timeout_s,
                            max_bytes=spec.cluster.preflight_max_mib * 1024**2,
-                           hostname=node_name())
+                           hostname=node_name(), enough_ms=None if full_table else ENOUGH_MS)
     if ctx.is_main:
+        note = f"\n({report['bandwidth_note']})" if report["bandwidth_note"] else ""
         logging.getLogger("meshrun.preflight").info(
-            "preflight passed: %d ranks on %d host(s)\n%s", ctx.world_size,
-            len(set(report.get("hosts", {}).values())) or 1, format_table(report["bandwidth"]))
+            "preflight passed: %d ranks on %d host(s)\n%s%s", ctx.world_size,
+            len(set(report.get("hosts", {}).values())) or 1, format_table(report["bandwidth"]),
+            note)
 
 
 def main(argv: list[str] | None = None) -> int:

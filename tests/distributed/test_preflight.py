@@ -14,8 +14,9 @@ import torch.distributed as dist
 
 from tests.distributed.spawn import run_on_ranks
 from conf.preflight_report import format_table
-from training.preflight import (PreflightError, check_all_reduce, format_ranks, iters_for,
-                                run_preflight, wait_for_ranks)
+from training.preflight import (DEFAULT_SIZES_BYTES, MIN_ROWS, PreflightError, bandwidth_table,
+                                check_all_reduce, format_ranks, iters_for, run_preflight,
+                                shortened_note, wait_for_ranks)
 
 CPU = torch.device("cpu")
 SMALL_SIZES_MAX = 1 << 20
@@ -82,6 +83,46 @@ def test_two_ranks_without_store_gather_hosts_through_the_group(tmp_path):
     assert reports[0]["join_check"]["via"] == "process group"
     assert len(reports[0]["bandwidth"]) == 5 and reports[0]["bandwidth"] == reports[1]["bandwidth"]
     assert json.loads((tmp_path / "preflight.json").read_text())["world_size"] == 2
+
+
+def shortened_tables_rank(*, rank: int, world_size: int, run_dir: str) -> dict:
+    """Tables that stop at the first size taking `enough_ms`: at once (0 ms), somewhere in the
+    middle (0.3 ms), never (an hour); and the report of one that stopped."""
+    tables = {ms: bandwidth_table(device=CPU, iters=5, warmup=1, max_bytes=SMALL_SIZES_MAX,
+                                  enough_ms=ms) for ms in (0.0, 0.3, 3.6e6)}
+    report = run_preflight(store=None, rank=rank, world_size=world_size, device=CPU,
+                           run_dir=Path(run_dir), timeout_s=60, max_bytes=SMALL_SIZES_MAX,
+                           iters=5, warmup=1, enough_ms=0.0)
+    return {"tables": tables, "report": report}
+
+
+@pytest.mark.distributed
+def test_table_before_training_ends_at_the_first_bandwidth_bound_size(tmp_path):
+    results = run_on_ranks(shortened_tables_rank, world_size=2, workdir=tmp_path,
+                           kwargs={"run_dir": str(tmp_path)})
+    tables = results[0]["tables"]
+    assert all(r["tables"] == tables for r in results)  # every rank stopped at the same size
+    every_size = [s for s in DEFAULT_SIZES_BYTES if s <= SMALL_SIZES_MAX]
+    assert [r["size_bytes"] for r in tables[0.0]] == every_size[:MIN_ROWS]
+    assert [r["size_bytes"] for r in tables[3.6e6]] == every_size
+    middle = tables[0.3]
+    assert [r["size_bytes"] for r in middle] == every_size[:len(middle)]
+    assert all(r["time_ms"] < 0.3 for r in middle[MIN_ROWS - 1:-1])  # none stopped too late
+    assert middle[-1]["time_ms"] >= 0.3 or len(middle) == len(every_size)  # nor too soon
+    report = results[0]["report"]
+    assert len(report["bandwidth"]) == MIN_ROWS
+    assert report["bandwidth_note"].startswith("sizes above 16 KiB not measured: it took ")
+    assert json.loads((tmp_path / "preflight.json").read_text())["bandwidth_note"] == \
+        report["bandwidth_note"]
+
+
+def test_shortened_note_only_when_sizes_were_left_out():
+    rows = [{"size_bytes": 1 << 20, "time_ms": 0.6}, {"size_bytes": 4 << 20, "time_ms": 8.04}]
+    sizes = (1 << 20, 4 << 20, 16 << 20)
+    assert shortened_note(rows, sizes_bytes=sizes, enough_ms=5.0) == (
+        "sizes above 4 MiB not measured: it took 8.0 ms (>= 5 ms, bandwidth-bound); "
+        "`meshrun preflight` measures every size")
+    assert shortened_note(rows, sizes_bytes=sizes[:2], enough_ms=5.0) == ""
 
 
 def _stores(kind: str, tmp_path: Path) -> tuple[dist.Store, dist.Store]:
