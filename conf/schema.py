@@ -309,7 +309,7 @@ class ClusterConfig:
     """How long rank 0 waits for every rank to join before naming the missing ones."""
     preflight_max_mib: int = 64
     """Largest all-reduce message of the bandwidth table (4 KiB up to this). Before training
-    the table ends sooner, at the first size whose all-reduce takes 5 ms (bandwidth-bound:
+    the table ends sooner, at the first bandwidth-bound size (5 ms and 10x the 4 KiB time:
     training/preflight.py ENOUGH_MS); `meshrun preflight` measures every size."""
     python: str = ""
     """slurm/nodes: Python executable on the compute nodes; empty = this one."""

@@ -6,10 +6,11 @@
     print(format_table(rows))
 
 `run_preflight` runs all three and has rank 0 write `preflight.json` into the run dir. Before
-training (`meshrun run`) the table stops at the first size whose all-reduce takes
-ENOUGH_MS: from there on the time is bandwidth, not latency, and larger sizes only repeat that
-number at a higher cost (64 MiB over gloo on 2 CPU ranks: 0.1-0.2 s per op, over 1 s of start-up
-for the whole table). `meshrun preflight` measures every size up to cluster.preflight_max_mib.
+training (`meshrun run`) the table stops at the first bandwidth-bound size (ENOUGH_MS and
+LATENCY_MULTIPLE x the smallest size's time): from there on the time is bandwidth, not latency,
+and larger sizes only repeat that number at a higher cost (64 MiB over gloo on 2 CPU ranks:
+0.1-0.5 s per op, 0.6-1.5 s of start-up for the whole table; on GPUs no size takes 5 ms, so the
+table stays whole). `meshrun preflight` measures every size up to cluster.preflight_max_mib.
 `wait_for_ranks` needs only a `torch.distributed.Store` (TCPStore, FileStore, HashStore), so a
 launcher can call it with its own store before `init_process_group`.
 """
@@ -31,8 +32,12 @@ from conf.preflight_report import KIB, MIB, format_size
 DEFAULT_SIZES_BYTES = (4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB,
                        64 * MIB)
 ENOUGH_MS = 5.0
-"""A size whose all-reduce takes this long is bandwidth-bound on any link (latencies are 0.1 ms
-or less), so the table before training ends there (`bandwidth_table(enough_ms=...)`)."""
+"""The table before training ends at the first size whose all-reduce takes this long and
+LATENCY_MULTIPLE times the smallest size's (`bandwidth_table(enough_ms=...)`)."""
+LATENCY_MULTIPLE = 10
+"""The smallest size's time is the link's latency (plus noise: 3-5 ms, not 0.1 ms, with 4 ranks
+on 2 busy cores); 10x it means latency is under a tenth of the time: the size is bandwidth-bound
+and larger ones only repeat that bandwidth, at a higher cost."""
 MIN_ROWS = 2
 """The fewest sizes a shortened table keeps: the link fit (parallel/cost/calibrate.py) needs 2."""
 JOIN_HINT = ("Check that every node started its processes (scheduler/job logs for the missing "
@@ -177,14 +182,15 @@ def _median_op_ms(*, size_bytes: int, device: torch.device, iters: int, warmup: 
 
 def bandwidth_table(*, device: torch.device, sizes_bytes: tuple[int, ...] = DEFAULT_SIZES_BYTES,
                     iters: int = 20, warmup: int = 3, max_bytes: int | None = None,
-                    enough_ms: float | None = None) -> list[dict]:
+                    enough_ms: float | None = None,
+                    latency_multiple: float = LATENCY_MULTIPLE) -> list[dict]:
     """all_reduce (SUM, fp32) timing per message size, identical on every rank.
 
     time_ms is the median per op on each rank, then the MAX over ranks. Bandwidths are in GB/s
     (1e9 bytes/s) as nccl-tests define them: algbw = size / time, busbw = algbw * 2(n-1)/n.
     Sizes above `max_bytes` are skipped; sizes above 1 MiB run proportionally fewer iterations.
-    With `enough_ms`, the table ends after the first size (of MIN_ROWS or more) whose time_ms
-    reached it; every rank sees the same times, so every rank stops at the same size.
+    With `enough_ms`, the table ends at the first bandwidth-bound size (`bandwidth_bound`);
+    every rank sees the same times, so every rank stops at the same size.
     """
     sizes = [s for s in sizes_bytes if max_bytes is None or s <= max_bytes]
     world = dist.get_world_size()
@@ -199,9 +205,18 @@ def bandwidth_table(*, device: torch.device, sizes_bytes: tuple[int, ...] = DEFA
         rows.append({"size_bytes": size, "time_ms": time_ms, "algbw_gbps": algbw,
                      "busbw_gbps": algbw * 2 * (world - 1) / world,
                      "iters": n})
-        if enough_ms is not None and time_ms >= enough_ms and len(rows) >= MIN_ROWS:
+        if enough_ms is not None and bandwidth_bound(rows, enough_ms=enough_ms,
+                                                     latency_multiple=latency_multiple):
             break
     return rows
+
+
+def bandwidth_bound(rows: list[dict], *, enough_ms: float,
+                    latency_multiple: float = LATENCY_MULTIPLE) -> bool:
+    """Whether the last row ends a shortened table: MIN_ROWS rows or more, and its time_ms at
+    least `enough_ms` and `latency_multiple` x the first (smallest) row's."""
+    return len(rows) >= MIN_ROWS and rows[-1]["time_ms"] >= max(
+        enough_ms, latency_multiple * rows[0]["time_ms"])
 
 
 def shortened_note(rows: list[dict], *, sizes_bytes: tuple[int, ...], enough_ms: float) -> str:
@@ -210,8 +225,9 @@ def shortened_note(rows: list[dict], *, sizes_bytes: tuple[int, ...], enough_ms:
         return ""
     last = rows[-1]
     return (f"sizes above {format_size(last['size_bytes'])} not measured: it took "
-            f"{last['time_ms']:.1f} ms (>= {enough_ms:g} ms, bandwidth-bound); `meshrun "
-            f"preflight` measures every size")
+            f"{last['time_ms']:.1f} ms (>= {enough_ms:g} ms and {LATENCY_MULTIPLE}x "
+            f"{format_size(rows[0]['size_bytes'])}'s {rows[0]['time_ms']:.2f} ms: "
+            f"bandwidth-bound); `meshrun preflight` measures every size")
 
 
 def _gather_hosts(*, hostname: str, world_size: int) -> dict[int, str]:
