@@ -68,14 +68,24 @@ def start_wandb(spec: RunSpec, run_dir: Path):
 
 class BackgroundWandb:
     """`start_wandb` in a thread, so W&B's start-up (import wandb, the wandb-core process, the
-    run; about 1 s offline, mostly waiting on wandb-core) overlaps the model build instead of
-    preceding the first step. `logger()` waits for it and raises what the start raised."""
+    run: 1-2 s offline on a busy CPU host) overlaps the model build instead of preceding the
+    first step.
+
+    Made by the rank entry (training.main), started by build_train_state once the CPU peak is
+    timed (`start()`), handed to RunLoggers, whose first W&B call waits for it (`logger()`,
+    which raises what the start raised). `abandon()` closes a run the loggers never took over
+    as failed; the entry calls it after logging the failure, so the log's last line stays the
+    error even when torchrun stops this rank while W&B is still starting."""
 
     def __init__(self, spec: RunSpec, run_dir: Path) -> None:
         self._logger = None
         self._error: BaseException | None = None
+        self._taken = False
+        self._elapsed_s = 0.0
         self._thread = threading.Thread(target=self._start, args=(spec, run_dir),
                                         name="meshrun-wandb-start", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def _start(self, spec: RunSpec, run_dir: Path) -> None:
@@ -84,18 +94,24 @@ class BackgroundWandb:
             self._logger = start_wandb(spec, run_dir)
         except BaseException as exc:  # re-raised in the main thread by logger()
             self._error = exc
-            return
-        if self._logger.enabled:
-            log.info("W&B started in %.2f s, beside the build", time.perf_counter() - began)
+        self._elapsed_s = time.perf_counter() - began
 
     def logger(self):
+        waited = time.perf_counter()
         self._thread.join()
+        self._taken = True
         if self._error is not None:
             raise self._error
+        if self._logger.enabled:
+            log.info("W&B started in %.2f s beside the build (then waited for %.2f s)",
+                     self._elapsed_s, time.perf_counter() - waited)
         return self._logger
 
     def abandon(self) -> None:
-        """The run failed before its loggers took this W&B run over: close it as failed."""
+        """Close the W&B run as failed unless the loggers took it over (they close it)."""
+        never_started = not self._thread.is_alive() and self._logger is None
+        if self._taken or never_started:  # (or its start failed: no run to close)
+            return
         self._thread.join()
         if self._logger is not None:
             self._logger.finish(exit_code=1)

@@ -34,6 +34,7 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     import torch
 
     from training.dist import init_distributed, node_name, teardown
+    from training.loggers import BackgroundWandb
     from training.loop import train
     from training.train_state import build_train_state
 
@@ -46,6 +47,7 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     log.info("rank %d/%d on %s (%s, pid %d), torch %s; start-up %.2f s: imports %.2f s, "
              "join %.2f s", ctx.rank, ctx.world_size, ctx.device, node_name(), os.getpid(),
              torch.__version__, joined - STARTED, imported - STARTED, joined - imported)
+    wandb = None
     try:
         if preflight_only or (spec.cluster.preflight and ctx.world_size > 1):
             preflight(spec, run_dir, ctx, full_table=preflight_only)
@@ -53,12 +55,15 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
             teardown()
             return "preflight"
         building = time.time()
-        state = build_train_state(spec, run_dir, ctx)
+        wandb = BackgroundWandb(spec, run_dir) if ctx.is_main else None
+        state = build_train_state(spec, run_dir, ctx, wandb=wandb)
         log.info("train state built in %.2f s (model, optimizer, data, MFU peak, loggers)",
                  time.time() - building)
         outcome = train(state)
     except BaseException:
         log.exception("rank %d failed", ctx.rank)
+        if wandb is not None:
+            wandb.abandon()
         raise
     # Free DDP's reducer while the process group is alive: freeing it after destroy ran gloo's
     # destructor with the GIL held while a gloo thread waited for the GIL (a hang, seen here).

@@ -59,17 +59,15 @@ class TrainState:
         return RunDir(self.run_dir).checkpoints_dir
 
 
-def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext) -> TrainState:
+def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext, *,
+                      wandb: BackgroundWandb | None = None) -> TrainState:
     """This rank's state. The CPU peak (MFU) is timed first, with nothing running beside it;
-    then rank 0's W&B starts in a thread (loggers.BackgroundWandb), overlapping the build."""
+    then rank 0's W&B, if given, starts in the background (loggers.BackgroundWandb),
+    overlapping the build; without it W&B starts after the build."""
     peak = resolve_peak(spec, ctx.device)
-    wandb = BackgroundWandb(spec, run_dir) if ctx.is_main else None
-    try:
-        state = _build(spec, run_dir, ctx, peak=peak)
-    except BaseException:
-        if wandb is not None:
-            wandb.abandon()
-        raise
+    if wandb is not None:
+        wandb.start()
+    state = _build(spec, run_dir, ctx, peak=peak)
     if ctx.is_main:
         state.loggers = RunLoggers(spec, run_dir, resume_step=state.resumed_from, wandb=wandb)
     return state

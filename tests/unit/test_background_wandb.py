@@ -1,6 +1,7 @@
 """W&B started in a thread before the model build (training.loggers.BackgroundWandb) logs exactly
 what W&B started in place does; a failed start surfaces at the first log, before any row is
-written; a run the build never reached is closed as failed. Offline runs, read back."""
+written; a run the loggers never took over is closed as failed, one they took is left to them.
+Offline runs, read back."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,7 +43,8 @@ def test_background_start_logs_what_an_inline_start_logs(tmp_path):
     log_all(RunLoggers(spec, inline_dir, resume_step=None))
     spec, background_dir = offline_run_dir(tmp_path / "background")
     started = BackgroundWandb(spec, background_dir)
-    assert started._thread.is_alive()  # the constructor did not wait for W&B (>= 0.2 s)
+    started.start()
+    assert started._thread.is_alive()  # start() did not wait for W&B (>= 0.2 s)
     log_all(RunLoggers(spec, background_dir, resume_step=None, wandb=started))
 
     inline, background = read_runs(inline_dir), read_runs(background_dir)
@@ -57,7 +59,9 @@ def test_background_start_logs_what_an_inline_start_logs(tmp_path):
 def test_failed_start_raises_at_the_first_log_before_any_row(tmp_path):
     spec, run_dir = offline_run_dir(tmp_path)
     RunDir(run_dir).wandb_id_file.unlink()  # the start cannot read the run's W&B id
-    loggers = RunLoggers(spec, run_dir, resume_step=None, wandb=BackgroundWandb(spec, run_dir))
+    started = BackgroundWandb(spec, run_dir)
+    started.start()
+    loggers = RunLoggers(spec, run_dir, resume_step=None, wandb=started)
     with pytest.raises(FileNotFoundError, match="wandb"):
         loggers.log(ROWS[0])
     with pytest.raises(FileNotFoundError):  # as the loop's `finally` calls it
@@ -67,7 +71,23 @@ def test_failed_start_raises_at_the_first_log_before_any_row(tmp_path):
 
 def test_abandoned_start_closes_the_run_as_failed(tmp_path):
     spec, run_dir = offline_run_dir(tmp_path)
-    BackgroundWandb(spec, run_dir).abandon()
+    BackgroundWandb(spec, run_dir).abandon()  # never started: nothing to close, nothing written
+    assert not (run_dir / "wandb").exists()
+    started = BackgroundWandb(spec, run_dir)
+    started.start()
+    started.abandon()
     run = read_runs(run_dir)
     assert run.exit_code == 1 and run.user_history() == []
     assert run.user_config()["logging"]["wandb_mode"] == "offline"
+
+
+def test_abandon_leaves_a_run_the_loggers_took_over_to_them(tmp_path):
+    spec, run_dir = offline_run_dir(tmp_path)
+    started = BackgroundWandb(spec, run_dir)
+    started.start()
+    loggers = RunLoggers(spec, run_dir, resume_step=None, wandb=started)
+    loggers.log(ROWS[0])
+    started.abandon()  # as training.main does when the loop fails after the first log
+    loggers.finish({"steps_done": 0})
+    run = read_runs(run_dir)
+    assert run.exit_code == 0 and run.user_history()[0]["eval/val_loss"] == 5.5
