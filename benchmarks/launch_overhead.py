@@ -15,15 +15,21 @@ moment the command was started:
                   imports done          the rank's imports (rank 0's log: "start-up ... imports")
                   joined                init_process_group (rendezvous)
                   preflight passed      join/all-reduce/bandwidth check (cluster.preflight)
-                  peak measured         model build, optimizer, data, the CPU peak (MFU line)
-                  train state built     + restore, loggers
-                  step-0 eval           the first validation pass
+                  peak measured         the CPU peak (MFU line; before the build since W&B
+                                        starts in the background with the build)
+                  train state built     model build, optimizer, data, restore, loggers
+                  step-0 eval           the first validation pass (and waiting for W&B)
                   step 1 logged         the first training step
 
 The CLI probe is a separate process that calls the functions `meshrun run` calls, in its
 order, and times each: imports, Hydra compose, resolve, config YAML, data check, run dir.
 
     PYTHONPATH=$PWD /work/venv/bin/python benchmarks/launch_overhead.py [--rounds 5] [--procs 2]
+        [--wandb] [--against /path/to/other/checkout]
+
+--wandb logs to W&B offline (default: logging=disabled). --against runs another checkout's
+`meshrun run` (e.g. the main branch) in the same alternating rounds and prints its phases
+beside this one's, so a change is measured under the same load.
 """
 from __future__ import annotations
 
@@ -63,7 +69,7 @@ STARTUP = re.compile(r" rank0 meshrun\.main INFO rank 0/.*start-up ([\d.]+) s: i
                      r"([\d.]+) s")
 MARKS = {"joined": r" rank0 meshrun\.main INFO rank 0/", "preflight passed": r"preflight passed",
          "peak measured": r"MFU = achieved", "train state built": r"train state built in",
-         "step-0 eval": r"step 0: val loss"}
+         "step-0 eval": r"step 0: val loss", "W&B started": r"W&B started in"}
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 WRITTEN_ONCE = ("spec.json", "config.yaml", "overrides.json", "command.txt", "env.json")
 
@@ -95,18 +101,26 @@ def log_marks(log: Path) -> dict[str, float]:
     return times
 
 
-def meshrun_phases(procs: int, work: Path, extra: list[str]) -> dict[str, float]:
+def meshrun_phases(procs: int, work: Path, extra: list[str], *,
+                   repo: Path = REPO) -> dict[str, float]:
     runs = work / f"runs{time.monotonic_ns()}"
     start = time.time()
     subprocess.run([sys.executable, "-m", "launcher.cli", "run", *OVERRIDES, *extra,
-                    f"cluster.procs_per_node={procs}", f"runs_dir={runs}"], cwd=REPO,
-                   check=True, capture_output=True)
+                    f"cluster.procs_per_node={procs}", f"runs_dir={runs}"], cwd=repo,
+                   check=True, capture_output=True, env=_env_for(repo))
     (run_dir,) = list(runs.iterdir())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     marks = log_marks(run_dir / "logs" / "rank0.log")
     marks["run dir written"] = max((run_dir / name).stat().st_mtime for name in WRITTEN_ONCE)
     marks["step 1 logged"] = next(r["time"] for r in rows if r["kind"] == "train")
     return {name: t - start for name, t in sorted(marks.items(), key=lambda kv: kv[1])}
+
+
+def _env_for(repo: Path) -> dict[str, str]:
+    """This environment, with `repo` first on PYTHONPATH (its meshrun, not this one's)."""
+    path = [str(repo)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                          if p and Path(p).resolve() != REPO]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def cli_probe(runs: str, overrides: list[str]) -> None:
@@ -151,9 +165,13 @@ def _median(rounds: list[dict[str, float]], name: str) -> float:
     return statistics.median(r[name] for r in rounds if name in r)
 
 
-def report(procs: int, bare: list[dict], phases: list[dict], cli: list[dict]) -> None:
+def report(procs: int, bare: list[dict], phases: list[dict], cli: list[dict],
+           against: list[dict]) -> None:
     print(f"{procs} CPU ranks, median of {len(bare)} alternating rounds (s from enter):")
-    for label, rounds in (("bare torchrun", bare), ("meshrun run", phases)):
+    for label, rounds in (("bare torchrun", bare), ("meshrun run", phases),
+                          ("--against", against)):
+        if not rounds:
+            continue
         for name in sorted(rounds[0], key=lambda n: _median(rounds, n)):
             print(f"  {label:<13} -> {name:<22} {_median(rounds, name):6.2f}")
     steps = ", ".join(f"{name} {_median(cli, name):.2f}" for name in cli[0]
@@ -164,6 +182,9 @@ def report(procs: int, bare: list[dict], phases: list[dict], cli: list[dict]) ->
     print(f"  rank imports: meshrun {rank_imports:.2f} s, bare `import torch` {bare_imports:.2f} s")
     first = _median(phases, "step 1 logged") - _median(bare, "all-reduce done")
     print(f"  meshrun overhead over bare torchrun: {first:+.2f} s")
+    if against:
+        other = _median(against, "step 1 logged") - _median(bare, "all-reduce done")
+        print(f"  --against overhead over bare torchrun: {other:+.2f} s")
 
 
 def main() -> None:
@@ -173,15 +194,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--wandb", action="store_true", help="log to W&B offline")
+    parser.add_argument("--against", type=Path, help="another checkout to time alongside")
     parser.add_argument("overrides", nargs="*", help="extra meshrun overrides")
     args = parser.parse_args()
-    bare, phases, cli = [], [], []
+    if args.wandb:
+        OVERRIDES[OVERRIDES.index("logging=disabled")] = "logging=offline"
+    bare, phases, cli, against = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             bare.append(bare_torchrun(args.procs, Path(tmp)))
             phases.append(meshrun_phases(args.procs, Path(tmp), args.overrides))
+            if args.against:
+                against.append(meshrun_phases(args.procs, Path(tmp), args.overrides,
+                                              repo=args.against.resolve()))
             cli.append(probe_cli(args.procs, Path(tmp), args.overrides))
-    report(args.procs, bare, phases, cli)
+    report(args.procs, bare, phases, cli, against)
 
 
 if __name__ == "__main__":

@@ -25,5 +25,6 @@ def format_report(report: dict) -> str:
     """The whole preflight.json as a few lines: who joined, the all-reduce check, the table."""
     hosts = ", ".join(f"{host}: ranks {ranks}" for host, ranks in report["ranks_by_host"].items())
     check = "passed" if report["all_reduce_check"]["passed"] else "FAILED"
+    note = f"\n({report['bandwidth_note']})" if report.get("bandwidth_note") else ""
     return (f"preflight: {report['world_size']} ranks ({hosts}) over {report['backend']}; "
-            f"all-reduce check {check}\n{format_table(report['bandwidth'])}")
+            f"all-reduce check {check}\n{format_table(report['bandwidth'])}{note}")

@@ -308,7 +308,9 @@ class ClusterConfig:
     preflight_timeout_s: int = 300
     """How long rank 0 waits for every rank to join before naming the missing ones."""
     preflight_max_mib: int = 64
-    """Largest all-reduce message of the bandwidth table (4 KiB up to this)."""
+    """Largest all-reduce message of the bandwidth table (4 KiB up to this). Before training
+    the table ends sooner, at the first bandwidth-bound size (5 ms and 10x the 4 KiB time:
+    training/preflight.py ENOUGH_MS); `meshrun preflight` measures every size."""
     python: str = ""
     """slurm/nodes: Python executable on the compute nodes; empty = this one."""
     # The step-time model (parallel/cost/step_time.py). Each value: 0 = from the calibration

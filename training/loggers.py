@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from pathlib import Path
 
@@ -9,6 +11,8 @@ from conf.rundir import RESUME_ROW_KIND, RunDir
 from conf.spec import RunSpec
 from conf.spec_io import spec_to_dict
 from training.wandb_logger import per_rank_values
+
+log = logging.getLogger("meshrun.loggers")
 
 
 class MetricsFile:
@@ -46,35 +50,104 @@ def wandb_values(row: dict) -> dict[str, float]:
             **per_rank_values(row.get(PER_RANK_KEY, {}))}
 
 
+def start_wandb(spec: RunSpec, run_dir: Path):
+    """The run's WandbLogger (training.wandb_logger), started now; disabled costs nothing."""
+    from training.wandb_logger import WandbLogger
+
+    run_id = RunDir(run_dir).wandb_id_file.read_text().strip()
+    return WandbLogger(run_dir=run_dir, mode=spec.logging.wandb_mode.value,
+                       project=spec.logging.wandb_project,
+                       entity=spec.logging.wandb_entity, run_id=run_id,
+                       name=run_dir.name, config=spec_to_dict(spec),
+                       group=spec.logging.wandb_group,
+                       tags=spec.logging.wandb_tags,
+                       system_metrics=spec.logging.wandb_system_metrics,
+                       system_metrics_interval_s=spec.logging.wandb_system_metrics_interval_s,
+                       console=spec.logging.wandb_console)
+
+
+class BackgroundWandb:
+    """`start_wandb` in a thread, so W&B's start-up (import wandb, the wandb-core process, the
+    run: 1-2 s offline on a busy CPU host) overlaps the model build instead of preceding the
+    first step.
+
+    Made by the rank entry (training.main), started by build_train_state once the CPU peak is
+    timed (`start()`), handed to RunLoggers, whose first W&B call waits for it (`logger()`,
+    which raises what the start raised). `abandon()` closes a run the loggers never took over
+    as failed; the entry calls it after logging the failure, so the log's last line stays the
+    error even when torchrun stops this rank while W&B is still starting."""
+
+    def __init__(self, spec: RunSpec, run_dir: Path) -> None:
+        self._logger = None
+        self._error: BaseException | None = None
+        self._taken = False
+        self._elapsed_s = 0.0
+        self._thread = threading.Thread(target=self._start, args=(spec, run_dir),
+                                        name="meshrun-wandb-start", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _start(self, spec: RunSpec, run_dir: Path) -> None:
+        began = time.perf_counter()
+        try:
+            self._logger = start_wandb(spec, run_dir)
+        except BaseException as exc:  # re-raised in the main thread by logger()
+            self._error = exc
+        self._elapsed_s = time.perf_counter() - began
+
+    def logger(self):
+        waited = time.perf_counter()
+        self._thread.join()
+        self._taken = True
+        if self._error is not None:
+            raise self._error
+        if self._logger.enabled:
+            log.info("W&B started in %.2f s beside the build (then waited for %.2f s)",
+                     self._elapsed_s, time.perf_counter() - waited)
+        return self._logger
+
+    def abandon(self) -> None:
+        """Close the W&B run as failed unless the loggers took it over (they close it)."""
+        never_started = not self._thread.is_alive() and self._logger is None
+        if self._taken or never_started:  # (or its start failed: no run to close)
+            return
+        self._thread.join()
+        if self._logger is not None:
+            self._logger.finish(exit_code=1)
+
+
 class RunLoggers:
-    """Fan-out used by rank 0: every row to metrics.jsonl and W&B; summary to both."""
+    """Fan-out used by rank 0: every row to metrics.jsonl and W&B; summary to both.
 
-    def __init__(self, spec: RunSpec, run_dir: Path, *, resume_step: int | None) -> None:
-        from training.wandb_logger import WandbLogger
+    W&B is started here, or taken from a BackgroundWandb started earlier (training.main), whose
+    start is waited for at the first W&B call only."""
 
+    def __init__(self, spec: RunSpec, run_dir: Path, *, resume_step: int | None,
+                 wandb: BackgroundWandb | None = None) -> None:
         self.metrics = MetricsFile(run_dir, resume_step=resume_step)
         self.tokens_per_step = spec.training.tokens_per_step
-        run_id = RunDir(run_dir).wandb_id_file.read_text().strip()
-        self.wandb = WandbLogger(run_dir=run_dir, mode=spec.logging.wandb_mode.value,
-                                 project=spec.logging.wandb_project,
-                                 entity=spec.logging.wandb_entity, run_id=run_id,
-                                 name=run_dir.name, config=spec_to_dict(spec),
-                                 group=spec.logging.wandb_group,
-                                 tags=spec.logging.wandb_tags,
-                                 system_metrics=spec.logging.wandb_system_metrics,
-                                 system_metrics_interval_s=(
-                                     spec.logging.wandb_system_metrics_interval_s),
-                                 console=spec.logging.wandb_console)
+        self._pending = wandb
+        self._wandb = None if wandb is not None else start_wandb(spec, run_dir)
+
+    @property
+    def wandb(self):
+        if self._wandb is None:
+            self._wandb, self._pending = self._pending.logger(), None
+        return self._wandb
 
     def log(self, row: dict) -> None:
+        wandb = self.wandb  # a failed W&B start raises before the row is written anywhere
         self.metrics.write(row)
-        self.wandb.log(wandb_values(row), step=row["step"],
-                       tokens_seen=row["step"] * self.tokens_per_step)
+        wandb.log(wandb_values(row), step=row["step"],
+                  tokens_seen=row["step"] * self.tokens_per_step)
 
     def event(self, row: dict) -> None:
         self.metrics.write(row)
 
     def finish(self, summary: dict, *, exit_code: int = 0) -> None:
-        self.wandb.summary({k: v for k, v in summary.items() if v is not None})
-        self.wandb.finish(exit_code=exit_code)
-        self.metrics.close()
+        try:
+            self.wandb.summary({k: v for k, v in summary.items() if v is not None})
+            self.wandb.finish(exit_code=exit_code)
+        finally:
+            self.metrics.close()

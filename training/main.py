@@ -34,6 +34,7 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     import torch
 
     from training.dist import init_distributed, node_name, teardown
+    from training.loggers import BackgroundWandb
     from training.loop import train
     from training.train_state import build_train_state
 
@@ -46,19 +47,23 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     log.info("rank %d/%d on %s (%s, pid %d), torch %s; start-up %.2f s: imports %.2f s, "
              "join %.2f s", ctx.rank, ctx.world_size, ctx.device, node_name(), os.getpid(),
              torch.__version__, joined - STARTED, imported - STARTED, joined - imported)
+    wandb = None
     try:
         if preflight_only or (spec.cluster.preflight and ctx.world_size > 1):
-            preflight(spec, run_dir, ctx)
+            preflight(spec, run_dir, ctx, full_table=preflight_only)
         if preflight_only:
             teardown()
             return "preflight"
         building = time.time()
-        state = build_train_state(spec, run_dir, ctx)
+        wandb = BackgroundWandb(spec, run_dir) if ctx.is_main else None
+        state = build_train_state(spec, run_dir, ctx, wandb=wandb)
         log.info("train state built in %.2f s (model, optimizer, data, MFU peak, loggers)",
                  time.time() - building)
         outcome = train(state)
     except BaseException:
         log.exception("rank %d failed", ctx.rank)
+        if wandb is not None:
+            wandb.abandon()
         raise
     # Free DDP's reducer while the process group is alive: freeing it after destroy ran gloo's
     # destructor with the GIL held while a gloo thread waited for the GIL (a hang, seen here).
@@ -68,20 +73,24 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     return outcome
 
 
-def preflight(spec, run_dir: Path, ctx) -> None:
+def preflight(spec, run_dir: Path, ctx, *, full_table: bool) -> None:
+    """The checks; the bandwidth table in full for `meshrun preflight` (`full_table`), else
+    only up to the first bandwidth-bound size (training.preflight.ENOUGH_MS)."""
     from training.dist import node_name
     from conf.preflight_report import format_table
-    from training.preflight import run_preflight
+    from training.preflight import ENOUGH_MS, run_preflight
 
     report = run_preflight(store=None, rank=ctx.rank, world_size=ctx.world_size,
                            device=ctx.device, run_dir=run_dir if ctx.is_main else None,
                            timeout_s=spec.cluster.preflight_timeout_s,
                            max_bytes=spec.cluster.preflight_max_mib * 1024**2,
-                           hostname=node_name())
+                           hostname=node_name(), enough_ms=None if full_table else ENOUGH_MS)
     if ctx.is_main:
+        note = f"\n({report['bandwidth_note']})" if report["bandwidth_note"] else ""
         logging.getLogger("meshrun.preflight").info(
-            "preflight passed: %d ranks on %d host(s)\n%s", ctx.world_size,
-            len(set(report.get("hosts", {}).values())) or 1, format_table(report["bandwidth"]))
+            "preflight passed: %d ranks on %d host(s)\n%s%s", ctx.world_size,
+            len(set(report.get("hosts", {}).values())) or 1, format_table(report["bandwidth"]),
+            note)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,12 @@
     rows = bandwidth_table(device=device, iters=20, warmup=5, max_bytes=64 << 20)
     print(format_table(rows))
 
-`run_preflight` runs all three and has rank 0 write `preflight.json` into the run dir.
+`run_preflight` runs all three and has rank 0 write `preflight.json` into the run dir. Before
+training (`meshrun run`) the table stops at the first bandwidth-bound size (ENOUGH_MS and
+LATENCY_MULTIPLE x the smallest size's time): from there on the time is bandwidth, not latency,
+and larger sizes only repeat that number at a higher cost (64 MiB over gloo on 2 CPU ranks:
+0.1-0.5 s per op, 0.6-1.5 s of start-up for the whole table; on GPUs no size takes 5 ms, so the
+table stays whole). `meshrun preflight` measures every size up to cluster.preflight_max_mib.
 `wait_for_ranks` needs only a `torch.distributed.Store` (TCPStore, FileStore, HashStore), so a
 launcher can call it with its own store before `init_process_group`.
 """
@@ -22,10 +27,19 @@ import torch
 import torch.distributed as dist
 
 from conf.rundir import RunDir
-from conf.preflight_report import KIB, MIB
+from conf.preflight_report import KIB, MIB, format_size
 
 DEFAULT_SIZES_BYTES = (4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB,
                        64 * MIB)
+ENOUGH_MS = 5.0
+"""The table before training ends at the first size whose all-reduce takes this long and
+LATENCY_MULTIPLE times the smallest size's (`bandwidth_table(enough_ms=...)`)."""
+LATENCY_MULTIPLE = 10
+"""The smallest size's time is the link's latency (plus noise: 3-5 ms, not 0.1 ms, with 4 ranks
+on 2 busy cores); 10x it means latency is under a tenth of the time: the size is bandwidth-bound
+and larger ones only repeat that bandwidth, at a higher cost."""
+MIN_ROWS = 2
+"""The fewest sizes a shortened table keeps: the link fit (parallel/cost/calibrate.py) needs 2."""
 JOIN_HINT = ("Check that every node started its processes (scheduler/job logs for the missing "
              "ranks), that the rendezvous host (MASTER_ADDR:MASTER_PORT or the rdzv endpoint) is "
              "reachable from every node (firewall, hostname resolution), that every node was "
@@ -167,27 +181,53 @@ def _median_op_ms(*, size_bytes: int, device: torch.device, iters: int, warmup: 
 
 
 def bandwidth_table(*, device: torch.device, sizes_bytes: tuple[int, ...] = DEFAULT_SIZES_BYTES,
-                    iters: int = 20, warmup: int = 3, max_bytes: int | None = None) -> list[dict]:
+                    iters: int = 20, warmup: int = 3, max_bytes: int | None = None,
+                    enough_ms: float | None = None,
+                    latency_multiple: float = LATENCY_MULTIPLE) -> list[dict]:
     """all_reduce (SUM, fp32) timing per message size, identical on every rank.
 
     time_ms is the median per op on each rank, then the MAX over ranks. Bandwidths are in GB/s
     (1e9 bytes/s) as nccl-tests define them: algbw = size / time, busbw = algbw * 2(n-1)/n.
     Sizes above `max_bytes` are skipped; sizes above 1 MiB run proportionally fewer iterations.
+    With `enough_ms`, the table ends at the first bandwidth-bound size (`bandwidth_bound`);
+    every rank sees the same times, so every rank stops at the same size.
     """
     sizes = [s for s in sizes_bytes if max_bytes is None or s <= max_bytes]
     world = dist.get_world_size()
-    plans = [iters_for(s, iters=iters, warmup=warmup) for s in sizes]
-    local = [_median_op_ms(size_bytes=s, device=device, iters=n, warmup=w)
-             for s, (n, w) in zip(sizes, plans)]
-    times = torch.tensor(local, dtype=torch.float64, device=device)
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
     rows = []
-    for size, (n, _), time_ms in zip(sizes, plans, times.cpu().tolist()):
+    for size in sizes:
+        n, w = iters_for(size, iters=iters, warmup=warmup)
+        local = _median_op_ms(size_bytes=size, device=device, iters=n, warmup=w)
+        slowest = torch.tensor([local], dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        time_ms = float(slowest.item())
         algbw = size / (time_ms * 1e-3) / 1e9 if time_ms > 0 else 0.0
         rows.append({"size_bytes": size, "time_ms": time_ms, "algbw_gbps": algbw,
                      "busbw_gbps": algbw * 2 * (world - 1) / world,
                      "iters": n})
+        if enough_ms is not None and bandwidth_bound(rows, enough_ms=enough_ms,
+                                                     latency_multiple=latency_multiple):
+            break
     return rows
+
+
+def bandwidth_bound(rows: list[dict], *, enough_ms: float,
+                    latency_multiple: float = LATENCY_MULTIPLE) -> bool:
+    """Whether the last row ends a shortened table: MIN_ROWS rows or more, and its time_ms at
+    least `enough_ms` and `latency_multiple` x the first (smallest) row's."""
+    return len(rows) >= MIN_ROWS and rows[-1]["time_ms"] >= max(
+        enough_ms, latency_multiple * rows[0]["time_ms"])
+
+
+def shortened_note(rows: list[dict], *, sizes_bytes: tuple[int, ...], enough_ms: float) -> str:
+    """Why the table ends where it does, when `enough_ms` cut it short ('' when it did not)."""
+    if not rows or len(rows) == len(sizes_bytes):
+        return ""
+    last = rows[-1]
+    return (f"sizes above {format_size(last['size_bytes'])} not measured: it took "
+            f"{last['time_ms']:.1f} ms (>= {enough_ms:g} ms and {LATENCY_MULTIPLE}x "
+            f"{format_size(rows[0]['size_bytes'])}'s {rows[0]['time_ms']:.2f} ms: "
+            f"bandwidth-bound); `meshrun preflight` measures every size")
 
 
 def _gather_hosts(*, hostname: str, world_size: int) -> dict[int, str]:
@@ -208,8 +248,12 @@ def write_report(report: dict, *, run_dir: Path) -> Path:
 
 def run_preflight(*, store: dist.Store | None, rank: int, world_size: int, device: torch.device,
                   run_dir: Path | None, timeout_s: float = 120.0, max_bytes: int | None = None,
-                  hostname: str | None = None, iters: int = 20, warmup: int = 3) -> dict:
+                  hostname: str | None = None, iters: int = 20, warmup: int = 3,
+                  enough_ms: float | None = None) -> dict:
     """Join check (if `store`), all-reduce check, bandwidth table; rank 0 writes preflight.json.
+
+    `enough_ms`: end the table at the first size that takes this long (see ENOUGH_MS); the
+    report's "bandwidth_note" then says where and why.
 
     Needs an initialized process group. Every rank returns the same report, except that the
     elapsed times are its own.
@@ -223,7 +267,9 @@ def run_preflight(*, store: dist.Store | None, rank: int, world_size: int, devic
         hosts = _gather_hosts(hostname=hostname, world_size=world_size)
     join_s = time.perf_counter() - start
     check_all_reduce(device=device)
-    rows = bandwidth_table(device=device, iters=iters, warmup=warmup, max_bytes=max_bytes)
+    rows = bandwidth_table(device=device, iters=iters, warmup=warmup, max_bytes=max_bytes,
+                           enough_ms=enough_ms)
+    wanted = tuple(s for s in DEFAULT_SIZES_BYTES if max_bytes is None or s <= max_bytes)
     by_host = ranks_by_host(hosts)
     report = {
         "world_size": world_size,
@@ -237,6 +283,8 @@ def run_preflight(*, store: dist.Store | None, rank: int, world_size: int, devic
                        "elapsed_s": round(join_s, 3)},
         "all_reduce_check": {"passed": True, "expected_sum": world_size * (world_size - 1) // 2},
         "bandwidth": rows,
+        "bandwidth_note": (shortened_note(rows, sizes_bytes=wanted, enough_ms=enough_ms)
+                           if enough_ms is not None else ""),
         "elapsed_s": round(time.perf_counter() - start, 3),
     }
     if rank == 0 and run_dir is not None:

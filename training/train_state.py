@@ -17,7 +17,7 @@ from training.checkpoint import CheckpointCorrupt, CheckpointError, load_checkpo
 from training.data import build_train_batches, build_val_batches
 from training.dist import RankContext
 from training.parallel_model import ParallelModel, build_parallel_model
-from training.loggers import RunLoggers
+from training.loggers import BackgroundWandb, RunLoggers
 from training.metrics import resolve_peak
 from training.optim import build_optimizers
 from training.precision import autocast_context, build_grad_scaler
@@ -59,7 +59,21 @@ class TrainState:
         return RunDir(self.run_dir).checkpoints_dir
 
 
-def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext) -> TrainState:
+def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext, *,
+                      wandb: BackgroundWandb | None = None) -> TrainState:
+    """This rank's state. The CPU peak (MFU) is timed first, with nothing running beside it;
+    then rank 0's W&B, if given, starts in the background (loggers.BackgroundWandb),
+    overlapping the build; without it W&B starts after the build."""
+    peak = resolve_peak(spec, ctx.device)
+    if wandb is not None:
+        wandb.start()
+    state = _build(spec, run_dir, ctx, peak=peak)
+    if ctx.is_main:
+        state.loggers = RunLoggers(spec, run_dir, resume_step=state.resumed_from, wandb=wandb)
+    return state
+
+
+def _build(spec: RunSpec, run_dir: Path, ctx: RankContext, *, peak: PeakFlops) -> TrainState:
     model = build_parallel_model(spec, rank=ctx.rank, device=ctx.device)
     dp_rank, dp_size = model.dims.dp_rank(ctx.rank), model.dims.dp
     state = TrainState(
@@ -71,7 +85,7 @@ def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext) -> TrainSt
         val_batches=build_val_batches(spec.data, spec.training, dp_rank=dp_rank,
                                       dp_size=dp_size),
         scaler=build_grad_scaler(spec.precision),
-        peak=resolve_peak(spec, ctx.device),
+        peak=peak,
         flops_per_token=flops_per_token(spec.model, spec.training.seq_len),
         loggers=None,
     )
@@ -81,8 +95,6 @@ def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext) -> TrainSt
         # (a Hugging Face folder is weights only, read when the model was materialised)
         restore(state, source=spec.checkpoint.load_from, allow_reshard=True)
     state.stop.install(spec.cluster.warning_signal)
-    if ctx.is_main:
-        state.loggers = RunLoggers(spec, run_dir, resume_step=state.resumed_from)
     return state
 
 

@@ -14,8 +14,9 @@ import torch.distributed as dist
 
 from tests.distributed.spawn import run_on_ranks
 from conf.preflight_report import format_table
-from training.preflight import (PreflightError, check_all_reduce, format_ranks, iters_for,
-                                run_preflight, wait_for_ranks)
+from training.preflight import (DEFAULT_SIZES_BYTES, MIN_ROWS, PreflightError, bandwidth_bound,
+                                bandwidth_table, check_all_reduce, format_ranks, iters_for,
+                                run_preflight, shortened_note, wait_for_ranks)
 
 CPU = torch.device("cpu")
 SMALL_SIZES_MAX = 1 << 20
@@ -82,6 +83,63 @@ def test_two_ranks_without_store_gather_hosts_through_the_group(tmp_path):
     assert reports[0]["join_check"]["via"] == "process group"
     assert len(reports[0]["bandwidth"]) == 5 and reports[0]["bandwidth"] == reports[1]["bandwidth"]
     assert json.loads((tmp_path / "preflight.json").read_text())["world_size"] == 2
+
+
+def shortened_tables_rank(*, rank: int, world_size: int, run_dir: str) -> dict:
+    """Tables that end at the first bandwidth-bound size, for `enough_ms` of 0, 0.3 ms and an
+    hour; one that ends as soon as it may (no latency multiple); the report of a run."""
+    tables = {ms: bandwidth_table(device=CPU, iters=5, warmup=1, max_bytes=SMALL_SIZES_MAX,
+                                  enough_ms=ms) for ms in (0.0, 0.3, 3.6e6)}
+    tables["at once"] = bandwidth_table(device=CPU, iters=5, warmup=1, enough_ms=0.0,
+                                        latency_multiple=0.0)
+    report = run_preflight(store=None, rank=rank, world_size=world_size, device=CPU,
+                           run_dir=Path(run_dir), timeout_s=60, max_bytes=SMALL_SIZES_MAX,
+                           iters=5, warmup=1, enough_ms=0.0)
+    return {"tables": tables, "report": report}
+
+
+@pytest.mark.distributed
+def test_table_before_training_ends_at_the_first_bandwidth_bound_size(tmp_path):
+    results = run_on_ranks(shortened_tables_rank, world_size=2, workdir=tmp_path,
+                           kwargs={"run_dir": str(tmp_path)})
+    tables = results[0]["tables"]
+    assert all(r["tables"] == tables for r in results)  # every rank stopped at the same size
+    every_size = [s for s in DEFAULT_SIZES_BYTES if s <= SMALL_SIZES_MAX]
+    assert [r["size_bytes"] for r in tables.pop("at once")] == every_size[:MIN_ROWS]
+    assert [r["size_bytes"] for r in tables[3.6e6]] == every_size
+    for ms, rows in tables.items():  # ended at the first bound size, or ran through
+        assert [r["size_bytes"] for r in rows] == every_size[:len(rows)]
+        assert not any(bandwidth_bound(rows[:n], enough_ms=ms) for n in range(1, len(rows)))
+        assert len(rows) == len(every_size) or bandwidth_bound(rows, enough_ms=ms)
+    report = results[0]["report"]
+    rows = report["bandwidth"]
+    assert [r["size_bytes"] for r in rows] == every_size[:len(rows)]
+    assert bool(report["bandwidth_note"]) == (len(rows) < len(every_size))
+    assert json.loads((tmp_path / "preflight.json").read_text())["bandwidth_note"] == \
+        report["bandwidth_note"]
+
+
+def row(size_bytes: int, time_ms: float) -> dict:
+    return {"size_bytes": size_bytes, "time_ms": time_ms}
+
+
+def test_bandwidth_bound_needs_enough_ms_ten_latencies_and_two_rows():
+    quiet = [row(4 << 10, 0.13), row(1 << 20, 0.6), row(4 << 20, 8.0)]  # 2 CPU ranks, idle
+    assert [bandwidth_bound(quiet[:n], enough_ms=5.0) for n in (1, 2, 3)] == [False, False, True]
+    busy = [row(4 << 10, 4.0), row(4 << 20, 23.0), row(16 << 20, 42.0)]  # 4 ranks, 2 busy cores
+    assert [bandwidth_bound(busy[:n], enough_ms=5.0) for n in (2, 3)] == [False, True]
+    assert not bandwidth_bound([row(4 << 10, 9.0)], enough_ms=5.0)  # one row is no table
+    assert bandwidth_bound([row(4 << 10, 0.0), row(16 << 10, 0.0)], enough_ms=0.0)
+    assert not bandwidth_bound(quiet[:2], enough_ms=0.5)  # 0.6 ms < 10 x 0.13 ms
+
+
+def test_shortened_note_only_when_sizes_were_left_out():
+    rows = [row(1 << 20, 0.6), row(4 << 20, 8.04)]
+    sizes = (1 << 20, 4 << 20, 16 << 20)
+    assert shortened_note(rows, sizes_bytes=sizes, enough_ms=5.0) == (
+        "sizes above 4 MiB not measured: it took 8.0 ms (>= 5 ms and 10x 1 MiB's 0.60 ms: "
+        "bandwidth-bound); `meshrun preflight` measures every size")
+    assert shortened_note(rows, sizes_bytes=sizes[:2], enough_ms=5.0) == ""
 
 
 def _stores(kind: str, tmp_path: Path) -> tuple[dist.Store, dist.Store]:
