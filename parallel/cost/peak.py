@@ -8,7 +8,8 @@ held from forward to backward), a step holds, at each of its moments:
 - each block's backward, the last block first: the activations still kept (the head's and
   the later blocks' are freed), the block's recompute working set, the gradients made so far
   (the head's and the later blocks'), and the collective buffers of the unit in flight;
-- the optimizer step: every gradient, and AdamW's temporaries (`optimizer_transient_bytes`).
+- the optimizer step: every gradient, and AdamW's temporaries (`optimizer_transient_bytes`);
+- in every phase, what stays resident (`resident_bytes`: RoPE tables, pipeline buffers).
 Measured against the ranks' real storages in tests/distributed/test_activation_memory.py.
 The function is pure in the spec sections it reads (model, parallel, precision, recompute,
 training) and the per-rank byte counts it is given, so a search may memoise it by them.
@@ -25,9 +26,17 @@ from parallel.cost.activations import (
     ActivationSplit,
     activation_bytes,
     activation_dtypes,
+    pipeline_in_flight,
+    stage_output_bytes_per_token,
 )
-from parallel.cost.params import fsdp_local_numel, held_layers, parameter_shapes, tp_local_shape
-from parallel.dims import ParallelDims
+from parallel.cost.params import (
+    fsdp_local_numel,
+    held_layers,
+    held_parameters,
+    parameter_shapes,
+    tp_local_shape,
+)
+from parallel.dims import ParallelDims, pipeline_stage_ids
 
 GRAD_BYTES = 4
 NO_RECOMPUTE = RecomputeSpec(mode=RecomputeMode.none)
@@ -74,9 +83,11 @@ def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:
     """Bytes of collective buffers alive during one unit's backward.
     FSDP: the reduce-scatter's input, the unit's whole gradient in the reduce dtype, and
     under zero=3 the all-gather output (compute dtype, whole over the shards) of the next
-    unit, prefetched while this one runs; the unit in flight has been copied out of its own
-    buffer (freed) into its parameters, which are the weight copies. DDP: none beyond the gradients (its buckets are
-    the gradients, gradient_as_bucket_view). TP: none beyond the activations (its gathers are
+    unit, prefetched while this one runs, where the rank holds a next block (measured on gloo ranks: the unit in use, the
+    prefetched unit's all-gather output and the head unit); the unit in use has been copied
+    out of its own buffer (freed) into its parameters, which are the weight copies
+    (memory.weight_copy_bytes). DDP: none beyond the gradients (its buckets are the
+    gradients, gradient_as_bucket_view). TP: none beyond the activations (its gathers are
     what the matmuls keep, counted there)."""
     dims = ParallelDims.from_spec(spec.parallel)
     if not dims.uses_fsdp:
@@ -84,7 +95,60 @@ def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:
     largest = block_numel(spec, rank, sharded=False)
     reduce = DTYPE_BYTES[spec.precision.reduce_dtype.value] * largest
     gather = DTYPE_BYTES[spec.precision.compute_dtype.value] * largest
-    return reduce + (gather if dims.zero == 3 else 0)
+    prefetches = len(held_layers(spec, dims.coordinates(rank)["pp"])) > 1  # a next block
+    return reduce + (gather if dims.zero == 3 and prefetches else 0)
+
+
+ROPE_TABLES = 3
+"""training/model.py registers cos, sin and signed sin, [max_seq_len, head_dim] fp32 each."""
+
+
+def resident_bytes(spec: RunSpec, rank: int) -> int:
+    """Bytes a rank holds through the whole step besides parameters, gradients and optimizer
+    state: each of its model parts' RoPE tables (non-persistent fp32 buffers, one set per
+    pipeline stage), and the receive buffers torch's PipelineStage allocates once and
+    reuses (`pipeline_buffer_bytes`)."""
+    return rope_table_bytes(spec.model, spec.parallel) + pipeline_buffer_bytes(spec, rank)
+
+
+def rope_table_bytes(model: ModelSpec, p) -> int:
+    """The RoPE tables of a rank's model parts (one per pipeline stage it runs)."""
+    parts = p.pp_virtual_stages if p.pp > 1 else 1
+    return parts * ROPE_TABLES * model.max_seq_len * model.head_dim * GRAD_BYTES
+
+
+def embedding_grad_transient_bytes(spec: RunSpec, rank: int) -> int:
+    """The embedding's backward under tp, on the rank that holds it: a dense gradient over
+    the whole vocabulary (`embedding_dense_backward`, [vocab, dim], in the weight's dtype),
+    of which the rank's vocabulary shard is then copied out as its gradient (measured on
+    gloo ranks); it is the last op of the backward. Without tp the dense gradient is the
+    gradient itself."""
+    dims = ParallelDims.from_spec(spec.parallel)
+    if dims.tp == 1 or dims.coordinates(rank)["pp"] != 0:
+        return 0
+    weight = DTYPE_BYTES[spec.precision.compute_dtype.value] if dims.uses_fsdp else GRAD_BYTES
+    return weight * spec.model.vocab_size * spec.model.dim
+
+
+def pipeline_buffer_bytes(spec: RunSpec, rank: int) -> int:
+    """A pipeline rank's receive buffers beyond the inputs of its chunks in flight (those are
+    the first block's inputs, counted with the activations): per micro-batch, one for the
+    input of each of its stages but the first, one for the output's gradient of each but the
+    last, each a stage output (activations.stage_output_bytes_per_token)."""
+    p = spec.parallel
+    if p.pp == 1:
+        return 0
+    pp_rank = ParallelDims.from_spec(p).coordinates(rank)["pp"]
+    stages = pipeline_stage_ids(pp=p.pp, virtual_stages=p.pp_virtual_stages, pp_rank=pp_rank)
+    m = p.pp_microbatches
+    receiving = sum(1 for s in stages if s != 0)
+    sending = sum(1 for s in stages if s != p.n_stages - 1)
+    chunks = pipeline_in_flight(p, pp_rank)
+    held_inputs = chunks - (min(chunks, m) if 0 in stages else 0)
+    kwargs = activation_kwargs(spec, rank)
+    per_buffer = int(kwargs["tokens"] * stage_output_bytes_per_token(
+        spec.model, last=False, dtypes=kwargs["dtypes"], split=kwargs["split"]))
+    return per_buffer * (m * (receiving + sending) - held_inputs)
 
 
 def recompute_working_set_bytes(spec: RunSpec, layer: int, kwargs: dict) -> int:
@@ -118,17 +182,40 @@ def _head_bytes(model: ModelSpec, recompute: RecomputeSpec, **kwargs) -> int:
                             **kwargs)
 
 
-def optimizer_transient_bytes(spec: RunSpec, optimizer: int) -> int:
-    """AdamW's temporaries beyond its state (`optimizer`: the state's bytes). torch's
-    multi-tensor (foreach) AdamW, used off CUDA with fp32 moments (training/optim.py), makes
-    one temporary list the size of the second moments (`_foreach_sqrt`; all else is in
-    place): half the state. CUDA's fused kernel makes none; the bf16-state AdamW
-    (training/adamw_bf16.py) makes its temporaries one tensor at a time (not counted)."""
-    return optimizer // 2 if foreach_adamw(spec) else 0
+def optimizer_transient_bytes(spec: RunSpec, rank: int) -> int:
+    """AdamW's temporaries beyond its state. Off CUDA torch 2.13 picks the single-tensor
+    AdamW (`_default_to_fused_or_foreach` gives neither fused nor foreach for CPU tensors;
+    training/optim.py asks for fused only on CUDA): per parameter, in its group's order
+    (training/optim.py: the matrices, then the vectors), `exp_avg_sq.sqrt()` and its quotient
+    by the bias correction are alive together, and the previous parameter's `denom` until it
+    is replaced: the largest (previous + 2 x current) moment-sized tensors of a group (FSDP
+    shards, tp-local; under ZeRO-1 every held tensor, an upper bound of the owned ones).
+    CUDA's fused kernel makes none; the bf16-state AdamW (training/adamw_bf16.py) is not
+    counted."""
+    if not single_tensor_adamw(spec):
+        return 0
+    dims = ParallelDims.from_spec(spec.parallel)
+    coords = dims.coordinates(rank)
+    shards, index = (dims.dp_shard * dims.cp, coords["dp_shard"] * dims.cp + coords["cp"]) \
+        if dims.uses_fsdp else (1, 0)
+    return GRAD_BYTES * _single_tensor_peak(spec.model, tuple(held_parameters(spec, coords["pp"])),
+                                            tp=dims.tp, shards=shards, index=index)
 
 
-def foreach_adamw(spec: RunSpec) -> bool:
-    """Does the run's AdamW make a temporary half its state (optimizer_transient_bytes)?"""
+@lru_cache(maxsize=256)
+def _single_tensor_peak(model: ModelSpec, held: tuple, *, tp: int, shards: int,
+                        index: int) -> int:
+    sizes = [(len(shape), fsdp_local_numel(tp_local_shape(name, shape, tp), shards=shards,
+                                           index=index)) for name, shape in held]
+    most = 0
+    for group in ([n for dims, n in sizes if dims >= 2], [n for dims, n in sizes if dims < 2]):
+        for previous, current in zip([0, *group], group):
+            most = max(most, previous + 2 * current)
+    return most
+
+
+def single_tensor_adamw(spec: RunSpec) -> bool:
+    """Does the run's AdamW make per-tensor temporaries (optimizer_transient_bytes)?"""
     return (spec.training.device != "cuda"
             and spec.precision.optimizer_state_dtype.value != "bf16")
 
@@ -162,8 +249,8 @@ class PhaseTerms:
 
     grads_held: bool
     """grads_outlive_backward."""
-    foreach_adamw: bool
-    """optimizer_transient_bytes is half the state."""
+    optimizer_transient: int
+    """optimizer_transient_bytes."""
     pipeline: bool
     buffers: int
     head: int
@@ -171,38 +258,67 @@ class PhaseTerms:
     block_grads: int
     """Gradient bytes of the rank's blocks together (0 with pp)."""
     walk: "_Walk"
+    resident: int = 0
+    """resident_bytes: held in every phase."""
+    embedding_grad: int = 0
+    """embedding_grad_transient_bytes."""
+    chunks: int = 1
+    """Pipeline chunks in flight (activations.pipeline_in_flight)."""
+    steady: bool = True
+    """A pipeline rank runs a forward after a backward while all its chunks are in flight
+    (`pipeline_steady`)."""
 
     def phases(self, *, grads: int, optimizer: int, activations: int, loss_peak: int
                ) -> tuple[dict[str, int], int]:
         """(the loss's and the optimizer step's phases, what every block's backward holds)."""
         held = grads if self.grads_held else 0
-        transient = optimizer // 2 if self.foreach_adamw else 0  # optimizer_transient_bytes
-        phases = {"loss": held + activations + loss_peak, "optimizer step": grads + transient}
+        phases = {"loss": self.resident + held + activations + loss_peak,
+                  "optimizer step": self.resident + grads + self.optimizer_transient}
         if self.pipeline:  # backwards interleave with forwards: no one order to walk
-            return phases, grads + activations + self.buffers
+            # with no forward after a backward while all chunks are in flight, the first
+            # backward has freed a chunk by the time the gradients exist
+            freed = 0 if self.steady else activations // self.chunks
+            base = self.resident + grads + activations - freed + self.buffers
+            phases["backward embedding"] = base + self.embedding_grad
+            return phases, base
+        phases["backward embedding"] = self.resident + grads + self.buffers + self.embedding_grad
         made = held or grads - self.block_grads  # the root's: embedding, norm, head
-        return phases, activations - self.head + made + self.buffers
+        return phases, self.resident + activations - self.head + made + self.buffers
 
     def peak(self, **counts: int) -> int:
         phases, base = self.phases(**counts)
         return max(*phases.values(), base + self.walk.peak)
 
 
+def pipeline_steady(p, pp_rank: int) -> bool:
+    """Does pipeline rank `pp_rank` reach a steady state, a forward after a backward while
+    all its chunks are in flight (1F1B with more micro-batches than its warm-up)? If not
+    (GPipe, or every chunk's forward in the warm-up), its fullest moment, the first
+    backward, comes before any gradient exists."""
+    return pipeline_in_flight(p, pp_rank) < p.pp_microbatches * p.pp_virtual_stages
+
+
 def phase_terms(spec: RunSpec, rank: int) -> PhaseTerms:
     """PhaseTerms of `rank` (module docstring)."""
-    held = grads_outlive_backward(spec)
+    p = spec.parallel
+    pp_rank = ParallelDims.from_spec(p).coordinates(rank)["pp"]
+    pipeline = p.pp > 1
+    steady = not pipeline or pipeline_steady(p, pp_rank)
+    held = grads_outlive_backward(spec) if steady else (
+        ParallelDims.from_spec(p).uses_ddp or spec.training.grad_accum_steps > 1)
     kwargs = activation_kwargs(spec, rank)
-    layers = tuple(held_layers(spec, ParallelDims.from_spec(spec.parallel).coordinates(rank)["pp"]))
-    pipeline = spec.parallel.pp > 1
+    layers = tuple(held_layers(spec, pp_rank))
     block_grads = 0 if pipeline else GRAD_BYTES * block_numel(spec, rank, sharded=True)
     walk = _walk(spec.model, spec.recompute, layers,
                  None if pipeline else 0 if held else block_grads,
                  tuple(sorted(kwargs.items())))
     return PhaseTerms(
-        grads_held=held, foreach_adamw=foreach_adamw(spec),
+        grads_held=held, optimizer_transient=optimizer_transient_bytes(spec, rank),
         pipeline=pipeline, buffers=collective_buffer_bytes(spec, rank),
         head=0 if pipeline else _head_bytes(spec.model, spec.recompute, **kwargs),
-        block_grads=block_grads * len(layers), walk=walk)
+        block_grads=block_grads * len(layers), walk=walk,
+        resident=resident_bytes(spec, rank), chunks=pipeline_in_flight(p, pp_rank),
+        steady=steady, embedding_grad=embedding_grad_transient_bytes(spec, rank))
 
 
 @dataclass(frozen=True, slots=True)
