@@ -248,7 +248,8 @@ class PhaseTerms:
     pipeline stage and FSDP shard, whatever the counts - so a search computes it once."""
 
     grads_held: bool
-    """grads_outlive_backward."""
+    """Gradients exist at the loss: grads_outlive_backward, but for a pipeline rank without
+    a steady state (`pipeline_steady`) only under DDP or gradient accumulation."""
     optimizer_transient: int
     """optimizer_transient_bytes."""
     pipeline: bool
