@@ -6,7 +6,8 @@ fp32 weights for ddp, zero1, tp, cp; FSDP mixed precision for zero 2/3), with se
 parallel and loss parallel on and off. Equal up to the loss's two fp32 scalars (8 bytes).
 In the same spawns, the same step goes on through backward, clipping and AdamW, and its
 peak (every tensor storage alive at once, tests/distributed/peak_memory.py) is the plan's
-(estimate_memory(spec, rank=...).total) within PEAK_TOLERANCE, on every rank.
+(estimate_memory(spec, rank=...).total) within PEAK_TOLERANCE, on every rank (measured
+peak / plan: 0.92-1.08 without pipelining, 1.005-1.08 with, one known gap at 1.116).
 
 Pipeline layouts too (PIPELINES_*): their forwards and backwards interleave inside the
 schedule, so the kept bytes are read at every chunk's forward exit and backward entry, the
@@ -53,15 +54,15 @@ on a CPU device (tests/unit/test_recompute.py)."""
 PRECISIONS = ["fp32", "bf16"]
 
 PIPELINES_TWO_RANKS = {  # name: (overrides, recompute policies)
-    "pp_1f1b": (PARITY_TWO_RANKS["pp_1f1b"], ["none", "full", "selective"]),
+    "pp_1f1b": (PARITY_TWO_RANKS["pp_1f1b"], ["none", "full"]),
     "pp_gpipe": (["parallel=pp", "parallel.pp_schedule=gpipe"], ["none"]),
     "pp_interleaved": ([*PARITY_TWO_RANKS["pp_interleaved"], "model.n_layers=4"],
-                       ["none", "selective"]),
+                       ["selective"]),
 }
 PIPELINES_FOUR_RANKS = {
     "pp4_1f1b": (["parallel=pp", "parallel.pp=4", "model.n_layers=4",
                   "training.micro_batch_size=4"], ["none"]),
-    "pp2_tp2": (PARITY_FOUR_RANKS["pp2_tp2"], ["none", "full"]),
+    "pp2_tp2": (PARITY_FOUR_RANKS["pp2_tp2"], ["full"]),
     "pp2_dp2": (PARITY_FOUR_RANKS["pp2_dp2"], ["none"]),
 }
 """Pipeline layouts (tests/distributed/pipeline_memory.py), in the same spawns: every
@@ -108,12 +109,11 @@ KNOWN_GAPS = {
                             "are exact; not explained yet",
     "pp4_1f1b-bf16-none@2": "as pp4_1f1b-fp32-none@2 (the residual stream is fp32 under "
                             "autocast)",
-    "pp2_tp2-fp32-none@2": "the last pipeline stage under tp without loss parallel, in fp32 "
+    "pp2_tp2-fp32-full@2": "the last pipeline stage under tp without loss parallel, in fp32 "
                            "only, keeps 24 KiB (3 x [tokens, dim] fp32, or the local logits "
-                           "shard + one) more than the plan; exact in bf16; not explained yet",
-    "pp2_tp2-fp32-none@3": "as pp2_tp2-fp32-none@2",
-    "pp2_tp2-fp32-full@2": "as pp2_tp2-fp32-none@2",
-    "pp2_tp2-fp32-full@3": "as pp2_tp2-fp32-none@2",
+                           "shard + one) more than the plan, with any policy; exact in bf16; "
+                           "not explained yet",
+    "pp2_tp2-fp32-full@3": "as pp2_tp2-fp32-full@2",
     "pp2_dp2-bf16-none@2": "the last pipeline stage under FSDP mixed precision keeps 4 KiB "
                            "(one [tokens, dim] bf16) more than the plan; exact in fp32; not "
                            "explained yet",
