@@ -33,7 +33,8 @@ from parallel.cost.memory import (
 from parallel.cost.params import (
     EMBEDDING, fsdp_local_numel, held_layers, held_parameters, numel, parameter_shapes, tp_local_shape,
 )
-from parallel.cost.peak import PhaseTerms, phase_terms, rope_table_bytes
+from parallel.cost.peak import PhaseTerms, phase_terms
+from parallel.cost.step_terms import rope_table_bytes
 from parallel.cost.search_space import Candidate
 from parallel.dims import ParallelDims
 

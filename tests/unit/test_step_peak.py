@@ -13,12 +13,14 @@ from parallel.cost.peak import (
     activation_kwargs,
     collective_buffer_bytes,
     grads_outlive_backward,
-    optimizer_transient_bytes,
-    embedding_grad_transient_bytes,
-    pipeline_buffer_bytes,
     recompute_working_set_bytes,
-    resident_bytes,
     step_phase_bytes,
+)
+from parallel.cost.step_terms import (
+    embedding_grad_transient_bytes,
+    optimizer_transient_bytes,
+    pipeline_buffer_bytes,
+    resident_bytes,
 )
 from tests.support.specs import cpu_spec
 
