@@ -102,7 +102,14 @@ KNOWN_GAPS = {
     "dp2_tp2-bf16-none": "FSDP + tp in bf16 without recompute keeps 16 KiB less than the plan: "
                          "the same with 1, 2 or 3 blocks (so not per block), halved under cp, "
                          "the size of the plan's embedding term here (4 copies of the rank's "
-                         "[tokens / tp, dim] bf16 share); which copies go is not explained yet",
+                         "[tokens / tp, dim] bf16 share). Seen with the debug listing: in "
+                         "fp32 block 0's RMSNorm saves its input itself (x.float() is a no-op), "
+                         "which keeps the embedding's reduce-scatter output and its DTensor "
+                         "views alive; under FSDP bf16 it saves its fp32 upcast instead, and "
+                         "none of the embedding's copies is kept (a checkpoint holding the "
+                         "block input, as under selective, keeps them again). Fix: "
+                         "embedding_bytes_per_token 0 when the residual stream is not fp32 and "
+                         "block 0 is not checkpointed (not done yet)",
     "cp2_tp2-bf16-none": "as dp2_tp2-bf16-none, with cp (8 KiB: half the tokens)",
     "pp4_1f1b-fp32-none@2": "pipeline rank 2 of 4 keeps one [tokens, dim] fp32 tensor (8 KiB) "
                             "more than its pp - rank = 2 chunks in flight; ranks 0, 1, 3 "
