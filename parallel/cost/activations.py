@@ -264,6 +264,17 @@ def head_bytes_per_token(model: ModelSpec, *, dtypes: ActivationDtypes,
             + Fraction(FP32 * model.vocab_size, split.vocab_share))
 
 
+def stage_output_bytes_per_token(model: ModelSpec, *, last: bool, dtypes: ActivationDtypes,
+                                  split: ActivationSplit = FP32_SPLIT) -> Fraction:
+    """A pipeline stage's output, which torch's schedule keeps for each micro-batch in flight
+    until that micro-batch's backward (PipelineStage.fwd_cache; no block saves it): the last
+    block's output (residual dtype, ÷ tp with SP) on a stage that sends it on; the logits
+    (compute dtype, ÷ tp with loss_parallel, else the whole vocabulary) on the last stage."""
+    if last:
+        return Fraction(dtypes.compute * model.vocab_size, split.vocab_share)
+    return Fraction(dtypes.residual * model.dim, split.sequence_share)
+
+
 def loss_peak_bytes(model: ModelSpec, *, tokens: int, dtypes: ActivationDtypes,
                     split: ActivationSplit = FP32_SPLIT) -> int:
     """Bytes alive at the loss beyond what is kept: in backward the fp32 gradient of the

@@ -11,8 +11,9 @@ static bytes with what the ranks really hold. Beyond the placement rules (params
   the step): FSDP's gathered compute-dtype weights (parallel/fsdp.py: zero=2 keeps every unit
   gathered, reshard_after_forward=False, and so does a zero-bubble pipeline schedule;
   zero=3 keeps the head unit - final norm and head, with the embedding when tied - gathered,
-  plus the block in use and the one prefetched; the untied embedding is its own unit, re-sharded
-  after forward); without FSDP, autocast's low-precision copies of every matmul weight
+  plus the block in use (the one prefetched in backward is a collective buffer,
+  peak.collective_buffer_bytes; at the loss no block is gathered yet but the prefetched last
+  one); the untied embedding is its own unit, re-sharded after forward); without FSDP, autocast's low-precision copies of every matmul weight
   (nn.Linear weights and the tied head; saved for backward, 2 B/param in bf16/fp16).
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from parallel.cost.activations import (
     loss_peak_bytes,
     pipeline_in_flight,
     selective_targets,
+    stage_output_bytes_per_token,
 )
 from parallel.cost.params import (
     EMBEDDING,
@@ -106,12 +108,22 @@ def weight_copy_bytes(spec: RunSpec, rank: int) -> int:
         head_unit = sum(size for name, size in local.items()
                         if not name.startswith("layers.")
                         and (name != EMBEDDING or spec.model.tie_embeddings))
-        return compute * (head_unit + sum(sorted(blocks.values(), reverse=True)[:2]))
+        return compute * (head_unit + max(blocks.values(), default=0))
     if compute >= PARAM_BYTES:
         return 0  # fp32 compute: autocast casts nothing
+    recompute = autocast_cache_policy(spec.recompute, pp=dims.pp)
     return compute * sum(size for (name, shape), size in zip(held, local.values())
-                         if autocast_keeps_copy(name, shape, spec.model, spec.recompute,
+                         if autocast_keeps_copy(name, shape, spec.model, recompute,
                                                 device_type=spec.training.device))
+
+
+def autocast_cache_policy(recompute: RecomputeSpec, *, pp: int) -> RecomputeSpec:
+    """The policy whose weight copies autocast keeps. A pipeline runs its whole schedule,
+    backward included, in one autocast region (parallel/pipeline.py `_run`), so autocast's
+    cast cache keeps every matmul weight's copy until the step ends, whatever is
+    re-computed (measured on gloo ranks): as without recompute. Elsewhere autocast wraps
+    the forward only, and its cache goes with it."""
+    return recompute if pp == 1 else RecomputeSpec(mode=RecomputeMode.none)
 
 
 def autocast_keeps_copy(name: str, shape: tuple[int, ...], model: ModelSpec,
@@ -232,13 +244,28 @@ def layout_activation_bytes(spec: RunSpec, rank: int) -> int:
                               with_embedding=False, **kwargs)
     chunks = pipeline_in_flight(p, pp_rank)
     total = blocks * chunks // p.pp_virtual_stages if p.pp > 1 else blocks
+    heads = 0
     if pp_rank == p.pp - 1:
         heads = p.pp_microbatches if p.pp > 1 and p.pp_schedule == "gpipe" else 1
         total += heads * activation_bytes(spec.model, layers=[], with_embedding=False, **kwargs)
     if pp_rank == 0:
         first = p.pp_microbatches if p.pp > 1 and p.pp_schedule == "gpipe" else chunks
         total += first * activation_bytes(spec.model, layers=[], with_head=False, **kwargs)
+    if p.pp > 1:
+        total += pipeline_output_bytes(spec.model, chunks=chunks, heads=heads, tokens=tokens,
+                                       dtypes=kwargs["dtypes"], split=kwargs["split"])
     return total
+
+
+def pipeline_output_bytes(model: ModelSpec, *, chunks: int, heads: int, tokens: int,
+                          dtypes, split: ActivationSplit) -> int:
+    """The stage outputs a pipeline rank's schedule keeps (activations.stage_output_bytes_
+    per_token): of its `chunks` in flight, `heads` ran the last stage (logits), the others
+    send their output on."""
+    def per_chunk(last: bool) -> int:
+        return int(tokens * stage_output_bytes_per_token(model, last=last, dtypes=dtypes,
+                                                         split=split))
+    return heads * per_chunk(True) + (chunks - heads) * per_chunk(False)
 
 
 def loss_peak_bytes_of(spec: RunSpec, rank: int) -> int:

@@ -8,7 +8,13 @@ held from forward to backward), a step holds, at each of its moments:
 - each block's backward, the last block first: the activations still kept (the head's and
   the later blocks' are freed), the block's recompute working set, the gradients made so far
   (the head's and the later blocks'), and the collective buffers of the unit in flight;
-- the optimizer step: every gradient, and AdamW's temporaries (`optimizer_transient_bytes`).
+- the optimizer step: every gradient, and AdamW's temporaries (`optimizer_transient_bytes`);
+- the embedding's backward, under tp its dense whole-vocabulary gradient;
+- in every phase, what stays resident (`resident_bytes`: RoPE tables, pipeline buffers).
+The terms beside activations and gradients are in parallel/cost/step_terms.py. A pipeline
+rank has no one order of backwards: its backward phase holds every chunk in flight and the
+gradients (less one chunk without a steady state, `pipeline_steady`) and the largest block
+working set.
 Measured against the ranks' real storages in tests/distributed/test_activation_memory.py.
 The function is pure in the spec sections it reads (model, parallel, precision, recompute,
 training) and the per-rank byte counts it is given, so a search may memoise it by them.
@@ -20,16 +26,17 @@ from functools import lru_cache
 
 from conf.schema import RecomputeMode
 from conf.spec import ModelSpec, RecomputeSpec, RunSpec
-from parallel.cost.activations import (
-    DTYPE_BYTES,
-    ActivationSplit,
-    activation_bytes,
-    activation_dtypes,
-)
+from parallel.cost.activations import DTYPE_BYTES, activation_bytes, pipeline_in_flight
 from parallel.cost.params import fsdp_local_numel, held_layers, parameter_shapes, tp_local_shape
+from parallel.cost.step_terms import (
+    GRAD_BYTES,
+    activation_kwargs,
+    embedding_grad_transient_bytes,
+    optimizer_transient_bytes,
+    resident_bytes,
+)
 from parallel.dims import ParallelDims
 
-GRAD_BYTES = 4
 NO_RECOMPUTE = RecomputeSpec(mode=RecomputeMode.none)
 
 
@@ -40,17 +47,6 @@ def grads_outlive_backward(spec: RunSpec) -> bool:
     accumulation (the second micro-batch's forward runs over the first's gradients)."""
     dims = ParallelDims.from_spec(spec.parallel)
     return dims.uses_ddp or dims.pp > 1 or spec.training.grad_accum_steps > 1
-
-
-def activation_kwargs(spec: RunSpec, rank: int) -> dict:
-    """What activations.activation_bytes needs of a rank, besides its layers: one
-    micro-batch's tokens (its pipeline micro-batch, its cp share), dtypes and split."""
-    p, t = spec.parallel, spec.training
-    dims = ParallelDims.from_spec(p)
-    micro_batch = t.micro_batch_size // p.pp_microbatches
-    return dict(tokens=micro_batch * t.seq_len // p.cp, micro_batch=micro_batch,
-                device_type=t.device, split=ActivationSplit.of(p),
-                dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))
 
 
 def block_numel(spec: RunSpec, rank: int, *, sharded: bool) -> int:
@@ -74,9 +70,11 @@ def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:
     """Bytes of collective buffers alive during one unit's backward.
     FSDP: the reduce-scatter's input, the unit's whole gradient in the reduce dtype, and
     under zero=3 the all-gather output (compute dtype, whole over the shards) of the next
-    unit, prefetched while this one runs; the unit in flight has been copied out of its own
-    buffer (freed) into its parameters, which are the weight copies. DDP: none beyond the gradients (its buckets are
-    the gradients, gradient_as_bucket_view). TP: none beyond the activations (its gathers are
+    unit, prefetched while this one runs, where the rank holds a next block (measured on gloo ranks: the unit in use, the
+    prefetched unit's all-gather output and the head unit); the unit in use has been copied
+    out of its own buffer (freed) into its parameters, which are the weight copies
+    (memory.weight_copy_bytes). DDP: none beyond the gradients (its buckets are the
+    gradients, gradient_as_bucket_view). TP: none beyond the activations (its gathers are
     what the matmuls keep, counted there)."""
     dims = ParallelDims.from_spec(spec.parallel)
     if not dims.uses_fsdp:
@@ -84,7 +82,8 @@ def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:
     largest = block_numel(spec, rank, sharded=False)
     reduce = DTYPE_BYTES[spec.precision.reduce_dtype.value] * largest
     gather = DTYPE_BYTES[spec.precision.compute_dtype.value] * largest
-    return reduce + (gather if dims.zero == 3 else 0)
+    prefetches = len(held_layers(spec, dims.coordinates(rank)["pp"])) > 1  # a next block
+    return reduce + (gather if dims.zero == 3 and prefetches else 0)
 
 
 def recompute_working_set_bytes(spec: RunSpec, layer: int, kwargs: dict) -> int:
@@ -118,21 +117,6 @@ def _head_bytes(model: ModelSpec, recompute: RecomputeSpec, **kwargs) -> int:
                             **kwargs)
 
 
-def optimizer_transient_bytes(spec: RunSpec, optimizer: int) -> int:
-    """AdamW's temporaries beyond its state (`optimizer`: the state's bytes). torch's
-    multi-tensor (foreach) AdamW, used off CUDA with fp32 moments (training/optim.py), makes
-    one temporary list the size of the second moments (`_foreach_sqrt`; all else is in
-    place): half the state. CUDA's fused kernel makes none; the bf16-state AdamW
-    (training/adamw_bf16.py) makes its temporaries one tensor at a time (not counted)."""
-    return optimizer // 2 if foreach_adamw(spec) else 0
-
-
-def foreach_adamw(spec: RunSpec) -> bool:
-    """Does the run's AdamW make a temporary half its state (optimizer_transient_bytes)?"""
-    return (spec.training.device != "cuda"
-            and spec.precision.optimizer_state_dtype.value != "bf16")
-
-
 def step_phase_bytes(spec: RunSpec, rank: int, *, grads: int, optimizer: int,
                      activations: int, loss_peak: int) -> dict[str, int]:
     """Bytes alive at each phase (module docstring) beyond parameters, optimizer state and
@@ -161,9 +145,10 @@ class PhaseTerms:
     pipeline stage and FSDP shard, whatever the counts - so a search computes it once."""
 
     grads_held: bool
-    """grads_outlive_backward."""
-    foreach_adamw: bool
-    """optimizer_transient_bytes is half the state."""
+    """Gradients exist at the loss: grads_outlive_backward, but for a pipeline rank without
+    a steady state (`pipeline_steady`) only under DDP or gradient accumulation."""
+    optimizer_transient: int
+    """optimizer_transient_bytes."""
     pipeline: bool
     buffers: int
     head: int
@@ -171,38 +156,69 @@ class PhaseTerms:
     block_grads: int
     """Gradient bytes of the rank's blocks together (0 with pp)."""
     walk: "_Walk"
+    resident: int = 0
+    """resident_bytes: held in every phase."""
+    embedding_grad: int = 0
+    """embedding_grad_transient_bytes."""
+    chunks: int = 1
+    """Pipeline chunks in flight (activations.pipeline_in_flight)."""
+    steady: bool = True
+    """A pipeline rank runs a forward after a backward while all its chunks are in flight
+    (`pipeline_steady`); else its first backward frees a chunk before the gradients exist.
+    Not taken under FSDP: there (pp2_dp2 on gloo ranks) the first stage's peak came with
+    every chunk held, timing-dependent (1.08-1.115 x the reduced figure)."""
 
     def phases(self, *, grads: int, optimizer: int, activations: int, loss_peak: int
                ) -> tuple[dict[str, int], int]:
         """(the loss's and the optimizer step's phases, what every block's backward holds)."""
         held = grads if self.grads_held else 0
-        transient = optimizer // 2 if self.foreach_adamw else 0  # optimizer_transient_bytes
-        phases = {"loss": held + activations + loss_peak, "optimizer step": grads + transient}
+        phases = {"loss": self.resident + held + activations + loss_peak,
+                  "optimizer step": self.resident + grads + self.optimizer_transient}
         if self.pipeline:  # backwards interleave with forwards: no one order to walk
-            return phases, grads + activations + self.buffers
+            # with no forward after a backward while all chunks are in flight, the first
+            # backward has freed a chunk by the time the gradients exist
+            freed = 0 if self.steady else activations // self.chunks
+            base = self.resident + grads + activations - freed + self.buffers
+            phases["backward embedding"] = base + self.embedding_grad
+            return phases, base
+        phases["backward embedding"] = self.resident + grads + self.buffers + self.embedding_grad
         made = held or grads - self.block_grads  # the root's: embedding, norm, head
-        return phases, activations - self.head + made + self.buffers
+        return phases, self.resident + activations - self.head + made + self.buffers
 
     def peak(self, **counts: int) -> int:
         phases, base = self.phases(**counts)
         return max(*phases.values(), base + self.walk.peak)
 
 
+def pipeline_steady(p, pp_rank: int) -> bool:
+    """Does pipeline rank `pp_rank` reach a steady state, a forward after a backward while
+    all its chunks are in flight (1F1B with more micro-batches than its warm-up)? If not
+    (GPipe, or every chunk's forward in the warm-up), its fullest moment, the first
+    backward, comes before any gradient exists."""
+    return pipeline_in_flight(p, pp_rank) < p.pp_microbatches * p.pp_virtual_stages
+
+
 def phase_terms(spec: RunSpec, rank: int) -> PhaseTerms:
     """PhaseTerms of `rank` (module docstring)."""
-    held = grads_outlive_backward(spec)
+    p = spec.parallel
+    pp_rank = ParallelDims.from_spec(p).coordinates(rank)["pp"]
+    pipeline = p.pp > 1
+    steady = not pipeline or pipeline_steady(p, pp_rank)
+    held = grads_outlive_backward(spec) if steady else (
+        ParallelDims.from_spec(p).uses_ddp or spec.training.grad_accum_steps > 1)
     kwargs = activation_kwargs(spec, rank)
-    layers = tuple(held_layers(spec, ParallelDims.from_spec(spec.parallel).coordinates(rank)["pp"]))
-    pipeline = spec.parallel.pp > 1
+    layers = tuple(held_layers(spec, pp_rank))
     block_grads = 0 if pipeline else GRAD_BYTES * block_numel(spec, rank, sharded=True)
     walk = _walk(spec.model, spec.recompute, layers,
                  None if pipeline else 0 if held else block_grads,
                  tuple(sorted(kwargs.items())))
     return PhaseTerms(
-        grads_held=held, foreach_adamw=foreach_adamw(spec),
+        grads_held=held, optimizer_transient=optimizer_transient_bytes(spec, rank),
         pipeline=pipeline, buffers=collective_buffer_bytes(spec, rank),
         head=0 if pipeline else _head_bytes(spec.model, spec.recompute, **kwargs),
-        block_grads=block_grads * len(layers), walk=walk)
+        block_grads=block_grads * len(layers), walk=walk,
+        resident=resident_bytes(spec, rank), chunks=pipeline_in_flight(p, pp_rank),
+        steady=steady or ParallelDims.from_spec(p).uses_fsdp, embedding_grad=embedding_grad_transient_bytes(spec, rank))
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,12 +26,15 @@ from parallel.cost.activations import (
     pipeline_in_flight, rope_rows_bytes,
 )
 from parallel.cost.memory import (
-    PARAM_BYTES, STEP_BYTES, MemoryEstimate, autocast_keeps_copy, zero1_shares,
+    PARAM_BYTES, STEP_BYTES, MemoryEstimate, autocast_cache_policy, autocast_keeps_copy,
+    pipeline_output_bytes,
+    zero1_shares,
 )
 from parallel.cost.params import (
     EMBEDDING, fsdp_local_numel, held_layers, held_parameters, numel, parameter_shapes, tp_local_shape,
 )
 from parallel.cost.peak import PhaseTerms, phase_terms
+from parallel.cost.step_terms import rope_table_bytes
 from parallel.cost.search_space import Candidate
 from parallel.dims import ParallelDims
 
@@ -66,12 +69,13 @@ class MemoryTable:
 
     def floor(self, candidate: Candidate) -> int:
         """A lower bound of peak(candidate).total without the step's phases: on each
-        representative rank parameters, optimizer state and weight copies, plus the larger of
+        representative rank parameters, optimizer state, weight copies and RoPE tables, plus the larger of
         the kept activations with the loss's transient and the gradients (the loss's and the
         optimizer step's phases hold at least those: peak.PhaseTerms.phases)."""
         copies, kept, statics = self._pieces(candidate)
-        return max(params + optimizer + copies[pp_rank] + max(sum(kept[pp_rank]), params)
-                   for pp_rank, params, optimizer in statics)
+        tables = rope_table_bytes(self.model, candidate.parallel)  # resident in every phase
+        return max(params + optimizer + copies[pp_rank] + tables
+                   + max(sum(kept[pp_rank]), params) for pp_rank, params, optimizer in statics)
 
     def _pieces(self, candidate: Candidate) -> tuple:
         """(weight copies, (activations, loss peak)) per pipeline rank, and the statics."""
@@ -214,9 +218,10 @@ class MemoryTable:
                 return self.compute * (root_size + len(layers) * block_size)
             head_unit = sum(numel(local) for name, _, local in root
                             if name != EMBEDDING or self.model.tie_embeddings)
-            return self.compute * (head_unit + min(2, len(layers)) * block_size)
+            return self.compute * (head_unit + min(1, len(layers)) * block_size)
         if self.compute >= PARAM_BYTES:
             return 0
+        recompute = autocast_cache_policy(recompute, pp=p.pp)
         keeps = (lambda name, shape: autocast_keeps_copy(name, shape, self.model, recompute,
                                                          device_type=self.device))
         total = sum(numel(local) for name, shape, local in root if keeps(name, shape))
@@ -243,11 +248,15 @@ class MemoryTable:
                                 recompute, split, dtypes)
             chunks = pipeline_in_flight(p, pp_rank)
             total = blocks * chunks // p.pp_virtual_stages if p.pp > 1 else blocks
-            loss = 0
+            loss, heads = 0, 0
             if pp_rank == p.pp - 1:
                 head, loss = self._memo(("head", tokens, split, dtypes), self._head, tokens,
                                         split, dtypes)
-                total += (p.pp_microbatches if gpipe else 1) * head
+                heads = p.pp_microbatches if gpipe else 1
+                total += heads * head
+            if p.pp > 1:
+                total += pipeline_output_bytes(self.model, chunks=chunks, heads=heads,
+                                               tokens=tokens, dtypes=dtypes, split=split)
             if pp_rank == 0:
                 total += (p.pp_microbatches if gpipe else chunks) * self._memo(
                     ("embedding", tokens, split, dtypes, recompute), self._embedding, tokens,

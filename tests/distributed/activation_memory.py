@@ -138,6 +138,7 @@ def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
     from training.data import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.step import document_inputs
+    from tests.distributed.pipeline_memory import pipeline_rows
 
     rows = []
     for spec_dict in spec_dicts:
@@ -150,6 +151,11 @@ def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
         inputs, targets = (layout.shard_tokens(t) for t in batches[0])
         optimizers = build_optimizers(layout, optim=spec.optim,
                                       state_dtype=spec.precision.optimizer_state_dtype)
+        if layout.schedule is not None:
+            rows.append(pipeline_rows(layout, spec, batches, optimizers, rank=rank,
+                                      slack=PEAK_SLACK))
+            del layout
+            continue
         warm_optimizers(layout, optimizers)
         with LiveBytes([*state_tensors(layout, optimizers), inputs, targets,
                         *documents.values()], slack=PEAK_SLACK) as live:

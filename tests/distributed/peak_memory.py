@@ -8,7 +8,7 @@ peak RSS (what training.metrics reports on CPU) holds the Python heap and pages 
 well above a tiny model's few MB of tensors.
 So the step is measured from Python: a TorchDispatchMode sees every op the step runs on this
 thread (forward, the autograd engine's backward, FSDP's all-gather and reduce-scatter buffers,
-DTensor redistributions, the optimizer's foreach temporaries) and registers each storage it
+DTensor redistributions, the optimizer's temporaries) and registers each storage it
 returns; the storages alive before the step (parameters, buffers, gradients, optimizer
 state, the batch) are registered first. After every op that returns a storage, the live
 bytes are summed over the registered storages that are still alive, at their current size

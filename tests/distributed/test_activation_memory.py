@@ -6,10 +6,12 @@ fp32 weights for ddp, zero1, tp, cp; FSDP mixed precision for zero 2/3), with se
 parallel and loss parallel on and off. Equal up to the loss's two fp32 scalars (8 bytes).
 In the same spawns, the same step goes on through backward, clipping and AdamW, and its
 peak (every tensor storage alive at once, tests/distributed/peak_memory.py) is the plan's
-(estimate_memory(spec, rank=...).total) within PEAK_TOLERANCE, on every rank.
+(estimate_memory(spec, rank=...).total) within PEAK_TOLERANCE, on every rank (measured
+peak / plan: 0.92-1.08 without pipelining, 1.005-1.08 with, one known gap at 1.116).
 
-Pipeline layouts are not here: their forward and backward interleave inside the schedule, so
-"alive after forward" is not one moment. The static terms (params, grads, optimizer state)
+Pipeline layouts too (PIPELINES_*): their forwards and backwards interleave inside the
+schedule, so the kept bytes are read at every chunk's forward exit and backward entry, the
+largest reading against the plan (tests/distributed/pipeline_memory.py). The static terms (params, grads, optimizer state)
 are checked on every rank of every parity layout (tests/distributed/layout_parity.py
 `check_memory`). Configurations are grouped by world size, one spawn each."""
 from __future__ import annotations
@@ -51,6 +53,32 @@ POLICIES = ["none", "full_every2", "selective", "selective_attention"]
 on a CPU device (tests/unit/test_recompute.py)."""
 PRECISIONS = ["fp32", "bf16"]
 
+PIPELINES_TWO_RANKS = {  # name: (overrides, recompute policies)
+    "pp_1f1b": (PARITY_TWO_RANKS["pp_1f1b"], ["none", "full"]),
+    "pp_gpipe": (["parallel=pp", "parallel.pp_schedule=gpipe"], ["none"]),
+    "pp_interleaved": ([*PARITY_TWO_RANKS["pp_interleaved"], "model.n_layers=4"],
+                       ["selective"]),
+}
+PIPELINES_FOUR_RANKS = {
+    "pp4_1f1b": (["parallel=pp", "parallel.pp=4", "model.n_layers=4",
+                  "training.micro_batch_size=4"], ["none"]),
+    "pp2_tp2": (PARITY_FOUR_RANKS["pp2_tp2"], ["full"]),
+    "pp2_dp2": (PARITY_FOUR_RANKS["pp2_dp2"], ["none"]),
+}
+"""Pipeline layouts (tests/distributed/pipeline_memory.py), in the same spawns: every
+schedule family (1F1B, GPipe, interleaved with virtual stages), a 4-stage pipeline (each rank
+its own number of micro-batches in flight), tp without loss parallel (split stage outputs,
+whole logits) and FSDP (a bf16 residual stream)."""
+PIPELINE_SCALARS = 4, 12
+"""A pipeline rank keeps, besides the plan's activations, the step's fp32 loss sum (4 bytes)
+and, on the last stage, up to three fp32 scalars per micro-batch's loss (its sum, cross
+entropy's total weight, the scaled loss)."""
+
+
+def _pipeline_specs(layouts: dict[str, tuple[list[str], list[str]]], world: int) -> list:
+    return [spec for name, (extra, policies) in layouts.items()
+            for spec in _specs({name: extra}, world, policies)]
+
 
 def _specs(layouts: dict[str, list[str]], world: int, policies: list[str]) -> list:
     """Every layout x precision x policy; composed once per layout and precision (composing
@@ -74,37 +102,83 @@ KNOWN_GAPS = {
     "dp2_tp2-bf16-none": "FSDP + tp in bf16 without recompute keeps 16 KiB less than the plan: "
                          "the same with 1, 2 or 3 blocks (so not per block), halved under cp, "
                          "the size of the plan's embedding term here (4 copies of the rank's "
-                         "[tokens / tp, dim] bf16 share); which copies go is not explained yet",
+                         "[tokens / tp, dim] bf16 share). Seen with the debug listing: in "
+                         "fp32 block 0's RMSNorm saves its input itself (x.float() is a no-op), "
+                         "which keeps the embedding's reduce-scatter output and its DTensor "
+                         "views alive; under FSDP bf16 it saves its fp32 upcast instead, and "
+                         "none of the embedding's copies is kept (a checkpoint holding the "
+                         "block input, as under selective, keeps them again). Fix: "
+                         "embedding_bytes_per_token 0 when the residual stream is not fp32 and "
+                         "block 0 is not checkpointed (not done yet)",
     "cp2_tp2-bf16-none": "as dp2_tp2-bf16-none, with cp (8 KiB: half the tokens)",
+    "pp4_1f1b-fp32-none@2": "pipeline rank 2 of 4 keeps one [tokens, dim] fp32 tensor (8 KiB) "
+                            "more than its pp - rank = 2 chunks in flight; ranks 0, 1, 3 "
+                            "are exact; not explained yet",
+    "pp4_1f1b-bf16-none@2": "as pp4_1f1b-fp32-none@2 (the residual stream is fp32 under "
+                            "autocast)",
+    "pp2_tp2-fp32-full@2": "the last pipeline stage under tp without loss parallel, in fp32 "
+                           "only, keeps 24 KiB (3 x [tokens, dim] fp32, or the local logits "
+                           "shard + one) more than the plan, with any policy; exact in bf16; "
+                           "not explained yet",
+    "pp2_tp2-fp32-full@3": "as pp2_tp2-fp32-full@2",
+    "pp2_dp2-bf16-none@2": "the last pipeline stage under FSDP mixed precision keeps 4 KiB "
+                           "(one [tokens, dim] bf16) more than the plan; exact in fp32; not "
+                           "explained yet",
+    "pp2_dp2-bf16-none@3": "as pp2_dp2-bf16-none@2",
 }
-"""Configurations where the plan is known to be wrong: checked to STILL be wrong, so the
-entry goes when the formula is fixed."""
+"""Configurations (`name`, or `name@rank` for one rank) where the plan is known to be wrong:
+checked to STILL be wrong, so the entry goes when the formula is fixed."""
 
 
 PEAK_TOLERANCE = 0.10
 """The step's peak is the plan's within 10% (issue 10's target): the plan walks phases
-(parallel.cost.peak), not every op; what it leaves out (backward's gradient temporaries, the
-loss's gathered logits under tp) is below that here."""
+(parallel.cost.peak), not every op; what it leaves out (backward's gradient temporaries: a
+weight's new gradient before it is added to the held one, compute-dtype weight gradients
+waiting for their cast back under autocast) is below that here, but for PEAK_KNOWN_GAPS."""
+PEAK_KNOWN_GAPS = {
+    "pp2_tp2-fp32-full@0": "the first pipeline stage under tp with full recompute peaks in a "
+                           "re-computed block's backward 11.6% above the plan: the "
+                           "gradient-accumulation temporaries (a weight's new gradient before "
+                           "it joins the held one) and tp's all-gathered re-computed inputs "
+                           "beyond the plan's working set",
+    "pp2_tp2-fp32-full@1": "as pp2_tp2-fp32-full@0",
+}
+"""Peaks known to be off by more than PEAK_TOLERANCE: checked to STILL be off."""
+
+
+def _gap(row: dict, gaps: dict) -> bool:
+    return row["name"] in gaps or f"{row['name']}@{row['rank']}" in gaps
+
+
+def _kept_as_planned(row: dict) -> bool:
+    extra = row["measured"] - row["plan"]
+    if not row.get("microbatches"):
+        return extra == SCALARS
+    step, per_loss = PIPELINE_SCALARS
+    return step <= extra <= step + per_loss * row["microbatches"]
 
 
 def _check(results: list[list[dict]]) -> None:
+    rows = [row for ranks in results for row in ranks]
     wrong = [f"{row['name']} rank {row['rank']}: kept {row['measured']} B, plan "
-             f"{row['plan']} B" for rows in results for row in rows
-             if (row["measured"] - row["plan"] != SCALARS) != (row["name"] in KNOWN_GAPS)]
+             f"{row['plan']} B" for row in rows
+             if _kept_as_planned(row) == _gap(row, KNOWN_GAPS)]
     wrong += [f"{row['name']} rank {row['rank']}: step peak {row['peak']} B (at op "
               f"{row['peak_at']}), plan {row['plan_peak']} B"
-              for rows in results for row in rows
-              if abs(row["peak"] / row["plan_peak"] - 1) > PEAK_TOLERANCE]
+              for row in rows
+              if (abs(row["peak"] / row["plan_peak"] - 1) > PEAK_TOLERANCE)
+              != _gap(row, PEAK_KNOWN_GAPS)]
     assert not wrong, "\n".join(wrong)
 
 
 def test_two_rank_activations_equal_the_plan(tmp_path):
-    specs = _specs(TWO_RANKS, 2, POLICIES)
+    specs = _specs(TWO_RANKS, 2, POLICIES) + _pipeline_specs(PIPELINES_TWO_RANKS, 2)
     _check(run_on_ranks(activation_rank, world_size=2, workdir=tmp_path, timeout_s=600,
                         kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]}))
 
 
 def test_four_rank_activations_equal_the_plan(tmp_path):
-    specs = _specs(FOUR_RANKS, 4, ["none", "full", "selective"])
-    _check(run_on_ranks(activation_rank, world_size=4, workdir=tmp_path, timeout_s=600,
+    specs = (_specs(FOUR_RANKS, 4, ["none", "full", "selective"])
+             + _pipeline_specs(PIPELINES_FOUR_RANKS, 4))
+    _check(run_on_ranks(activation_rank, world_size=4, workdir=tmp_path, timeout_s=900,
                         kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]}))

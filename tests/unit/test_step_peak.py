@@ -13,9 +13,14 @@ from parallel.cost.peak import (
     activation_kwargs,
     collective_buffer_bytes,
     grads_outlive_backward,
-    optimizer_transient_bytes,
     recompute_working_set_bytes,
     step_phase_bytes,
+)
+from parallel.cost.step_terms import (
+    embedding_grad_transient_bytes,
+    optimizer_transient_bytes,
+    pipeline_buffer_bytes,
+    resident_bytes,
 )
 from tests.support.specs import cpu_spec
 
@@ -69,16 +74,20 @@ def test_gradients_outlive_backward_only_where_something_keeps_them():
 
 def test_the_phases_of_a_zero3_step():
     """At the loss no gradient exists yet (zero_grad(set_to_none=True)); the optimizer step
-    holds them all and one moment-sized temporary; the last block's backward holds the
-    head's gradients, the blocks' activations and the collective buffers."""
+    holds them all and AdamW's per-tensor temporaries; the last block's backward holds the
+    head's gradients, the blocks' activations and the collective buffers; every phase the
+    RoPE tables."""
     spec = cpu_spec(*TINY, "cluster.procs_per_node=2", "parallel=zero3", "recompute=full")
     static = static_bytes(spec, 0)
     act = layout_activation_bytes(spec, 0)
     memory = estimate_memory(spec, rank=0)
     phases = step_phase_bytes(spec, 0, grads=static.grads, optimizer=static.optimizer,
                               activations=act, loss_peak=memory.loss_peak)
-    assert phases["loss"] == act + memory.loss_peak
-    assert phases["optimizer step"] == static.grads + static.optimizer // 2  # CPU: foreach
+    tables = 3 * spec.model.max_seq_len * spec.model.head_dim * 4  # cos, sin, signed sin
+    assert resident_bytes(spec, 0) == tables
+    assert phases["loss"] == tables + act + memory.loss_peak
+    assert phases["optimizer step"] == (tables + static.grads
+                                        + optimizer_transient_bytes(spec, 0))
     kwargs = activation_kwargs(spec, 0)
     head = activation_bytes(spec.model, recompute=spec.recompute, layers=[],
                             with_embedding=False, **kwargs)
@@ -86,16 +95,90 @@ def test_the_phases_of_a_zero3_step():
         (n + 1) // 2 for n in [_block_numel(spec.model)] * spec.model.n_layers)
     last = spec.model.n_layers - 1
     assert phases[f"backward layers.{last}"] == (
-        act - head + recompute_working_set_bytes(spec, last, kwargs) + root_grads
+        tables + act - head + recompute_working_set_bytes(spec, last, kwargs) + root_grads
         + collective_buffer_bytes(spec, 0))
     assert memory.total == (memory.params + memory.optimizer + memory.weight_copies
                             + max(phases.values()))
 
 
-def test_adamw_makes_a_moment_sized_temporary_only_in_its_foreach_form():
+def test_adamw_on_cpu_makes_per_tensor_temporaries():
+    """torch's single-tensor AdamW (CPU): sqrt of the second moment and its quotient alive
+    together, beside the previous tensor's denominator; matrices and vectors are separate
+    groups. tiny: the head [vocab, dim] follows w3 [ffn, dim] in the matrices' group."""
     cpu = cpu_spec(*TINY)
-    assert optimizer_transient_bytes(cpu, 1000) == 500  # foreach sqrt of the second moments
+    m = cpu.model
+    assert optimizer_transient_bytes(cpu, 0) == 4 * (m.ffn_dim * m.dim + 2 * m.vocab_size * m.dim)
     bf16_state = cpu_spec(*TINY, "precision.optimizer_state_dtype=bf16")
-    assert optimizer_transient_bytes(bf16_state, 1000) == 0
+    assert optimizer_transient_bytes(bf16_state, 0) == 0
     cuda = dataclasses.replace(cpu, training=dataclasses.replace(cpu.training, device="cuda"))
-    assert optimizer_transient_bytes(cuda, 1000) == 0  # fused
+    assert optimizer_transient_bytes(cuda, 0) == 0  # fused
+
+
+PP = ("cluster.procs_per_node=2", "parallel=pp")  # tiny: 2 blocks, 2 micro-batches of 1
+
+
+def test_a_pipeline_rank_keeps_each_chunks_stage_output():
+    """torch's schedule keeps every in-flight chunk's stage output until its backward: the
+    last block's output on the first stage (fp32 [tokens, dim]), the logits on the last
+    (compute dtype, whole vocabulary without loss parallel). 1F1B: pp - rank chunks."""
+    spec = cpu_spec(*TINY, *PP, "precision=bf16")
+    kwargs = activation_kwargs(spec, 0)
+    tokens, m = kwargs["tokens"], spec.model
+
+    def blocks(layer):
+        return activation_bytes(m, recompute=spec.recompute, layers=[layer], with_head=False,
+                                with_embedding=False, **kwargs)
+    head = activation_bytes(m, recompute=spec.recompute, layers=[], with_embedding=False,
+                            **kwargs)
+    assert layout_activation_bytes(spec, 0) == 2 * blocks(0) + 2 * 4 * tokens * m.dim
+    assert layout_activation_bytes(spec, 1) == blocks(1) + head + 2 * tokens * m.vocab_size
+
+
+def test_pipeline_receive_buffers_beyond_the_inputs_in_flight():
+    """One activation buffer per micro-batch on a stage that receives, one gradient buffer
+    per micro-batch on a stage that sends; the in-flight chunks' inputs are activations."""
+    spec = cpu_spec(*TINY, *PP)
+    one = 4 * activation_kwargs(spec, 0)["tokens"] * spec.model.dim
+    assert pipeline_buffer_bytes(spec, 0) == 2 * one  # gradients of 2 micro-batches
+    assert pipeline_buffer_bytes(spec, 1) == (2 - 1) * one  # 2 inputs, 1 in flight
+    assert resident_bytes(spec, 1) == resident_bytes(cpu_spec(*TINY), 0) + one
+
+
+def test_the_embeddings_dense_gradient_under_tp():
+    """Vocabulary-parallel embedding: a whole-vocabulary dense gradient, then the shard."""
+    tp = cpu_spec(*TINY, "cluster.procs_per_node=2", "parallel=tp")
+    assert embedding_grad_transient_bytes(tp, 0) == 4 * tp.model.vocab_size * tp.model.dim
+    assert embedding_grad_transient_bytes(cpu_spec(*TINY), 0) == 0
+    assert step_phase_bytes(tp, 0, grads=0, optimizer=0, activations=0, loss_peak=0)[
+        "backward embedding"] == resident_bytes(tp, 0) + embedding_grad_transient_bytes(tp, 0)
+
+
+def test_a_pipeline_keeps_autocasts_weight_copies_whatever_it_recomputes():
+    """The schedule runs in one autocast region: its cast cache keeps every matmul weight's
+    bf16 copy to the step's end; without pipelining a re-computed block keeps none."""
+    from parallel.cost.memory import weight_copy_bytes
+
+    def copies(*overrides):
+        return weight_copy_bytes(cpu_spec(*TINY, "precision=bf16", *overrides), 0)
+    assert copies(*PP, "recompute=full") == copies(*PP) > 0
+    assert copies("recompute=full") < copies()
+
+
+def test_without_a_steady_state_the_gradients_come_after_the_fullest_moment():
+    """GPipe runs every forward first: at its first backward no gradient exists, and once
+    they do a chunk is freed. 1F1B's last stage runs a forward after a backward."""
+    gpipe = cpu_spec(*TINY, *PP, "parallel.pp_schedule=gpipe")
+    one_f_one_b = cpu_spec(*TINY, *PP)
+    counts = dict(grads=1000, optimizer=0, activations=600, loss_peak=0)
+    for spec, grads_at_loss, freed in ((gpipe, 0, 300), (one_f_one_b, 1000, 0)):
+        phases = step_phase_bytes(spec, 1, **counts)
+        resident = resident_bytes(spec, 1)
+        assert phases["loss"] == resident + grads_at_loss + 600
+        assert phases["backward"] == resident + 1000 + 600 - freed + recompute_working_set_bytes(
+            spec, 1, activation_kwargs(spec, 1))
+
+
+def test_zero3_prefetches_a_gather_only_where_a_next_block_is():
+    one_block = cpu_spec(*TINY, "cluster.procs_per_node=4", "parallel=pp", "parallel.pp=2",
+                         "parallel.dp_shard=-1", "parallel.zero=3")
+    assert collective_buffer_bytes(one_block, 0) == 4 * _block_numel(one_block.model)
