@@ -56,15 +56,32 @@ def _moved_by_the_memory_model(s) -> int:
                                     ("parallel=ddp", "recompute.every_n_layers=2"),
                                     ("parallel=fsdp", "parallel.tp=2", "parallel.dp_shard=4",
                                      "model.tie_embeddings=false"),
-                                    ("parallel=ddp", "parallel.pp=2", "parallel.dp_replicate=4",
+                                    ("parallel=fsdp", "parallel.pp=2", "parallel.dp_shard=4",
                                      "parallel.pp_microbatches=2", "model.tie_embeddings=false")])
 def test_offload_moves_what_the_memory_model_stops_keeping(layout):
     """The bytes out (and back) per step are the memory model's none-minus-offload
     difference: activations, and under autocast (ddp) the bf16 weight copies. (Mutations
     tried: the weight copies left out -> the ddp cases fail; every block counted instead of
-    the covered ones -> every_n_layers=2 fails.)"""
+    the covered ones -> every_n_layers=2 fails.) The pipeline case runs FSDP: under a
+    pipeline's autocast the weight copies stay in autocast's cast cache for the whole step
+    (parallel.cost.memory.autocast_cache_policy), so the memory model frees none of them,
+    yet offload's pack hook still copies them out: traffic, not memory (next test)."""
     s = spec(*layout, "recompute.mode=offload")
     assert offload_bytes_per_step(s) == _moved_by_the_memory_model(s) > 0
+
+
+def test_a_pipeline_under_autocast_still_moves_the_weight_copies():
+    """ddp + pp in bf16: the same bytes move as with the copies counted block by block, and
+    more than the memory model frees (the copies stay cached on the device)."""
+    s = spec("parallel=ddp", "parallel.pp=2", "parallel.dp_replicate=4",
+             "parallel.pp_microbatches=2", "model.tie_embeddings=false", "recompute.mode=offload")
+    flat = spec("parallel=ddp", "parallel.dp_replicate=8", "model.tie_embeddings=false",
+                "training.micro_batch_size=1", "recompute.mode=offload")
+    # one micro-batch (1 sequence) through one block: flat makes grad_accum passes of 16
+    per_block = offload_bytes_per_step(flat) // (flat.training.grad_accum_steps * 16)
+    passes = s.training.grad_accum_steps * s.parallel.pp_microbatches  # 2 x 2, of 8 blocks
+    assert offload_bytes_per_step(s) == passes * 8 * per_block
+    assert offload_bytes_per_step(s) > _moved_by_the_memory_model(s)
 
 
 def test_offload_charges_the_host_link_in_full():
