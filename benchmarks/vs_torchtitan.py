@@ -13,6 +13,11 @@ torchtitan is skipped with a message and the other two still run.
 
     python benchmarks/vs_torchtitan.py                    # debugmodel shape, 3 rounds, 20 steps
     python benchmarks/vs_torchtitan.py --quick            # seq 256, batch 4, 6 steps, 1 round
+    python benchmarks/vs_torchtitan.py --nprocs 2 --meshrun-base /work/main   # before/after
+
+--meshrun-base SRC adds "meshrun-base": the same meshrun run from another checkout (e.g. the
+main branch), in the same rotation, so a change is measured against its parent in one sitting
+(a table of meshrun / meshrun-base per round follows the main table).
 
 tokens/s = global tokens per step / mean step time over steps --first-timed..--steps (the
 torchtitan log's tps, the plain loop's step_time, meshrun's metrics.jsonl step_time_s), the
@@ -35,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 SYSTEMS = ("torchtitan", "meshrun", "plain")
+BASE_SYSTEM = "meshrun-base"
 DEBUGMODEL = dict(dim=256, n_layers=6, n_heads=16, n_kv_heads=16, ffn_dim=768, vocab_size=2048,
                   rope_theta=500000.0)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -52,6 +58,8 @@ class Bench:
     peer_dir: Path
     work: Path
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    base_src: Path | None = None
+    """Another meshrun checkout, run as BASE_SYSTEM (--meshrun-base)."""
 
     @property
     def tokens_per_step(self) -> int:
@@ -142,18 +150,18 @@ def meshrun_overrides(b: Bench, nproc: int, tokens: Path, runs_dir: Path, name: 
             "logging=disabled", "logging.progress=false", f"runs_dir={runs_dir}", f"name={name}"]
 
 
-def run_meshrun(b: Bench, nproc: int, log: Path, tokens: Path) -> float | None:
+def run_meshrun(b: Bench, nproc: int, log: Path, tokens: Path, src: Path = REPO) -> float | None:
     from conf.rundir import RunDir
 
     runs_dir = b.work / "meshrun-runs"
     name = log.stem
     cmd = [sys.executable, "-m", "launcher.cli", "run",
            *meshrun_overrides(b, nproc, tokens, runs_dir, name)]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(max(1, b.cores // nproc)))
+    env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS=str(max(1, b.cores // nproc)))
     with open(log, "w") as out:
-        out.write(" ".join(cmd) + "\n")
+        out.write(f"(from {src}) " + " ".join(cmd) + "\n")
         out.flush()
-        subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+        subprocess.run(cmd, cwd=src, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
     dirs = sorted(runs_dir.glob(f"{name}-*"), key=lambda p: p.stat().st_mtime)
     run_dir = RunDir(dirs[-1]) if dirs else None
     rows = run_dir.read_rows() if run_dir else []
@@ -214,19 +222,20 @@ def run_all(b: Bench, rounds: int, nprocs: list[int], systems: tuple[str, ...]) 
                     tps = run_torchtitan(b, nproc, log)
                 elif system == "meshrun":
                     tps = run_meshrun(b, nproc, log, tokens)
+                elif system == BASE_SYSTEM:
+                    tps = run_meshrun(b, nproc, log, tokens, src=b.base_src)
                 else:
                     tps = run_plain(b, nproc, log)
                 shown = f"{tps:,.0f} tok/s" if tps else "-"
                 print(f"round {r + 1}/{rounds} nproc={nproc} {system:10s} {shown:>14s}  "
                       f"({time.perf_counter() - start:.0f}s wall, log {log})", flush=True)
-                if tps:
-                    results[(system, nproc)].append(tps)
+                results[(system, nproc)].append(tps)  # None too: rounds stay aligned
     return results
 
 
 def table(results: dict, nprocs: list[int]) -> str:
     def med(system: str, nproc: int) -> float | None:
-        values = results.get((system, nproc)) or []
+        values = [v for v in results.get((system, nproc)) or [] if v]
         return statistics.median(values) if values else None
 
     def fmt(x, spec=",.0f"):
@@ -237,11 +246,33 @@ def table(results: dict, nprocs: list[int]) -> str:
              f"{'meshrun/torchtitan':>19} {'meshrun/plain':>14}   rounds (tt/mr/plain)"]
     for nproc in nprocs:
         tt, mr = med("torchtitan", nproc), med("meshrun", nproc)
-        counts = "/".join(str(len(results.get((s, n), []))) for s, n in
+        counts = "/".join(str(len([v for v in results.get((s, n), []) if v])) for s, n in
                           (("torchtitan", nproc), ("meshrun", nproc), ("plain", 1)))
         lines.append(f"{nproc:>5} {fmt(tt):>11} {fmt(mr):>9} {fmt(plain):>10} "
                      f"{fmt(mr / tt if mr and tt else None, '.3f'):>19} "
                      f"{fmt(mr / plain if mr and plain else None, '.3f'):>14}   {counts}")
+    return "\n".join(lines)
+
+
+def base_table(results: dict, nprocs: list[int]) -> str:
+    """meshrun against BASE_SYSTEM (and each against torchtitan) round by round, then the
+    median of the per-round ratios: pairs from one round saw about the same load."""
+    lines = [f"{'procs':>5} {'round':>5} {'meshrun':>9} {'base':>9} {'torchtitan':>11} "
+             f"{'meshrun/base':>13} {'meshrun/tt':>11} {'base/tt':>8}"]
+    for nproc in nprocs:
+        rows = zip(*(results.get((s, nproc), []) for s in ("meshrun", BASE_SYSTEM, "torchtitan")))
+        ratios: list[list[float]] = [[], [], []]
+        for r, (mr, base, tt) in enumerate(rows):
+            pairs = ((mr, base), (mr, tt), (base, tt))
+            cells = [f"{x / y:.3f}" if x and y else "-" for x, y in pairs]
+            for kept, (x, y) in zip(ratios, pairs):
+                if x and y:
+                    kept.append(x / y)
+            lines.append(f"{nproc:>5} {r + 1:>5} {mr or 0:>9,.0f} {base or 0:>9,.0f} "
+                         f"{tt or 0:>11,.0f} {cells[0]:>13} {cells[1]:>11} {cells[2]:>8}")
+        meds = [f"{statistics.median(v):.3f}" if v else "-" for v in ratios]
+        lines.append(f"{nproc:>5} {'med':>5} {'':>9} {'':>9} {'':>11} {meds[0]:>13} "
+                     f"{meds[1]:>11} {meds[2]:>8}")
     return "\n".join(lines)
 
 
@@ -261,18 +292,24 @@ def main() -> None:
     p.add_argument("--peer-dir", type=Path,
                    default=Path(os.environ.get("PEER_DIR", "/tmp/meshrun-peer")))
     p.add_argument("--work", type=Path, default=Path("/tmp/meshrun-vs-torchtitan"))
+    p.add_argument("--meshrun-base", type=Path, default=None,
+                   help="another meshrun checkout to run beside this one (before/after)")
     a = p.parse_args()
     if a.quick:
         a.seq_len, a.batch, a.steps, a.first_timed, a.rounds = 256, 4, 6, 3, 1
     nprocs = [int(n) for n in a.nprocs.split(",")]
     systems = tuple(s for s in a.systems.split(",") if s)
     bad = [n for n in nprocs if a.batch % n] + [s for s in systems if s not in SYSTEMS]
+    if a.meshrun_base is not None:
+        if not (a.meshrun_base / "training").is_dir():
+            bad.append(f"--meshrun-base {a.meshrun_base}: not a meshrun checkout")
+        systems += (BASE_SYSTEM,)
     if bad or a.first_timed > a.steps:
         sys.exit(f"bad arguments: {bad or 'first-timed > steps'} (batch must divide by nprocs; "
                  f"systems from {SYSTEMS})")
     a.work.mkdir(parents=True, exist_ok=True)
     b = Bench(seq_len=a.seq_len, batch=a.batch, steps=a.steps, first_timed=a.first_timed,
-              peer_src=a.peer_src, peer_dir=a.peer_dir, work=a.work)
+              peer_src=a.peer_src, peer_dir=a.peer_dir, work=a.work, base_src=a.meshrun_base)
     shape = " ".join(f"{k}={v}" for k, v in DEBUGMODEL.items())
     print(f"shape: llama3 debugmodel ({shape}) seq={b.seq_len} global_batch={b.batch} fp32 "
           f"causal no-recompute; {b.tokens_per_step} tokens/step; steps {b.first_timed}..{b.steps} "
@@ -280,6 +317,9 @@ def main() -> None:
     results = run_all(b, a.rounds, nprocs, systems)
     print("\nmedian aggregate tokens/s (noisy on a shared machine; ratios are within this run)")
     print(table(results, nprocs))
+    if a.meshrun_base is not None:
+        print(f"\nmeshrun against meshrun-base ({a.meshrun_base}), per round")
+        print(base_table(results, nprocs))
 
 
 if __name__ == "__main__":

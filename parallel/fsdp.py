@@ -21,6 +21,8 @@ last); the units that are absent are skipped.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -29,8 +31,14 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, zero: int,
                mp_policy: MixedPrecisionPolicy) -> None:
     """Shard `model` (a model or one pipeline stage) in place; compute and reduce in the
-    dtypes of `mp_policy` (training/precision.py builds it from the precision section)."""
+    dtypes of `mp_policy` (training/precision.py builds it from the precision section).
+
+    Forward inputs are not cast at each unit (cast_forward_inputs=False, as torchtitan): the
+    blocks' activations are already in the compute dtype (the gathered embedding's), and a
+    cast would only copy the fp32 RoPE tables passed to every block, which the attention
+    casts where it uses them (the same rounding either way)."""
     reshard = zero == 3
+    mp_policy = dataclasses.replace(mp_policy, cast_forward_inputs=False)
 
     def shard(modules, *, reshard_after_forward: bool) -> None:
         fully_shard(modules, mesh=mesh, mp_policy=mp_policy,

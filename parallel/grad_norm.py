@@ -9,13 +9,8 @@ from torch.distributed.tensor import DTensor
 def total_grad_norm(params: list[torch.Tensor], *, pp_group=None) -> torch.Tensor:
     """L2 norm of all gradients of the model: DTensor shards are reduced over their mesh;
     stages of a pipeline add their squared norms over `pp_group`."""
-    by_mesh: dict[object, list[torch.Tensor]] = {}
-    for p in params:
-        if p.grad is not None:
-            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
-            by_mesh.setdefault(key, []).append(p.grad)
     squared = torch.zeros((), dtype=torch.float32)
-    for grads in by_mesh.values():  # plain tensors (replicated) and each mesh's shards apart
+    for grads in grads_by_mesh(params):  # plain tensors (replicated) and each mesh's shards apart
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
         norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
         squared = squared.to(norm.device) + norm.float() ** 2
@@ -26,6 +21,17 @@ def total_grad_norm(params: list[torch.Tensor], *, pp_group=None) -> torch.Tenso
     return norm
 
 
+def grads_by_mesh(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The gradients in lists that one foreach op takes: plain tensors, and each mesh's
+    DTensors, apart."""
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            by_mesh.setdefault(key, []).append(p.grad)
+    return list(by_mesh.values())
+
+
 def clip_grads(params: list[torch.Tensor], *, max_norm: float, pp_group=None) -> float:
     """Clip to `max_norm` (inf = only measure); return the norm before clipping."""
     norm = total_grad_norm(params, pp_group=pp_group)
@@ -33,7 +39,6 @@ def clip_grads(params: list[torch.Tensor], *, max_norm: float, pp_group=None) ->
     coefficient = min(max_norm / (total + 1e-6), 1.0)  # torch's clip_grad_norm_ formula
     if coefficient < 1.0:
         with torch.no_grad():
-            for p in params:
-                if p.grad is not None:  # plain and DTensor grads alike (no foreach mixing)
-                    p.grad.mul_(coefficient)
+            for grads in grads_by_mesh(params):  # one op per list, not one per gradient
+                torch._foreach_mul_(grads, coefficient)
     return total

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from conf.schema import DType
 from conf.spec import OptimSpec
@@ -18,10 +19,17 @@ def param_groups(params: list[torch.Tensor], weight_decay: float) -> list[dict]:
 
 def implementation(params: list[torch.Tensor]) -> dict:
     """AdamW's kernel choice: fused (one kernel for all tensors; torchtitan's default) when
-    every parameter is on CUDA; elsewhere torch's default (foreach where it applies), which
-    keeps CPU losses bit-identical to the single-process references."""
-    on_cuda = bool(params) and all(p.device.type == "cuda" for p in params)
-    return {"fused": True} if on_cuda else {}
+    every parameter is on CUDA; elsewhere foreach (one op per step of the update for all
+    tensors, bit-identical to torch's per-tensor loop on CPU, so CPU losses stay equal to the
+    single-process references) where every parameter is a plain tensor or every one a DTensor
+    of one mesh (FSDP's shards: the per-tensor loop pays DTensor's dispatch about ten times per
+    parameter); torch's default otherwise (a mix that foreach cannot take as one list)."""
+    if not params or any(p.device.type == "meta" for p in params):
+        return {}
+    if all(p.device.type == "cuda" for p in params):
+        return {"fused": True}
+    meshes = {p.device_mesh if isinstance(p, DTensor) else None for p in params}
+    return {"foreach": True} if len(meshes) == 1 else {}
 
 
 def build_optimizer(model: torch.nn.Module, *, optim: OptimSpec, state_dtype: DType = DType.fp32,

@@ -36,8 +36,6 @@ class ActivationDtypes:
     """Matmul and attention outputs."""
     autocast: bool
     """Each matmul keeps its own compute-dtype copy of its input (autocast over fp32 weights)."""
-    casts_block_inputs: bool = False
-    """FSDP mixed precision casts each block's float inputs: the whole RoPE tables."""
 
     @classmethod
     def uniform(cls, nbytes: int) -> "ActivationDtypes":
@@ -50,8 +48,7 @@ def activation_dtypes(precision: PrecisionSpec, *, uses_fsdp: bool) -> Activatio
     if compute >= FP32:
         return ActivationDtypes.uniform(FP32)
     if uses_fsdp:
-        return ActivationDtypes(residual=compute, compute=compute, autocast=False,
-                                casts_block_inputs=True)
+        return ActivationDtypes(residual=compute, compute=compute, autocast=False)
     return ActivationDtypes(residual=FP32, compute=compute, autocast=True)
 
 
@@ -160,11 +157,9 @@ def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, s
                                 split: ActivationSplit = FP32_SPLIT, micro_batch: int = 1) -> int:
     """Bytes one block keeps per micro-batch that do not scale with its tokens. `seq`: the
     rank's sequence (its cp share).
-    RoPE tables: under FSDP mixed precision the block's inputs are cast before it runs (and
-    kept whatever the policy): cos and sin whole, [max_seq_len, head_dim] (under cp the
-    rank's [seq, head_dim] rows; with document masking [micro_batch x seq, head_dim]);
-    otherwise, when q/k are not fp32, the attention casts four slices of those rows
-    (re-computed under full / block / ops).
+    RoPE tables: when q/k are not fp32, the attention casts four slices of the fp32 rows
+    (re-computed under full / block / ops); FSDP does not cast a block's inputs
+    (parallel/fsdp.py), so the tables reach it in fp32 under every regime.
     Context parallelism: SDPA's additive mask in the compute dtype, [seq, seq x cp], made from
     the bool causal mask (unless attention re-computes); a document mask replaces it (one
     per forward, `document_mask_bytes`)."""
@@ -173,13 +168,9 @@ def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, s
         return 0
     targets = selective_targets(recompute)
     rows = _rope_rows(seq, split=split, micro_batch=micro_batch)
-    if dtypes.casts_block_inputs:
-        rope = 2 * (rows or model.max_seq_len) * model.head_dim * dtypes.compute
-    else:
-        rope = 4 * (rows or seq) * model.head_dim * dtypes.compute if dtypes.compute != FP32 \
-            else 0
+    rope = 4 * (rows or seq) * model.head_dim * dtypes.compute if dtypes.compute != FP32 else 0
     if mode is RecomputeMode.full or {"block", "ops"} & targets:
-        return rope if dtypes.casts_block_inputs else 0
+        return 0
     mask = (dtypes.compute * seq * seq * split.cp
             if split.cp > 1 and "attention" not in targets and not split.document_mask else 0)
     return rope + mask
@@ -219,10 +210,9 @@ def rope_rows_bytes(model: ModelSpec, *, recompute: RecomputeSpec, layers: list[
                     micro_batch: int = 1) -> int:
     """Under cp (or document masking) the model indexes rows of the fp32 RoPE tables once
     per forward (training/model.py `rope_tables`, `_rope_rows`); they are kept when fp32
-    attention saves them or a checkpointed block keeps them as its inputs (not when FSDP
-    casts them first)."""
+    attention saves them or a checkpointed block keeps them as its inputs."""
     rows = _rope_rows(seq, split=split, micro_batch=micro_batch)
-    if not rows or dtypes.casts_block_inputs or not layers:
+    if not rows or not layers:
         return 0
     checkpointed = any(_checkpoints_block(recompute, layer) for layer in layers)
     if dtypes.compute != FP32 and not checkpointed:

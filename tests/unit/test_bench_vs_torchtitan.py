@@ -47,3 +47,13 @@ def test_table_medians_and_ratios():
     lines = bench.table(results, [1, 2]).splitlines()
     assert lines[1].split()[:6] == ["1", "200", "250", "500", "1.250", "0.500"]
     assert lines[2].split()[:6] == ["2", "-", "400", "500", "-", "0.800"]
+
+
+def test_base_table_pairs_rounds_and_takes_the_median_ratio():
+    results = {("meshrun", 2): [110.0, None, 90.0], ("meshrun-base", 2): [100.0, 80.0, 100.0],
+               ("torchtitan", 2): [100.0, 100.0, 120.0]}
+    lines = bench.base_table(results, [2]).splitlines()
+    assert lines[1].split()[5:] == ["1.100", "1.100", "1.000"]
+    assert lines[2].split()[5:] == ["-", "-", "0.800"]  # meshrun failed in round 2
+    assert lines[3].split()[5:] == ["0.900", "0.750", "0.833"]
+    assert lines[4].split()[2:] == ["1.000", "0.925", "0.833"]  # medians of 2, 2, 3 ratios
