@@ -16,7 +16,7 @@ from parallel.cost.activations import (
     stage_output_bytes_per_token,
 )
 from parallel.cost.params import fsdp_local_numel, held_parameters, tp_local_shape
-from parallel.dims import ParallelDims, pipeline_stage_ids
+from parallel.dims import ParallelDims, pipeline_stage_ids, zero1_owners
 
 GRAD_BYTES = 4
 
@@ -85,38 +85,52 @@ def pipeline_buffer_bytes(spec: RunSpec, rank: int) -> int:
 
 
 def optimizer_transient_bytes(spec: RunSpec, rank: int) -> int:
-    """AdamW's temporaries beyond its state. Off CUDA torch 2.13 picks the single-tensor
-    AdamW (`_default_to_fused_or_foreach` gives neither fused nor foreach for CPU tensors;
-    training/optim.py asks for fused only on CUDA): per parameter, in its group's order
-    (training/optim.py: the matrices, then the vectors), `exp_avg_sq.sqrt()` and its quotient
-    by the bias correction are alive together, and the previous parameter's `denom` until it
-    is replaced: the largest (previous + 2 x current) moment-sized tensors of a group (FSDP
-    shards, tp-local; under ZeRO-1 every held tensor, an upper bound of the owned ones).
-    CUDA's fused kernel makes none; the bf16-state AdamW (training/adamw_bf16.py) is not
-    counted."""
-    if not single_tensor_adamw(spec):
+    """AdamW's temporaries beyond its state, by the kernel training/optim.py `implementation`
+    picks (per parameter group: the matrices, then the vectors; sizes are the rank's FSDP
+    shards, tp-local; under ZeRO-1 the tensors the rank owns):
+    - CUDA: the fused kernel, none; the bf16-state AdamW (training/adamw_bf16.py): not counted;
+    - CPU, foreach (the parameters are all plain tensors or all DTensors of one mesh): one
+      list the size of the group's second moments (`_foreach_sqrt`; the rest is in place);
+    - CPU, torch's single-tensor loop (a mix: tp without sequence parallelism leaves the
+      norms plain beside tp's DTensors): per parameter, `exp_avg_sq.sqrt()` and its quotient
+      by the bias correction alive together beside the previous parameter's `denom`."""
+    if not cpu_adamw(spec):
         return 0
     dims = ParallelDims.from_spec(spec.parallel)
     coords = dims.coordinates(rank)
     shards, index = (dims.dp_shard * dims.cp, coords["dp_shard"] * dims.cp + coords["cp"]) \
         if dims.uses_fsdp else (1, 0)
-    return GRAD_BYTES * _single_tensor_peak(spec.model, tuple(held_parameters(spec, coords["pp"])),
-                                            tp=dims.tp, shards=shards, index=index)
+    owners = (dims.dp_shard, coords["dp_shard"]) if dims.zero == 1 and dims.uses_ddp else (1, 0)
+    return GRAD_BYTES * _adamw_peak(spec.model, tuple(held_parameters(spec, coords["pp"])),
+                                    tp=dims.tp, shards=shards, index=index, owners=owners,
+                                    foreach=adamw_foreach(spec))
 
 
 @lru_cache(maxsize=256)
-def _single_tensor_peak(model: ModelSpec, held: tuple, *, tp: int, shards: int,
-                        index: int) -> int:
+def _adamw_peak(model: ModelSpec, held: tuple, *, tp: int, shards: int, index: int,
+                owners: tuple[int, int], foreach: bool) -> int:
+    """`owners`: (ZeRO-1 owners, this rank's index): the rank steps only what it owns
+    (parallel.dims.zero1_owners over the held tensors' tp-local sizes, as memory.py)."""
     sizes = [(len(shape), fsdp_local_numel(tp_local_shape(name, shape, tp), shards=shards,
                                            index=index)) for name, shape in held]
-    most = 0
-    for group in ([n for dims, n in sizes if dims >= 2], [n for dims, n in sizes if dims < 2]):
-        for previous, current in zip([0, *group], group):
-            most = max(most, previous + 2 * current)
-    return most
+    n, mine = owners
+    owner = zero1_owners([size for _, size in sizes], n)
+    sizes = [entry for entry, rank in zip(sizes, owner) if rank == mine]
+    groups = ([n for dims, n in sizes if dims >= 2], [n for dims, n in sizes if dims < 2])
+    if foreach:
+        return max(sum(group) for group in groups)
+    return max((previous + 2 * current for group in groups
+                for previous, current in zip([0, *group], group)), default=0)
 
 
-def single_tensor_adamw(spec: RunSpec) -> bool:
-    """Does the run's AdamW make per-tensor temporaries (optimizer_transient_bytes)?"""
+def adamw_foreach(spec: RunSpec) -> bool:
+    """Does training/optim.py `implementation` give a CPU run foreach AdamW? Yes unless the
+    parameters mix plain tensors and DTensors: tp > 1 without sequence parallelism (its norms
+    stay plain; measured on gloo ranks for tp and fsdp+tp, with and without SP)."""
+    return not (spec.parallel.tp > 1 and not spec.parallel.sequence_parallel)
+
+
+def cpu_adamw(spec: RunSpec) -> bool:
+    """Does the run's AdamW make temporaries (optimizer_transient_bytes)?"""
     return (spec.training.device != "cuda"
             and spec.precision.optimizer_state_dtype.value != "bf16")

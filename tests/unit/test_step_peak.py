@@ -9,6 +9,7 @@ import pytest
 
 from parallel.cost.activations import activation_bytes
 from parallel.cost.memory import estimate_memory, layout_activation_bytes, static_bytes
+from parallel.cost.params import numel, parameter_shapes
 from parallel.cost.peak import (
     activation_kwargs,
     collective_buffer_bytes,
@@ -101,13 +102,20 @@ def test_the_phases_of_a_zero3_step():
                             + max(phases.values()))
 
 
-def test_adamw_on_cpu_makes_per_tensor_temporaries():
-    """torch's single-tensor AdamW (CPU): sqrt of the second moment and its quotient alive
-    together, beside the previous tensor's denominator; matrices and vectors are separate
-    groups. tiny: the head [vocab, dim] follows w3 [ffn, dim] in the matrices' group."""
+def test_adamw_on_cpu_makes_the_temporaries_of_its_kernel():
+    """foreach (training/optim.py's CPU choice): one list the size of the larger group's
+    second moments. The single-tensor loop (tp without sequence parallelism: plain norms
+    beside DTensors): sqrt of the second moment and its quotient alive together, beside the
+    previous tensor's denominator; matrices and vectors are separate groups. tiny: the head
+    [vocab, dim] follows w3 [ffn, dim] in the matrices' group."""
     cpu = cpu_spec(*TINY)
     m = cpu.model
-    assert optimizer_transient_bytes(cpu, 0) == 4 * (m.ffn_dim * m.dim + 2 * m.vocab_size * m.dim)
+    matrices = sum(numel(shape) for _, shape in parameter_shapes(m) if len(shape) == 2)
+    assert optimizer_transient_bytes(cpu, 0) == 4 * matrices
+    zero1 = cpu_spec(*TINY, "cluster.procs_per_node=2", "parallel=zero1")  # owned tensors only
+    assert sum(optimizer_transient_bytes(zero1, rank) for rank in (0, 1)) == 4 * matrices
+    tp = cpu_spec(*TINY, "parallel=tp", "parallel.sequence_parallel=false")
+    assert optimizer_transient_bytes(tp, 0) == 4 * (m.ffn_dim * m.dim + 2 * m.vocab_size * m.dim) // 2
     bf16_state = cpu_spec(*TINY, "precision.optimizer_state_dtype=bf16")
     assert optimizer_transient_bytes(bf16_state, 0) == 0
     cuda = dataclasses.replace(cpu, training=dataclasses.replace(cpu.training, device="cuda"))
