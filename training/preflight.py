@@ -192,7 +192,7 @@ def bandwidth_table(*, device: torch.device, sizes_bytes: tuple[int, ...] = DEFA
     With `enough_ms`, the table ends at the first bandwidth-bound size (`bandwidth_bound`);
     every rank sees the same times, so every rank stops at the same size.
     """
-    sizes = [s for s in sizes_bytes if max_bytes is None or s <= max_bytes]
+    sizes = table_sizes(sizes_bytes, max_bytes=max_bytes)
     world = dist.get_world_size()
     rows = []
     for size in sizes:
@@ -209,6 +209,11 @@ def bandwidth_table(*, device: torch.device, sizes_bytes: tuple[int, ...] = DEFA
                                                      latency_multiple=latency_multiple):
             break
     return rows
+
+
+def table_sizes(sizes_bytes: tuple[int, ...], *, max_bytes: int | None) -> tuple[int, ...]:
+    """The message sizes a table measures: those up to `max_bytes` (all when None)."""
+    return tuple(s for s in sizes_bytes if max_bytes is None or s <= max_bytes)
 
 
 def bandwidth_bound(rows: list[dict], *, enough_ms: float,
@@ -269,7 +274,7 @@ def run_preflight(*, store: dist.Store | None, rank: int, world_size: int, devic
     check_all_reduce(device=device)
     rows = bandwidth_table(device=device, iters=iters, warmup=warmup, max_bytes=max_bytes,
                            enough_ms=enough_ms)
-    wanted = tuple(s for s in DEFAULT_SIZES_BYTES if max_bytes is None or s <= max_bytes)
+    wanted = table_sizes(DEFAULT_SIZES_BYTES, max_bytes=max_bytes)
     by_host = ranks_by_host(hosts)
     report = {
         "world_size": world_size,
