@@ -10,12 +10,14 @@ from torch.nn.parallel import DistributedDataParallel
 def apply_ddp(model: torch.nn.Module, *, device: torch.device, group=None) -> torch.nn.Module:
     """Wrap in DDP over `group` (None = every rank); gradients are averaged over it.
 
-    broadcast_buffers=False: the model's only buffers are the RoPE tables, which every rank
-    computes alike; broadcasting them every step (DDP's default) would move 3 x max_seq_len x
-    head_dim fp32 per step (about 200 MB for Llama 3 8B) for nothing."""
+    forward_sync_buffers=False: the model's only buffers are the RoPE tables, which every rank
+    computes alike; broadcasting them before every forward (DDP's default) would move
+    3 x max_seq_len x head_dim fp32 per step (about 200 MB for Llama 3 8B) for nothing. They
+    are broadcast once at wrap time with the parameters (torch 2.13 deprecates the older
+    broadcast_buffers=False, which skipped that too, with a warning in every rank's log)."""
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, process_group=group,
-                                   gradient_as_bucket_view=True, broadcast_buffers=False)
+                                   gradient_as_bucket_view=True, forward_sync_buffers=False)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
