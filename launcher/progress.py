@@ -144,6 +144,18 @@ def _say(console: Console, text: str) -> None:
         pass
 
 
+def _wait(proc, seconds: float) -> None:
+    """Up to `seconds`, returning as soon as a local torchrun exits (the run's last rows
+    are then read at once, not at the next poll); a Slurm job is polled after `seconds`."""
+    if isinstance(proc, subprocess.Popen):
+        try:
+            proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            pass
+    else:
+        time.sleep(seconds)
+
+
 def _check_output(local: bool) -> None:
     if local and output_gone():
         raise BrokenPipeError
@@ -156,7 +168,7 @@ def _follow_live(proc, tail: MetricsTail, spec: RunSpec, console: Console, *,
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("starting ranks...", total=spec.training.steps)
         while proc.poll() is None:
-            time.sleep(POLL_S)
+            _wait(proc, POLL_S)
             _check_output(local)
             for row in tail.new_rows():
                 if row.get("kind") == "eval":
@@ -181,7 +193,7 @@ def _follow_plain(proc, tail: MetricsTail, spec: RunSpec, console: Console, *,
         if done:
             return
         _check_output(local)
-        time.sleep(POLL_S)
+        _wait(proc, POLL_S)
 
 
 def print_failure(run_dir: Path, status: int) -> None:
