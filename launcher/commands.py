@@ -31,6 +31,7 @@ from launcher.resume_checks import (check_resume_files, check_same_layout,
 from launcher.progress import print_failure, watch_run
 from launcher.slurm import SubmissionFailed, render_sbatch, submit
 from launcher.slurm_state import SlurmJobHandle
+from launcher.warm_torchrun import WarmTorchrun, warm_torchrun
 from launcher.rundir import create_run_dir, new_run_dir_path, render_command
 from launcher.runlock import RunLock, acquire_run_lock
 from launcher.summary import print_summary
@@ -67,6 +68,15 @@ def print_composed(overrides: list[str]) -> int:
 
 def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False,
         prepare_only: bool = False) -> int:
+    """Compose, check, write the run dir and launch (or show all that: `dry_run`). A torchrun
+    agent starts warm meanwhile (launcher/warm_torchrun.py) for a run that may launch here."""
+    with warm_torchrun(not (dry_run or prepare_only)) as warm:
+        return _run(overrides, dry_run=dry_run, console=console, wait=wait,
+                    prepare_only=prepare_only, warm=warm)
+
+
+def _run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool,
+         prepare_only: bool, warm: WarmTorchrun | None) -> int:
     spec, yaml_text = compose_spec(overrides)
     command = launch_command(spec)
     if dry_run:
@@ -87,7 +97,7 @@ def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = F
     console.print(f"run dir: {run_dir}", markup=False)
     with removed_if_not_submitted(run_dir, console=console):
         with acquire_run_lock(run_dir, action="run") as lock:
-            return _launch(spec, run_dir, console=console, wait=wait, lock=lock)
+            return _launch(spec, run_dir, console=console, wait=wait, lock=lock, warm=warm)
 
 
 def launch_command(spec: RunSpec) -> list[str]:
@@ -154,7 +164,10 @@ def meshrun_command() -> list[str]:
 
 
 def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
-            preflight_only: bool = False, lock: RunLock | None = None) -> int:
+            preflight_only: bool = False, lock: RunLock | None = None,
+            warm: WarmTorchrun | None = None) -> int:
+    if warm is not None and spec.cluster.kind != "local":
+        warm.discard()  # not for Slurm or other nodes: do not hold it while a job runs
     if spec.cluster.kind == "nodes":
         print_launch(spec, run_dir, [], console)
         console.print("start each command on its node (node_rank 0 on cluster.rdzv_host)",
@@ -170,7 +183,7 @@ def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
         status = watch_run(job, run_dir=run_dir, spec=spec, show_progress=spec.logging.progress)
     else:
         status = launch_local(spec, run_dir, show_progress=spec.logging.progress,
-                              preflight_only=preflight_only, lock=lock)
+                              preflight_only=preflight_only, lock=lock, warm=warm)
     if status == 0 and preflight_only:
         note_preflight_passed(run_dir)
         print_preflight(run_dir, console)
@@ -223,6 +236,12 @@ def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool 
     written: every check runs before the run dir's lock is taken (a refused resume leaves
     every file as it was), again under the lock, and spec.json and resumes.jsonl change only
     for a leg that launches, never while another launcher holds the lock."""
+    with warm_torchrun(True) as warm:
+        return _resume(run_dir, overrides, console=console, wait=wait, warm=warm)
+
+
+def _resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool,
+            warm: WarmTorchrun | None) -> int:
     stored = _stored_overrides(run_dir)
     _reuse_config_dirs(run_dir)
     effective = stored + [LEG_UNPAUSE] + overrides
@@ -236,7 +255,7 @@ def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool 
     with acquire_run_lock(run_dir, action="resume") as lock:
         _check_resumable(run_dir, spec)  # the newest checkpoint may have changed meanwhile
         return _resume_locked(run_dir, spec, effective, overrides, lock, console=console,
-                              wait=wait)
+                              wait=wait, warm=warm)
 
 
 def _resumable_spec(run_dir: Path, effective: list[str]) -> RunSpec:
@@ -246,14 +265,15 @@ def _resumable_spec(run_dir: Path, effective: list[str]) -> RunSpec:
 
 
 def _resume_locked(run_dir: Path, spec: RunSpec, effective: list[str], overrides: list[str],
-                   lock: RunLock, *, console: Console, wait: bool) -> int:
+                   lock: RunLock, *, console: Console, wait: bool,
+                   warm: WarmTorchrun | None) -> int:
     spec = with_prepared_data(spec)
     rd = RunDir(run_dir)
     rd.write_spec(spec)
     rd.append_resume(time=time.strftime("%Y-%m-%dT%H:%M:%S"), overrides=overrides,
                      effective=effective)
     console.print(f"resuming {run_dir}", markup=False)
-    return _launch(spec, run_dir, console=console, wait=wait, lock=lock)
+    return _launch(spec, run_dir, console=console, wait=wait, lock=lock, warm=warm)
 
 
 def _stored_overrides(run_dir: Path) -> list[str]:

@@ -13,6 +13,7 @@ from conf.spec import RunSpec
 from launcher.lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
 from launcher.progress import watch_run
 from launcher.runlock import RunLock, acquire_run_lock
+from launcher.warm_torchrun import WarmTorchrun
 
 RUN_DIR_PLACEHOLDER = "<run_dir>"
 
@@ -36,11 +37,13 @@ def rank_environment(spec: RunSpec) -> dict[str, str]:
 
 
 def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
-                 preflight_only: bool = False, lock: RunLock | None = None) -> int:
+                 preflight_only: bool = False, lock: RunLock | None = None,
+                 warm: WarmTorchrun | None = None) -> int:
     """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status.
 
     Holds the run dir's lock (`lock`, or one taken here) and hands it on to torchrun, which
     dies with this process (SIGTERM: its ranks checkpoint and stop; see launcher.lifetime).
+    torchrun is the `warm` agent when one was started and is still alive, else a new process.
     """
     command = [str(run_dir) if part == RUN_DIR_PLACEHOLDER else part
                for part in torchrun_command(spec, preflight_only=preflight_only)]
@@ -49,14 +52,25 @@ def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
         if lock is None:
             lock = stack.enter_context(acquire_run_lock(run_dir, action="run"))
         log = stack.enter_context(open(log_path, "ab"))
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                env=rank_environment(spec), start_new_session=True,
-                                pass_fds=(lock.fd,), preexec_fn=parent_death_preexec())
+        proc = start_torchrun(command, env=rank_environment(spec), log=log, lock=lock, warm=warm)
         # SIGTERM/SIGHUP to the launcher act like Ctrl-C: the ranks checkpoint and stop,
         # instead of training on detached in their own session.
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _interrupt)
         return watch_run(proc, run_dir=run_dir, spec=spec, show_progress=show_progress)
+
+
+def start_torchrun(command: list[str], *, env: dict[str, str], log, lock: RunLock,
+                   warm: WarmTorchrun | None) -> subprocess.Popen:
+    """torchrun in its own session, logging to `log`, holding the run dir's lock, dying with
+    this process: the warm agent given the command, or a new process."""
+    if warm is not None:
+        proc = warm.launch(command, env=env, log_fd=log.fileno(), lock_fd=lock.fd)
+        if proc is not None:
+            return proc
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True, pass_fds=(lock.fd,),
+                            preexec_fn=parent_death_preexec())
 
 
 def _interrupt(signum: int, frame) -> None:

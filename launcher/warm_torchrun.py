@@ -1,0 +1,81 @@
+"""A local run's torchrun agent, started before the config is composed (launcher/warm_agent.py).
+
+`WarmTorchrun.start()` spawns the agent at once, so its Python and `import torch` run on
+another core while the CLI composes, resolves and writes the run dir; `launch()` then hands it
+torchrun's arguments, the ranks' environment, the run log and the run dir's lock, and returns
+it as the Popen the launcher watches (the same session, parent-death signal and log as a
+torchrun started cold). A run that is refused, is a dry run, or goes to Slurm or to other
+nodes `discard()`s it: the agent, which has started nothing, is killed. When the agent
+is gone (its import failed, say), `launch()` returns None and the caller starts torchrun cold,
+whose log then shows the real error.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
+from launcher.lifetime import parent_death_preexec
+
+TORCHRUN_MODULE = ("-m", "torch.distributed.run")
+
+
+class WarmTorchrun:
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+        self.proc = proc
+        self._sock = sock
+        self.launched = False
+
+    @classmethod
+    def start(cls) -> WarmTorchrun:
+        """Spawn the agent (call from the main thread: the parent-death signal follows it).
+        Its environment at start is this one, unbuffered; the ranks' comes with `launch`."""
+        ours, theirs = socket.socketpair()
+        with theirs:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "launcher.warm_agent", str(theirs.fileno()),
+                 "for", *sys.argv],  # the words after FD only say, in `ps`, whose agent it is
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
+                pass_fds=(theirs.fileno(),), preexec_fn=parent_death_preexec())
+        return cls(proc, ours)
+
+    def launch(self, command: list[str], *, env: dict[str, str], log_fd: int,
+               lock_fd: int) -> subprocess.Popen | None:
+        """Run `command` (a torchrun command line) in the agent; None if the agent is gone."""
+        prefix = [sys.executable, *TORCHRUN_MODULE]
+        assert command[:len(prefix)] == prefix, f"not a torchrun command: {command}"
+        message = json.dumps({"argv": command[len(prefix):], "env": env}).encode()
+        try:
+            if self.proc.poll() is not None:
+                raise BrokenPipeError
+            socket.send_fds(self._sock, [message], [log_fd, lock_fd])
+        except OSError:
+            self.discard()
+            return None
+        self._sock.close()
+        self.launched = True
+        return self.proc
+
+    def discard(self) -> None:
+        """Not needed after all: the agent, which has started nothing yet, is killed (it
+        may still be importing torch; a refused config must not wait for that)."""
+        self._sock.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@contextlib.contextmanager
+def warm_torchrun(wanted: bool):
+    """A `WarmTorchrun` for the block (None when not `wanted`), discarded at its end unless
+    it was launched."""
+    warm = WarmTorchrun.start() if wanted else None
+    try:
+        yield warm
+    finally:
+        if warm is not None and not warm.launched:
+            warm.discard()
