@@ -196,12 +196,14 @@ def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
 
 def preflight(overrides: list[str], *, console: Console) -> int:
     """Only the preflight checks of a run's layout: joins, all-reduce, bandwidth table."""
-    spec, yaml_text = compose_spec(overrides)
-    run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text,
-                             command=launch_command(spec))
-    console.print(f"preflight run dir: {run_dir}", markup=False)
-    with removed_if_not_submitted(run_dir, console=console):
-        return _launch(spec, run_dir, console=console, wait=True, preflight_only=True)
+    with warm_torchrun(True) as warm:
+        spec, yaml_text = compose_spec(overrides)
+        run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text,
+                                 command=launch_command(spec))
+        console.print(f"preflight run dir: {run_dir}", markup=False)
+        with removed_if_not_submitted(run_dir, console=console):
+            return _launch(spec, run_dir, console=console, wait=True, preflight_only=True,
+                           warm=warm)
 
 
 def note_preflight_passed(run_dir: Path) -> None:

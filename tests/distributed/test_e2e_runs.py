@@ -182,6 +182,7 @@ def test_preflight_command_checks_joins_all_reduce_and_bandwidth(tmp_path):
     assert sizes[0] == 4 * 1024 and sizes[-1] == 64 * 1024**2
     assert "64 MiB" in result.stdout and "all-reduce check passed" in result.stdout
     run_dir = only_run_dir(tmp_path)
+    assert RunDir(run_dir).torchrun_log.read_text().startswith(WARM_MARK)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["event"] for r in rows] == ["preflight passed"]  # nothing trained
     # a finished state, not "running" forever, in `meshrun status` and in compare
