@@ -32,16 +32,46 @@ def _pids(marker: str) -> list[int]:
     return [int(line.split(":", 1)[0]) for line in survivors(marker)]
 
 
+def _descendants(root: int) -> list[int]:
+    """Live processes below `root` (children, theirs, ...), from the parent pids in /proc.
+    The launcher's torchrun agent is one: started warm, before the run dir existed, its command
+    line does not name the run dir (launcher/warm_torchrun.py)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, parent = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError, ValueError):
+            continue
+        if state != "Z":
+            children.setdefault(int(parent), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def _kill_inside_a_save(proc: subprocess.Popen, runs: Path, *, from_step: int,
                         delay_s: float) -> None:
     """Wait for training, then for a `step_N.tmp` (N >= from_step) to appear, then SIGKILL the
-    launcher, torchrun and both ranks at once (pids gathered beforehand: no scan in between)."""
+    launcher, torchrun and both ranks at once (pids gathered beforehand: no scan in between;
+    by run dir and as the launcher's descendants)."""
     run_dir = wait_for(lambda: training_started(runs), 180, "the first train step")
     ckpts = RunDir(run_dir).checkpoints_dir
     pids, scanned, deadline = [], 0.0, time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
         if time.monotonic() - scanned > 0.2:  # the ranks of this leg, refreshed while waiting
-            pids, scanned = _pids(str(run_dir)), time.monotonic()
+            pids = _pids(str(run_dir)) + _descendants(proc.pid)
+            scanned = time.monotonic()
         try:
             names = os.listdir(ckpts)
         except FileNotFoundError:
@@ -61,7 +91,8 @@ def _kill_inside_a_save(proc: subprocess.Popen, runs: Path, *, from_step: int,
     proc.wait()
     for pid in _pids(str(run_dir)):  # anything started after the pids were gathered
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not survivors(str(run_dir)), 30, "every process of the run to be gone")
+    wait_for(lambda: not survivors(str(run_dir)) and not any(_alive(p) for p in pids), 30,
+             "every process of the run to be gone")
 
 
 def test_sigkill_inside_checkpoint_saves_then_resume_matches_an_uninterrupted_run(tmp_path):
