@@ -16,11 +16,13 @@ from launcher.runlock import RunLock, acquire_run_lock
 from launcher.warm_torchrun import WarmTorchrun
 
 RUN_DIR_PLACEHOLDER = "<run_dir>"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+"""How this Python starts torchrun; its arguments follow (a warm agent takes those alone)."""
 
 
 def torchrun_command(spec: RunSpec, *, preflight_only: bool = False) -> list[str]:
     """The exact command that starts every rank; RUN_DIR_PLACEHOLDER stands for the run dir."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    return [*TORCHRUN, "--standalone",
             f"--nnodes={spec.cluster.nodes}", f"--nproc_per_node={spec.cluster.procs_per_node}",
             "-m", "training", RUN_DIR_PLACEHOLDER] + (["--preflight-only"] if preflight_only else [])
 
@@ -65,7 +67,9 @@ def start_torchrun(command: list[str], *, env: dict[str, str], log, lock: RunLoc
     """torchrun in its own session, logging to `log`, holding the run dir's lock, dying with
     this process: the warm agent given the command, or a new process."""
     if warm is not None:
-        proc = warm.launch(command, env=env, log_fd=log.fileno(), lock_fd=lock.fd)
+        assert command[:len(TORCHRUN)] == TORCHRUN, f"not a torchrun command: {command}"
+        proc = warm.launch(command[len(TORCHRUN):], env=env, log_fd=log.fileno(),
+                           lock_fd=lock.fd)
         if proc is not None:
             return proc
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,

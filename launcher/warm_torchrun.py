@@ -20,9 +20,6 @@ import sys
 
 from launcher.lifetime import parent_death_preexec
 
-TORCHRUN_MODULE = ("-m", "torch.distributed.run")
-
-
 class WarmTorchrun:
     def __init__(self, proc: subprocess.Popen, sock: socket.socket):
         self.proc = proc
@@ -43,21 +40,20 @@ class WarmTorchrun:
                 pass_fds=(theirs.fileno(),), preexec_fn=parent_death_preexec())
         return cls(proc, ours)
 
-    def launch(self, command: list[str], *, env: dict[str, str], log_fd: int,
+    def launch(self, torchrun_args: list[str], *, env: dict[str, str], log_fd: int,
                lock_fd: int) -> subprocess.Popen | None:
-        """Run `command` (a torchrun command line) in the agent; None if the agent is gone."""
-        prefix = [sys.executable, *TORCHRUN_MODULE]
-        assert command[:len(prefix)] == prefix, f"not a torchrun command: {command}"
-        message = json.dumps({"argv": command[len(prefix):], "env": env}).encode()
-        try:
-            if self.proc.poll() is not None:
-                raise BrokenPipeError
-            socket.send_fds(self._sock, [message], [log_fd, lock_fd])
-        except OSError:
+        """Run torchrun with `torchrun_args` in the agent; None if the agent is gone."""
+        message = json.dumps({"argv": torchrun_args, "env": env}).encode()
+        if self.proc.poll() is None:
+            try:
+                socket.send_fds(self._sock, [message], [log_fd, lock_fd])
+                self.launched = True
+            except OSError:  # it died just now
+                pass
+        if not self.launched:
             self.discard()
             return None
         self._sock.close()
-        self.launched = True
         return self.proc
 
     def discard(self) -> None:

@@ -19,6 +19,7 @@ from conf.rundir import RunDir
 from tests.distributed.test_e2e_runs import REPO, meshrun, only_run_dir, train_losses
 from tests.distributed.test_run_lifetime import meshrun as meshrun_argv
 from tests.distributed.test_run_lifetime import survivors, training_started, wait_for
+from tests.support.processes import descendants, pid_alive
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 TINY = ["model=tiny", "training.seq_len=32", "training.micro_batch_size=4",
@@ -32,34 +33,6 @@ def _pids(marker: str) -> list[int]:
     return [int(line.split(":", 1)[0]) for line in survivors(marker)]
 
 
-def _descendants(root: int) -> list[int]:
-    """Live processes below `root` (children, theirs, ...), from the parent pids in /proc.
-    The launcher's torchrun agent is one: started warm, before the run dir existed, its command
-    line does not name the run dir (launcher/warm_torchrun.py)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, parent = stat.read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, IndexError, ValueError):
-            continue
-        if state != "Z":
-            children.setdefault(int(parent), []).append(int(stat.parent.name))
-    found, todo = [], [root]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def _kill_inside_a_save(proc: subprocess.Popen, runs: Path, *, from_step: int,
                         delay_s: float) -> None:
     """Wait for training, then for a `step_N.tmp` (N >= from_step) to appear, then SIGKILL the
@@ -70,7 +43,8 @@ def _kill_inside_a_save(proc: subprocess.Popen, runs: Path, *, from_step: int,
     pids, scanned, deadline = [], 0.0, time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
         if time.monotonic() - scanned > 0.2:  # the ranks of this leg, refreshed while waiting
-            pids = _pids(str(run_dir)) + _descendants(proc.pid)
+            # the warm torchrun agent's command line does not name the run dir: a descendant
+            pids = _pids(str(run_dir)) + descendants(proc.pid)
             scanned = time.monotonic()
         try:
             names = os.listdir(ckpts)
@@ -91,7 +65,7 @@ def _kill_inside_a_save(proc: subprocess.Popen, runs: Path, *, from_step: int,
     proc.wait()
     for pid in _pids(str(run_dir)):  # anything started after the pids were gathered
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not survivors(str(run_dir)) and not any(_alive(p) for p in pids), 30,
+    wait_for(lambda: not survivors(str(run_dir)) and not any(pid_alive(p) for p in pids), 30,
              "every process of the run to be gone")
 
 

@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.processes import pid_alive
+
 INSTALL_HINT = (
     "apt-get install -y --no-install-recommends "
     "slurmctld slurmd slurm-client munge slurmdbd mariadb-server"
@@ -84,20 +86,6 @@ def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (not reaped by its parent) counts as gone
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @dataclass
@@ -410,7 +398,7 @@ def _live_daemon_pids(lay: _Layout) -> dict[str, int]:
             argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
         except (ValueError, IndexError, OSError):
             continue
-        if _pid_alive(pid) and os.path.basename(argv0.decode(errors="replace")) == f.stem.split("-")[0]:
+        if pid_alive(pid) and os.path.basename(argv0.decode(errors="replace")) == f.stem.split("-")[0]:
             pids[f.stem] = pid
     return pids
 
@@ -426,7 +414,7 @@ def _stop(pids: set[int], proc: subprocess.Popen | None, timeout_s: float) -> No
         while time.monotonic() < end:
             if proc is not None:
                 proc.poll()
-            if not any(_pid_alive(p) for p in pids):
+            if not any(pid_alive(p) for p in pids):
                 return
             time.sleep(0.05)
 

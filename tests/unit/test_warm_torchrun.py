@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from launcher.local import start_torchrun
+from conf.rundir import RunDir
+from launcher.local import TORCHRUN, start_torchrun
 from launcher.runlock import acquire_run_lock
 from launcher.warm_agent import WARM_MARK
 from launcher.warm_torchrun import WarmTorchrun, warm_torchrun
@@ -36,11 +36,8 @@ def launch_parts(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the agent is `python -m launcher.warm_agent`
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    lock_path = acquire_run_lock(tmp_path, action="run")
-    lock_file = lock_path.path
-    lock_path.release()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-               "--nproc_per_node=1", str(script), str(lock_file)]
+    command = [*TORCHRUN, "--standalone", "--nnodes=1", "--nproc_per_node=1", str(script),
+               str(RunDir(tmp_path).lock_file)]  # the file `launch` below locks
     env = {**os.environ, "WARM_TEST_MARK": "from-launch",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     return command, env, tmp_path
