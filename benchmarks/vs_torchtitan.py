@@ -61,6 +61,8 @@ class Bench:
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     base_src: Path | None = None
     """Another meshrun checkout, run as BASE_SYSTEM (--meshrun-base)."""
+    meshrun_extra: tuple[str, ...] = ()
+    """Overrides added to this checkout's meshrun runs only (--meshrun-extra), not the base's."""
 
     @property
     def tokens_per_step(self) -> int:
@@ -151,13 +153,14 @@ def meshrun_overrides(b: Bench, nproc: int, tokens: Path, runs_dir: Path, name: 
             "logging=disabled", "logging.progress=false", f"runs_dir={runs_dir}", f"name={name}"]
 
 
-def run_meshrun(b: Bench, nproc: int, log: Path, tokens: Path, src: Path = REPO) -> float | None:
+def run_meshrun(b: Bench, nproc: int, log: Path, tokens: Path, src: Path = REPO,
+                extra: tuple[str, ...] = ()) -> float | None:
     from conf.rundir import RunDir
 
     runs_dir = b.work / "meshrun-runs"
     name = log.stem
     cmd = [sys.executable, "-m", "launcher.cli", "run",
-           *meshrun_overrides(b, nproc, tokens, runs_dir, name)]
+           *meshrun_overrides(b, nproc, tokens, runs_dir, name), *extra]
     env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS=str(max(1, b.cores // nproc)))
     with open(log, "w") as out:
         out.write(f"(from {src}) " + " ".join(cmd) + "\n")
@@ -230,7 +233,7 @@ def run_all(b: Bench, rounds: int, nprocs: list[int], systems: tuple[str, ...]) 
                 if system == "torchtitan":
                     tps = run_torchtitan(b, nproc, log)
                 elif system == "meshrun":
-                    tps = run_meshrun(b, nproc, log, tokens)
+                    tps = run_meshrun(b, nproc, log, tokens, extra=b.meshrun_extra)
                 elif system == BASE_SYSTEM:
                     tps = run_meshrun(b, nproc, log, tokens, src=b.base_src)
                 else:
@@ -305,6 +308,9 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/meshrun-vs-torchtitan"))
     p.add_argument("--meshrun-base", type=Path, default=None,
                    help="another meshrun checkout to run beside this one (before/after)")
+    p.add_argument("--meshrun-extra", default="training.loss_chunks=8",
+                   help="comma-separated overrides for this checkout's meshrun only (default: "
+                        "the loss in 8 chunks, as torchtitan's debugmodel config; '' for none)")
     a = p.parse_args()
     if a.quick:
         a.seq_len, a.batch, a.steps, a.first_timed, a.rounds = 256, 4, 6, 3, 1
@@ -320,7 +326,8 @@ def main() -> None:
                  f"systems from {SYSTEMS})")
     a.work.mkdir(parents=True, exist_ok=True)
     b = Bench(seq_len=a.seq_len, batch=a.batch, steps=a.steps, first_timed=a.first_timed,
-              peer_src=a.peer_src, peer_dir=a.peer_dir, work=a.work, base_src=a.meshrun_base)
+              peer_src=a.peer_src, peer_dir=a.peer_dir, work=a.work, base_src=a.meshrun_base,
+              meshrun_extra=tuple(o for o in a.meshrun_extra.split(",") if o))
     shape = " ".join(f"{k}={v}" for k, v in DEBUGMODEL.items())
     print(f"shape: llama3 debugmodel ({shape}) seq={b.seq_len} global_batch={b.batch} fp32 "
           f"causal no-recompute; {b.tokens_per_step} tokens/step; steps {b.first_timed}..{b.steps} "

@@ -225,6 +225,11 @@ class TrainingConfig:
     stop_at_step: int = 0
     """Stop with a checkpoint after this step, leaving the schedule unfinished (continue with
     `meshrun resume`); 0 = run to training.steps."""
+    loss_chunks: int = 1
+    """Run the output head and cross entropy this many row blocks at a time (1 = the whole
+    micro-batch's [tokens, vocab] logits at once): only one block's logits and their gradient
+    are alive, the head's gradient is summed over the blocks in fp32, the loss agrees to fp32
+    rounding. Needs parallel.tp=1 and pp=1 (under tp, loss_parallel splits the logits)."""
     cpu_peak_flops: float = 0.0
     """Peak FLOP/s per rank used for MFU on CPU; 0 = measure a matmul at start (labelled measured)."""
     nonfinite: NonFinite = NonFinite.stop

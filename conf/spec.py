@@ -193,7 +193,7 @@ class DataSpec:
     """Resolved: the token id that ends a document when document_mask is on; else None."""
 
 
-@frozen_from(TrainingConfig, defaults=("nonfinite", "compile_backend"))
+@frozen_from(TrainingConfig, defaults=("nonfinite", "compile_backend", "loss_chunks"))
 class TrainingSpec:
     grad_accum_steps: int
     """Resolved: never -1."""

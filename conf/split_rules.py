@@ -17,6 +17,7 @@ def check_model_split(p: ParallelSpec, *, model: ModelSpec, training: TrainingSp
     check_tensor_parallel(p, model=model, problems=problems)
     check_pipeline_split(p, model=model, training=training, problems=problems)
     check_sequence_split(p, seq_len=training.seq_len, problems=problems)
+    check_loss_chunks(p, training=training, problems=problems)
     if p.tp > 1 and precision.name is Precision.fp8:
         problems.add("precision", "fp8", "with parallel.tp>1 fp8 needs torchao's Float8 TP "
                      "styles, which meshrun does not apply yet", "use precision=bf16 with tp")
@@ -93,6 +94,33 @@ def check_sequence_split(p: ParallelSpec, *, seq_len: int, problems: ProblemList
             parts.append(f"tp({p.tp}) for sequence parallel")
         problems.add("training.seq_len", seq_len, f"must be divisible by {need} "
                      f"({' x '.join(parts)})", f"use training.seq_len={need * max(1, seq_len // need)}")
+
+
+def check_loss_chunks(p: ParallelSpec, *, training: TrainingSpec,
+                      problems: ProblemList) -> None:
+    """training.loss_chunks: the head and loss in row blocks of one rank's micro-batch (the
+    model's own forward, training/loss.py): not on a tensor-parallel head (loss_parallel
+    splits those logits over tp instead) nor a pipeline's last stage (its schedule takes the
+    whole logits)."""
+    chunks, key = training.loss_chunks, "training.loss_chunks"
+    if chunks < 1:
+        problems.add(key, chunks, "must be >= 1 (1 = the whole logits at once)",
+                     "give 1, or e.g. 8 to run the head and loss in 8 row blocks")
+        return
+    if chunks == 1:
+        return
+    if p.tp > 1:
+        problems.add(key, chunks, f"needs parallel.tp=1 (here {p.tp}): the tensor-parallel "
+                     "head is not run in row blocks", "use training.loss_chunks=1 with "
+                     "parallel.loss_parallel=true (it splits the logits over tp instead)")
+    if p.pp > 1:
+        problems.add(key, chunks, f"needs parallel.pp=1 (here {p.pp}): the pipeline schedule "
+                     "takes the last stage's whole logits", "use training.loss_chunks=1")
+    rows = training.micro_batch_size * training.seq_len // p.cp
+    if chunks > rows > 0:
+        problems.add(key, chunks, f"must not exceed the {rows} token rows of one rank's "
+                     f"micro-batch (micro_batch_size x seq_len / cp)",
+                     f"use training.loss_chunks<={rows}")
 
 
 def check_recompute(r: RecomputeConfig, problems: ProblemList) -> None:

@@ -32,6 +32,7 @@ from torch import nn
 
 from conf.spec import Llama3RopeScaling, ModelSpec
 from parallel.documents import local_document_mask, masked_attention
+from training.loss import chunked_head_loss_sum
 
 
 class RMSNorm(nn.Module):
@@ -189,6 +190,22 @@ class TransformerBlock(nn.Module):
 
 
 
+class OutputHead(nn.Linear):
+    """The untied head: hidden states -> logits, or with `targets` their loss sum in blocks.
+    Its forward runs once per model forward either way, as FSDP's head unit expects (one
+    gather, one reduce-scatter)."""
+
+    def __init__(self, dim: int, vocab_size: int):
+        super().__init__(dim, vocab_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor, *, targets: torch.Tensor | None = None,
+                loss_chunks: int = 1) -> torch.Tensor:
+        if targets is None:
+            return super().forward(hidden)
+        return chunked_head_loss_sum(hidden, self.weight, targets, chunks=loss_chunks)
+
+
+
 class Transformer(nn.Module):
     """Decoder-only language model: tokens [B, T] -> logits [B, T, vocab]."""
 
@@ -199,9 +216,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(model) for i in range(model.n_layers)})
         self.norm = RMSNorm(model.dim, eps=model.norm_eps)
         # Tied: logits reuse tok_embeddings.weight, so there is one key per parameter.
-        self.output = None if model.tie_embeddings else nn.Linear(
-            model.dim, model.vocab_size, bias=False
-        )
+        self.output = None if model.tie_embeddings else OutputHead(model.dim, model.vocab_size)
         cos, sin = rope_tables(head_dim=model.head_dim, max_seq_len=model.max_seq_len,
                                theta=model.rope_theta, scaling=model.llama3_rope)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -215,9 +230,12 @@ class Transformer(nn.Module):
     sequence here; context parallelism sets one over its cp group's whole sequence)."""
 
     def forward(self, tokens: torch.Tensor, *, doc_ids: torch.Tensor | None = None,
-                doc_positions: torch.Tensor | None = None) -> torch.Tensor:
+                doc_positions: torch.Tensor | None = None, targets: torch.Tensor | None = None,
+                loss_chunks: int = 1) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, vocab]; a pipeline stage may take or give hidden
-        states [B, T, dim] instead (no tok_embeddings / no norm).
+        states [B, T, dim] instead (no tok_embeddings / no norm). With `targets` [B, T]: the
+        sum of their cross entropies instead, the head run `loss_chunks` row blocks at a time
+        (training/loss.py `chunked_head_loss_sum`; never the whole logits at once).
 
         Document masking (parallel/documents.py): `doc_ids` [B, T] and `doc_positions` [B, T]
         of these tokens (this cp rank's share) keep attention inside each document and give
@@ -230,9 +248,12 @@ class Transformer(nn.Module):
         if self.norm is None:
             return h
         h = self.norm(h)
-        if self.output is None:
-            return F.linear(h, self.tok_embeddings.weight)
-        return self.output(h)
+        if self.output is not None:
+            return self.output(h, targets=targets, loss_chunks=loss_chunks)
+        if targets is not None:
+            return chunked_head_loss_sum(h, self.tok_embeddings.weight, targets,
+                                         chunks=loss_chunks)
+        return F.linear(h, self.tok_embeddings.weight)
 
     def rope_tables(self, positions: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,6 +49,8 @@ class ParallelModel:
     zero1: Zero1Partition | None = None
     loss_parallel: bool = False
     """Logits stay sharded over the vocabulary (tp); cross entropy runs under loss_parallel."""
+    loss_chunks: int = 1
+    """The head and cross entropy run in this many row blocks (training.loss_chunks)."""
     document_eos_id: int | None = None
     """Document masking (data.document_mask): the token id that ends a document; None = off."""
 
@@ -98,6 +100,7 @@ def build_parallel_model(spec: RunSpec, *, rank: int, device: torch.device) -> P
     mesh = build_mesh(dims, device=device) if dims.world_size > 1 else None
     layout = ParallelModel(dims=dims, rank=rank, mesh=mesh, parts=[],
                         loss_parallel=dims.tp > 1 and spec.parallel.loss_parallel,
+                        loss_chunks=spec.training.loss_chunks,
                         document_eos_id=spec.data.eos_id if spec.data.document_mask else None)
     model = build_model_on_meta(spec.model)
     layout.parts = _split(model, spec, layout)

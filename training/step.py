@@ -49,7 +49,13 @@ def loss_context(model: ParallelModel):
 
 
 def token_loss_sum(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-                   autocast, documents: dict | None = None) -> torch.Tensor:
+                   autocast, documents: dict | None = None, *, loss_chunks: int = 1
+                   ) -> torch.Tensor:
+    """Sum of the token losses of one micro-batch; with `loss_chunks` > 1 the model runs its
+    head and the loss in row blocks (training.loss_chunks) and returns the sum itself."""
+    if loss_chunks > 1:
+        with autocast:
+            return model(inputs, targets=targets, loss_chunks=loss_chunks, **(documents or {}))
     with autocast:
         logits = model(inputs, **(documents or {}))
     return token_cross_entropy_sum(logits, targets)
@@ -117,7 +123,8 @@ def _micro_batch(model: ParallelModel, inputs: torch.Tensor, targets: torch.Tens
             is_last=model.is_last_stage, loss=model.pp_loss, loss_scale=loss_scale,
             autocast=autocast, documents=documents)
     with loss_context(model):
-        loss_sum = token_loss_sum(model.parts[0], inputs, targets, autocast, documents)
+        loss_sum = token_loss_sum(model.parts[0], inputs, targets, autocast, documents,
+                                  loss_chunks=model.loss_chunks)
         scaled = loss_sum * scale
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
     return _whole(loss_sum).detach()
@@ -170,5 +177,5 @@ def eval_loss_sum(model: ParallelModel, inputs: torch.Tensor, targets: torch.Ten
     else:
         with loss_context(model):
             loss_sum = _whole(token_loss_sum(model.parts[0], inputs, targets, autocast,
-                                             documents))
+                                             documents, loss_chunks=model.loss_chunks))
     return float(loss_sum), int((targets != IGNORE_INDEX).sum())

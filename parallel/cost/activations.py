@@ -67,12 +67,15 @@ class ActivationSplit:
     document_mask: bool = False
     """data.document_mask: RoPE rows per token ([micro-batch, seq] of them, as under cp) and
     one dense mask per forward on the SDPA path (`document_mask_bytes`)."""
+    loss_chunks: int = 1
+    """training.loss_chunks: the head and loss run in this many row blocks (tp = pp = 1)."""
 
     @classmethod
-    def of(cls, p: ParallelSpec, *, document_mask: bool = False) -> "ActivationSplit":
+    def of(cls, p: ParallelSpec, *, document_mask: bool = False,
+           loss_chunks: int = 1) -> "ActivationSplit":
         return cls(tp=p.tp, sequence_parallel=p.sequence_parallel,
                    loss_parallel=p.loss_parallel, cp=p.cp, fsdp=p.uses_fsdp,
-                   document_mask=document_mask)
+                   document_mask=document_mask, loss_chunks=loss_chunks)
 
     @property
     def sequence_share(self) -> int:
@@ -248,10 +251,27 @@ def head_bytes_per_token(model: ModelSpec, *, dtypes: ActivationDtypes,
     """The final norm (its core ÷ tp with SP; its output whole, all-gathered for the head),
     and the fp32 log-softmax of `logits.float()` that cross entropy keeps (4 bytes a logit,
     ÷ tp with loss_parallel, the whole vocabulary without). The targets are the batch's,
-    not activations."""
-    return (Fraction(_norm_core(model, dtypes), split.sequence_share)
-            + _norm_output(model, dtypes, matmuls=1)
+    not activations. In row blocks (loss_chunks > 1, training/loss.py) the head keeps no
+    logits and not its input, only the input's gradient, taken in forward (residual dtype),
+    and the weight's (`head_bytes_per_micro_batch`)."""
+    core = Fraction(_norm_core(model, dtypes), split.sequence_share)
+    if split.loss_chunks > 1:
+        return core + dtypes.residual * model.dim
+    return (core + _norm_output(model, dtypes, matmuls=1)
             + Fraction(FP32 * model.vocab_size, split.vocab_share))
+
+
+def head_weight_bytes(model: ModelSpec, dtypes: ActivationDtypes) -> int:
+    """The output head's weight (or the tied embedding's) as the head computes with it:
+    fp32 under autocast (it casts per use), else the compute dtype (FSDP gathers it so)."""
+    return model.vocab_size * model.dim * (FP32 if dtypes.autocast else dtypes.compute)
+
+
+def head_bytes_per_micro_batch(model: ModelSpec, *, dtypes: ActivationDtypes,
+                               split: ActivationSplit = FP32_SPLIT) -> int:
+    """In row blocks (loss_chunks > 1): the head weight's gradient, taken in forward and kept
+    until backward (the weight's dtype as the head computes with it); 0 otherwise."""
+    return head_weight_bytes(model, dtypes) if split.loss_chunks > 1 else 0
 
 
 def stage_output_bytes_per_token(model: ModelSpec, *, last: bool, dtypes: ActivationDtypes,
@@ -269,9 +289,18 @@ def loss_peak_bytes(model: ModelSpec, *, tokens: int, dtypes: ActivationDtypes,
                     split: ActivationSplit = FP32_SPLIT) -> int:
     """Bytes alive at the loss beyond what is kept: in backward the fp32 gradient of the
     log-softmax and the gradient of its input (8 bytes a logit), and in forward the logits
-    themselves and, below fp32, their fp32 copy; the larger of the two."""
+    themselves and, below fp32, their fp32 copy; the larger of the two.
+    In row blocks (loss_chunks > 1) all of that, with the log-softmax, for one block's rows,
+    while the head's input, the weight gradient's fp32 sum, one block's weight gradient and,
+    under autocast, the weight's cast are alive too (training/loss.py `_ChunkedHeadLoss`)."""
     per_logit = max(2 * FP32, dtypes.compute + (FP32 if dtypes.compute != FP32 else 0))
-    return tokens * per_logit * model.vocab_size // split.vocab_share
+    if split.loss_chunks == 1:
+        return tokens * per_logit * model.vocab_size // split.vocab_share
+    block = -(-tokens // split.loss_chunks)
+    weight_cast = model.vocab_size * model.dim * dtypes.compute if dtypes.autocast else 0
+    return (block * (FP32 + per_logit) * model.vocab_size + tokens * dtypes.residual * model.dim
+            + model.vocab_size * model.dim * FP32 + head_weight_bytes(model, dtypes)
+            + weight_cast)
 
 
 def activation_elements_per_token_per_layer(model: ModelSpec, *, recompute: RecomputeSpec,
@@ -328,6 +357,7 @@ def activation_bytes(model: ModelSpec, *, tokens: int, recompute: RecomputeSpec,
                                  dtypes=dtypes, split=split)
     if with_head:
         total += tokens * head_bytes_per_token(model, dtypes=dtypes, split=split)
+        total += head_bytes_per_micro_batch(model, dtypes=dtypes, split=split)
     if with_embedding:
         total += tokens * embedding_bytes_per_token(model, dtypes=dtypes, split=split,
                                                     recompute=recompute)

@@ -114,7 +114,8 @@ def weight_copy_bytes(spec: RunSpec, rank: int) -> int:
     recompute = autocast_cache_policy(spec.recompute, pp=dims.pp)
     return compute * sum(size for (name, shape), size in zip(held, local.values())
                          if autocast_keeps_copy(name, shape, spec.model, recompute,
-                                                device_type=spec.training.device))
+                                                device_type=spec.training.device,
+                                                loss_chunks=spec.training.loss_chunks))
 
 
 def autocast_cache_policy(recompute: RecomputeSpec, *, pp: int) -> RecomputeSpec:
@@ -127,15 +128,17 @@ def autocast_cache_policy(recompute: RecomputeSpec, *, pp: int) -> RecomputeSpec
 
 
 def autocast_keeps_copy(name: str, shape: tuple[int, ...], model: ModelSpec,
-                        recompute: RecomputeSpec, *, device_type: str) -> bool:
+                        recompute: RecomputeSpec, *, device_type: str,
+                        loss_chunks: int = 1) -> bool:
     """Is autocast's compute-dtype copy of weight `name` saved from forward to backward?
     Matmul weights only (the head, and the embedding when tied), and in a block only where
     its matmul is not re-computed (a checkpointed region saves no cast) nor offloaded to host
-    memory (a GPU's offload hooks move the copies too, as they are not parameters)."""
+    memory (a GPU's offload hooks move the copies too, as they are not parameters). A head
+    run in row blocks (`loss_chunks` > 1) takes its gradients in forward and saves nothing."""
     if len(shape) != 2:
         return False
     if not name.startswith("layers."):
-        return name != EMBEDDING or model.tie_embeddings
+        return loss_chunks == 1 and (name != EMBEDDING or model.tie_embeddings)
     policy = recompute if recompute.applies_to(int(name.split(".")[1])) else None
     if policy is None or policy.mode is RecomputeMode.none:
         return True
@@ -237,7 +240,8 @@ def layout_activation_bytes(spec: RunSpec, rank: int) -> int:
     tokens = micro_batch * t.seq_len // p.cp
     kwargs = dict(tokens=tokens, micro_batch=micro_batch, recompute=spec.recompute,
                   device_type=t.device,
-                  split=ActivationSplit.of(p, document_mask=spec.data.document_mask),
+                  split=ActivationSplit.of(p, document_mask=spec.data.document_mask,
+                                           loss_chunks=t.loss_chunks),
                   dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))
     layers = held_layers(spec, pp_rank)
     blocks = activation_bytes(spec.model, layers=layers, with_head=False,
@@ -275,5 +279,6 @@ def loss_peak_bytes_of(spec: RunSpec, rank: int) -> int:
     if dims.coordinates(rank)["pp"] != p.pp - 1:
         return 0
     tokens = t.micro_batch_size // p.pp_microbatches * t.seq_len // p.cp
-    return loss_peak_bytes(spec.model, tokens=tokens, split=ActivationSplit.of(p),
+    return loss_peak_bytes(spec.model, tokens=tokens,
+                           split=ActivationSplit.of(p, loss_chunks=t.loss_chunks),
                            dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))

@@ -22,7 +22,8 @@ from conf.schema import RecomputeMode
 from conf.spec import ParallelSpec, RecomputeSpec, RunSpec
 from parallel.cost.activations import (
     DTYPE_BYTES, ActivationSplit, activation_dtypes, block_bytes_per_micro_batch,
-    block_bytes_per_token, embedding_bytes_per_token, head_bytes_per_token, loss_peak_bytes,
+    block_bytes_per_token, embedding_bytes_per_token, head_bytes_per_micro_batch,
+    head_bytes_per_token, loss_peak_bytes,
     pipeline_in_flight, rope_rows_bytes,
 )
 from parallel.cost.memory import (
@@ -222,8 +223,9 @@ class MemoryTable:
         if self.compute >= PARAM_BYTES:
             return 0
         recompute = autocast_cache_policy(recompute, pp=p.pp)
-        keeps = (lambda name, shape: autocast_keeps_copy(name, shape, self.model, recompute,
-                                                         device_type=self.device))
+        keeps = (lambda name, shape: autocast_keeps_copy(
+            name, shape, self.model, recompute, device_type=self.device,
+            loss_chunks=self.base.training.loss_chunks))
         total = sum(numel(local) for name, shape, local in root if keeps(name, shape))
         for covered in (True, False):
             same = [layer for layer in layers if recompute.applies_to(layer) is covered]
@@ -237,7 +239,7 @@ class MemoryTable:
         """(memory.layout_activation_bytes, memory.loss_peak_bytes_of) of each pipeline rank."""
         micro_batch = micro_batch_size // p.pp_microbatches
         tokens = micro_batch * self.base.training.seq_len // p.cp
-        split = ActivationSplit.of(p)
+        split = ActivationSplit.of(p, loss_chunks=self.base.training.loss_chunks)
         dtypes = activation_dtypes(self.base.precision, uses_fsdp=p.uses_fsdp)
         gpipe = p.pp > 1 and p.pp_schedule == "gpipe"
         out = []
@@ -266,7 +268,8 @@ class MemoryTable:
 
     def _head(self, tokens: int, split: ActivationSplit, dtypes) -> tuple[int, int]:
         """activation_bytes of the head alone (layers=[]), and the loss's transient."""
-        return (int(tokens * head_bytes_per_token(self.model, dtypes=dtypes, split=split)),
+        return (int(tokens * head_bytes_per_token(self.model, dtypes=dtypes, split=split))
+                + head_bytes_per_micro_batch(self.model, dtypes=dtypes, split=split),
                 loss_peak_bytes(self.model, tokens=tokens, split=split, dtypes=dtypes))
 
     def _embedding(self, tokens: int, split: ActivationSplit, dtypes,

@@ -28,7 +28,7 @@ def activation_kwargs(spec: RunSpec, rank: int) -> dict:
     dims = ParallelDims.from_spec(p)
     micro_batch = t.micro_batch_size // p.pp_microbatches
     return dict(tokens=micro_batch * t.seq_len // p.cp, micro_batch=micro_batch,
-                device_type=t.device, split=ActivationSplit.of(p),
+                device_type=t.device, split=ActivationSplit.of(p, loss_chunks=t.loss_chunks),
                 dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))
 
 

@@ -93,9 +93,8 @@ def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tenso
                optimizers: list, documents: dict | None = None) -> int:
     """Activation bytes one forward of this rank's micro-batch keeps (module docstring);
     `documents`: the document-masking keywords (inputs, like the tokens: not counted)."""
-    from training.loss import token_cross_entropy_sum
     from training.precision import autocast_context
-    from training.step import clip_and_step, loss_context
+    from training.step import clip_and_step, loss_context, token_loss_sum
 
     documents = documents or {}
     before = _weights(layout) | {_key(t) for t in (inputs, targets, *documents.values())}
@@ -106,10 +105,9 @@ def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tenso
     gc.freeze()
     try:
         with recorder, loss_context(layout):
-            with autocast_context(spec.precision, CPU):
-                logits = layout.parts[0](inputs, **documents)
-            loss = token_cross_entropy_sum(logits, targets)
-            del logits
+            loss = token_loss_sum(layout.parts[0], inputs, targets,
+                                  autocast_context(spec.precision, CPU), documents,
+                                  loss_chunks=layout.loss_chunks)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # no collective still running, holding a buffer
         gc.collect()
@@ -161,6 +159,7 @@ def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
                         *documents.values()], slack=PEAK_SLACK) as live:
             measured = kept_bytes(layout, spec, inputs, targets, optimizers, documents)
         rows.append({"name": spec.parallel.name, "rank": rank, "measured": measured,
+                     "loss_chunks": spec.training.loss_chunks,
                      "plan": layout_activation_bytes(spec, rank), "peak": live.peak,
                      "peak_at": live.peak_at, "plan_peak": estimate_memory(spec, rank=rank).total})
         del layout

@@ -14,6 +14,9 @@ TWO_RANKS = {
     "cp_balanced": ["parallel=cp"],
     "cp_contiguous": ["parallel=cp", "parallel.cp_balanced=false"],
     "cp_recompute_attention": ["parallel=cp", "recompute=selective_attention"],
+    "ddp_loss_chunks": ["parallel=ddp", "training.loss_chunks=3"],  # uneven row blocks
+    "zero3_loss_chunks": ["parallel=zero3", "training.loss_chunks=4"],
+    "cp_loss_chunks": ["parallel=cp", "training.loss_chunks=2"],
     "pp_1f1b": ["parallel=pp"],
     "pp_interleaved": ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b",
                        "parallel.pp_virtual_stages=2", "parallel.pp_microbatches=2"],

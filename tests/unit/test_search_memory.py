@@ -5,8 +5,9 @@ rank holds it) equals parallel.cost.memory.estimate_memory of the candidate's sp
 The cases cover what the per-rank terms branch on: untied and tied embeddings, a Qwen-type
 model with q/k/v biases, zero 0-3 (FSDP, DDP, ZeRO-1 owners), tp with sequence parallel,
 loss parallel, pp with every schedule and virtual stages, cp, fp32 / bf16 / fp16 compute, bf16
-AdamW moments, a CPU device (offload keeps its copies there), and recompute policies that
-cover every block, every other or every third block, and each selective target."""
+AdamW moments, a CPU device (offload keeps its copies there), recompute policies that
+cover every block, every other or every third block, and each selective target, and the head
+and loss in row blocks (training.loss_chunks: no tp or pp candidates then)."""
 from __future__ import annotations
 
 import random
@@ -55,6 +56,13 @@ CASES = {
                         "cluster.procs_per_node=8", "data=synthetic"], 16, 1),
     "debug-cpu-bf16": (["model=debug", "training.seq_len=1024", "cluster=local",
                         "cluster.procs_per_node=8", "precision=bf16", "data=synthetic"], 16, 1),
+    "llama-untied-bf16-loss-chunks": (["model=llama3_1b", "model.tie_embeddings=false",
+                                       "training.seq_len=2048", "precision=bf16",
+                                       "training.loss_chunks=8", "cluster.nodes=1", *GPUS],
+                                      16, 1),
+    "debug-cpu-bf16-loss-chunks": (["model=debug", "training.seq_len=1024", "cluster=local",
+                                    "cluster.procs_per_node=8", "precision=bf16",
+                                    "training.loss_chunks=4", "data=synthetic"], 16, 1),
 }
 
 
