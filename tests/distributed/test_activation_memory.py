@@ -3,7 +3,8 @@ what one forward keeps for backward on that rank (tests/distributed/activation_m
 storages alive after forward, weights and autocast's weight casts apart), for the parity
 layouts without pipelining, every recompute policy family and fp32 / bf16 (autocast over
 fp32 weights for ddp, zero1, tp, cp; FSDP mixed precision for zero 2/3), with sequence
-parallel and loss parallel on and off. Equal up to the loss's two fp32 scalars (8 bytes).
+parallel and loss parallel on and off, the head and loss in row blocks (training.loss_chunks)
+under ddp, zero3 and cp. Equal up to the loss's two fp32 scalars (8 bytes; 4 in row blocks).
 In the same spawns, the same step goes on through backward, clipping and AdamW, and its
 peak (every tensor storage alive at once, tests/distributed/peak_memory.py) is the plan's
 (estimate_memory(spec, rank=...).total) within PEAK_TOLERANCE, on every rank (measured
