@@ -1,7 +1,8 @@
 """The `meshrun` command: run (with --dry-run), plan, resume.
 
 Bad input ends with one message and exit status 2, never a traceback. Nothing on the dry-run
-path imports torch.
+path imports torch. `main` starts a local run's torchrun agent before it imports the rest of
+meshrun (launcher/warm_torchrun.py), so only the standard library is imported up here.
 """
 from __future__ import annotations
 
@@ -9,17 +10,20 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+from launcher.warm_torchrun import WarmTorchrun, launches_locally, warm_torchrun
 
-from conf.errors import ConfigError
-from launcher import commands, data_cli, hydra_flags
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a process killed by it
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from launcher import data_cli, hydra_flags
+
     parser = argparse.ArgumentParser(prog="meshrun", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="compose, validate, plan and launch a run")
@@ -79,9 +83,20 @@ def command_plugins() -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with warm_torchrun(launches_locally(argv)) as warm:  # before the imports below (~0.15 s)
+        return _main(argv, warm)
+
+
+def _main(argv: list[str], warm: WarmTorchrun | None) -> int:
+    from rich.console import Console
+
+    from conf.errors import ConfigError
+    from launcher import commands, hydra_flags
+
     console = Console()
     try:
-        argv = hydra_flags.apply_search_path_args(sys.argv[1:] if argv is None else argv)
+        argv = hydra_flags.apply_search_path_args(argv)
         args = build_parser().parse_args(argv)
         if getattr(args, "handler", None) is not None:
             return args.handler(args, console)
@@ -94,15 +109,16 @@ def main(argv: list[str] | None = None) -> int:
             return commands.plan(args.overrides, console=console, attention=args.attention_flops,
                                  as_json=args.json)
         if args.command == "resume":
-            return commands.resume(args.run_dir, args.overrides, console=console, wait=args.wait)
+            return commands.resume(args.run_dir, args.overrides, console=console, wait=args.wait,
+                                   warm=warm)
         if args.command == "preflight":
-            return commands.preflight(args.overrides, console=console)
+            return commands.preflight(args.overrides, console=console, warm=warm)
         if args.command == "status":
             return show_status(args.run_dir, as_json=args.json, console=console)
         if args.command == "completion":
             print(hydra_flags.completion_script(args.shell), end="")
             return 0
-        return run_command(args, console)
+        return run_command(args, console, warm)
     except ConfigError as err:
         Console(stderr=True).print(str(err), markup=False, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
@@ -112,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
-def run_command(args: argparse.Namespace, console: Console) -> int:
-    """`meshrun run`, with Hydra's --cfg, --info and -m/--multirun."""
+def run_command(args: argparse.Namespace, console: Console,
+                warm: WarmTorchrun | None = None) -> int:
+    """`meshrun run`, with Hydra's --cfg, --info and -m/--multirun; `warm`: the torchrun
+    agent `main` started, for a run that launches here."""
+    from launcher import commands, hydra_flags
+
     if args.info:
         print(hydra_flags.info_text(args.info))
         return 0
@@ -122,7 +142,7 @@ def run_command(args: argparse.Namespace, console: Console) -> int:
     if args.cfg:
         return commands.print_composed(args.overrides)
     return commands.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait,
-                        prepare_only=args.prepare_only)
+                        prepare_only=args.prepare_only, warm=warm)
 
 
 def add_search_args(plan: argparse.ArgumentParser) -> None:

@@ -67,10 +67,11 @@ def print_composed(overrides: list[str]) -> int:
 
 
 def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False,
-        prepare_only: bool = False) -> int:
+        prepare_only: bool = False, warm: WarmTorchrun | None = None) -> int:
     """Compose, check, write the run dir and launch (or show all that: `dry_run`). A torchrun
-    agent starts warm meanwhile (launcher/warm_torchrun.py) for a run that may launch here."""
-    with warm_torchrun(not (dry_run or prepare_only)) as warm:
+    agent starts warm meanwhile (launcher/warm_torchrun.py) for a run that may launch here
+    (`warm`: one the CLI started already)."""
+    with warm_torchrun(not (dry_run or prepare_only), started=warm) as warm:
         return _run(overrides, dry_run=dry_run, console=console, wait=wait,
                     prepare_only=prepare_only, warm=warm)
 
@@ -194,9 +195,10 @@ def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
     return status
 
 
-def preflight(overrides: list[str], *, console: Console) -> int:
+def preflight(overrides: list[str], *, console: Console,
+              warm: WarmTorchrun | None = None) -> int:
     """Only the preflight checks of a run's layout: joins, all-reduce, bandwidth table."""
-    with warm_torchrun(True) as warm:
+    with warm_torchrun(True, started=warm) as warm:
         spec, yaml_text = compose_spec(overrides)
         run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text,
                                  command=launch_command(spec))
@@ -232,13 +234,14 @@ def print_preflight(run_dir: Path, console: Console) -> None:
                   markup=False, highlight=False)
 
 
-def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool = False) -> int:
+def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool = False,
+           warm: WarmTorchrun | None = None) -> int:
     """Continue `run_dir` from its newest complete checkpoint, in the same dir and W&B run,
     with the newest leg's overrides (then these). Refused (exit 2) before anything is
     written: every check runs before the run dir's lock is taken (a refused resume leaves
     every file as it was), again under the lock, and spec.json and resumes.jsonl change only
     for a leg that launches, never while another launcher holds the lock."""
-    with warm_torchrun(True) as warm:
+    with warm_torchrun(True, started=warm) as warm:
         return _resume(run_dir, overrides, console=console, wait=wait, warm=warm)
 
 

@@ -1,7 +1,8 @@
 """A local run's torchrun agent, started before the config is composed (launcher/warm_agent.py).
 
 `WarmTorchrun.start()` spawns the agent at once, so its Python and `import torch` run on
-another core while the CLI composes, resolves and writes the run dir; `launch()` then hands it
+another core while the CLI imports its own modules, composes, resolves and writes the run dir
+(`meshrun` starts it first thing, on a guess from its raw arguments: `launches_locally`); `launch()` then hands it
 torchrun's arguments, the ranks' environment, the run log and the run dir's lock, and returns
 it as the Popen the launcher watches (the same session, parent-death signal and log as a
 torchrun started cold). A run that is refused, is a dry run, or goes to Slurm or to other
@@ -19,6 +20,20 @@ import subprocess
 import sys
 
 from launcher.lifetime import parent_death_preexec
+
+NO_LAUNCH_FLAGS = frozenset({"--dry-run", "--prepare-only", "-h", "--help", "--cfg", "--info",
+                             "-m", "--multirun"})
+"""Flags after which `meshrun run` prints (or runs many) instead of launching one run here."""
+
+
+def launches_locally(argv: list[str]) -> bool:
+    """May `meshrun <argv>` start torchrun on this machine? A guess before any parsing: `run`,
+    `resume` or `preflight` without a flag that only prints (a run that goes to Slurm is
+    guessed yes). A wrong yes costs an agent started and killed; a wrong no, a cold start."""
+    if not argv or argv[0] not in ("run", "resume", "preflight"):
+        return False
+    return not any(word.split("=", 1)[0] in NO_LAUNCH_FLAGS for word in argv[1:])
+
 
 class WarmTorchrun:
     def __init__(self, proc: subprocess.Popen, sock: socket.socket):
@@ -66,10 +81,12 @@ class WarmTorchrun:
 
 
 @contextlib.contextmanager
-def warm_torchrun(wanted: bool):
+def warm_torchrun(wanted: bool, *, started: WarmTorchrun | None = None):
     """A `WarmTorchrun` for the block (None when not `wanted`), discarded at its end unless
-    it was launched."""
-    warm = WarmTorchrun.start() if wanted else None
+    it was launched: `started` (one the caller started earlier) when given, else a new one."""
+    if started is not None and not wanted:
+        started.discard()
+    warm = (started or WarmTorchrun.start()) if wanted else None
     try:
         yield warm
     finally:

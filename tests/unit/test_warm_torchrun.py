@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from conf.rundir import RunDir
 from launcher.local import TORCHRUN, start_torchrun
 from launcher.runlock import acquire_run_lock
 from launcher.warm_agent import WARM_MARK
-from launcher.warm_torchrun import WarmTorchrun, warm_torchrun
+from launcher.warm_torchrun import WarmTorchrun, launches_locally, warm_torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_SCRIPT = textwrap.dedent("""
@@ -85,3 +86,34 @@ def test_an_unused_agent_is_gone_when_the_block_ends(monkeypatch):
     assert warm.proc.returncode is not None  # killed and reaped, not left importing torch
     with warm_torchrun(False) as nothing:
         assert nothing is None
+
+
+def test_an_agent_started_early_is_used_or_killed(monkeypatch):
+    monkeypatch.chdir(REPO)
+    early = WarmTorchrun.start()
+    with warm_torchrun(True, started=early) as warm:
+        assert warm is early  # adopted, not a second agent
+    assert early.proc.returncode is not None  # not launched: killed when the block ended
+    early = WarmTorchrun.start()
+    with warm_torchrun(False, started=early) as warm:  # a dry run after all
+        assert warm is None and early.proc.returncode is not None
+
+
+@pytest.mark.parametrize("argv, guess", [
+    (["run", "model=tiny"], True), (["resume", "runs/x"], True), (["preflight"], True),
+    (["run", "--dry-run", "model=tiny"], False), (["run", "--prepare-only"], False),
+    (["run", "--cfg=job"], False), (["run", "-m", "optim.lr=1e-3,1e-4"], False),
+    (["run", "--help"], False), (["plan", "model=tiny"], False), ([], False),
+])
+def test_the_cli_guesses_from_its_raw_arguments_whether_to_start_an_agent(argv, guess):
+    assert launches_locally(argv) is guess
+
+
+def test_the_cli_imports_nothing_of_meshrun_before_it_starts_the_agent():
+    """`meshrun` starts the agent first thing: importing launcher.cli must stay cheap (no
+    Hydra, rich, config or command modules: ~0.15 s the agent would wait for)."""
+    code = ("import sys, launcher.cli; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'conf', 'hydra', 'omegaconf', 'rich', 'torch', 'training', 'parallel'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
