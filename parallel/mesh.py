@@ -1,8 +1,13 @@
 """Build the device mesh for a `ParallelDims`: one mesh, named axes, passed explicitly.
 
-Axes (size-1 axes included, so every name always exists): pp, dp_replicate, dp_shard, cp, tp.
+Axes, in this order: pp, dp_replicate, dp_shard, cp, tp; the mesh holds only those of size > 1
+(and dp_shard under HSDP, whose FSDP mesh is 2-D even when the shard size is 1), as
+torchtitan's does: every axis of a gloo mesh is a process group with its own TCP loop thread,
+which wakes every 10 ms whether or not it is used (four idle ones for ZeRO-3 on two ranks
+took 2-3x the compute threads' context switches). An absent axis has no group
+(`Meshes.group` -> None), as a size-1 one had none to talk to.
 Flattened axes, kept by `Meshes` (torch asks callers to keep flattened meshes themselves
-rather than slice them from the root again):
+rather than slice them from the root again); one of a single axis of size > 1 is that axis:
   dp           = dp_replicate x dp_shard       ranks reading different data
   dp_shard_cp  = dp_shard x cp                 FSDP's shard axis (cp ranks hold the same weights)
   dp_cp        = dp_replicate x dp_shard x cp  gradient averaging and token counts
@@ -29,14 +34,41 @@ class Meshes:
     flattened: dict[str, DeviceMesh]
 
     def __getitem__(self, axis: str) -> DeviceMesh:
-        """The 1-D mesh of a mesh axis or of a flattened axis."""
-        return self.flattened[axis] if axis in self.flattened else self.root[axis]
+        """The 1-D mesh of a mesh axis or of a flattened axis (KeyError if it is absent:
+        size 1, see the module docstring)."""
+        if axis in self.flattened:
+            return self.flattened[axis]
+        if axis not in (self.root.mesh_dim_names or ()):
+            raise KeyError(f"mesh axis {axis!r} has size 1: the mesh has no group for it")
+        return self.root[axis]
+
+    def group(self, axis: str):
+        """Process group of `axis` (a mesh axis or a flattened one); None if it is size 1."""
+        if axis not in self.flattened and axis not in (self.root.mesh_dim_names or ()):
+            return None
+        mesh = self[axis]
+        return None if mesh.size() == 1 else mesh.get_group()
 
 
 def build_mesh(dims: ParallelDims, *, device: torch.device) -> Meshes:
-    root = init_device_mesh(device.type, dims.shape, mesh_dim_names=MESH_AXES)
-    flattened = {name: root[axes]._flatten(mesh_dim_name=name) for name, axes in FLATTENED.items()}
+    kept = mesh_axes(dims)
+    root = init_device_mesh(device.type, tuple(getattr(dims, axis) for axis in kept),
+                            mesh_dim_names=kept)
+    flattened = {}
+    for name, axes in FLATTENED.items():
+        present = tuple(axis for axis in axes if axis in kept)
+        if len(present) > 1:
+            flattened[name] = root[present]._flatten(mesh_dim_name=name)
+        elif present:
+            flattened[name] = root[present[0]]
     return Meshes(root=root, flattened=flattened)
+
+
+def mesh_axes(dims: ParallelDims) -> tuple[str, ...]:
+    """The axes the mesh holds: size > 1, and dp_shard under HSDP (see the docstring)."""
+    hsdp = dims.uses_fsdp and dims.dp_replicate > 1
+    return tuple(axis for axis in MESH_AXES
+                 if getattr(dims, axis) > 1 or (axis == "dp_shard" and hsdp))
 
 
 def fsdp_mesh(meshes: Meshes, dims: ParallelDims) -> DeviceMesh:

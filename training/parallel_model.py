@@ -77,9 +77,7 @@ class ParallelModel:
 
     def group(self, axis: str):
         """Process group of `axis` (a mesh axis or a flattened one); None if it is size 1."""
-        if self.mesh is None or self.mesh[axis].size() == 1:
-            return None
-        return self.mesh[axis].get_group()
+        return None if self.mesh is None else self.mesh.group(axis)
 
     def parameters(self) -> list[torch.Tensor]:
         return [p for part in self.parts for p in part.parameters()]
