@@ -15,6 +15,9 @@ torchtitan is skipped with a message and the other two still run.
     python benchmarks/vs_torchtitan.py --quick            # seq 256, batch 4, 6 steps, 1 round
     python benchmarks/vs_torchtitan.py --nprocs 2 --meshrun-base /work/main   # before/after
 
+meshrun runs with training.loss_chunks=8 (torchtitan's debugmodel config chunks its loss in 8);
+--meshrun-extra sets other overrides for this checkout's meshrun only ('' for none).
+
 --meshrun-base SRC adds "meshrun-base": the same meshrun run from another checkout (e.g. the
 main branch), in the same rotation, so a change is measured against its parent in one sitting
 (a table of meshrun / meshrun-base per round follows the main table).

@@ -1,14 +1,14 @@
 """A local run's torchrun agent, started before the config is composed (launcher/warm_agent.py).
 
-`WarmTorchrun.start()` spawns the agent at once, so its Python and `import torch` run on
-another core while the CLI imports its own modules, composes, resolves and writes the run dir
-(`meshrun` starts it first thing, on a guess from its raw arguments: `launches_locally`); `launch()` then hands it
-torchrun's arguments, the ranks' environment, the run log and the run dir's lock, and returns
-it as the Popen the launcher watches (the same session, parent-death signal and log as a
-torchrun started cold). A run that is refused, is a dry run, or goes to Slurm or to other
-nodes `discard()`s it: the agent, which has started nothing, is killed. When the agent
-is gone (its import failed, say), `launch()` returns None and the caller starts torchrun cold,
-whose log then shows the real error.
+`WarmTorchrun.start()` spawns the agent at once, so its Python and `import torch` run on another
+core while the CLI imports its own modules, composes, resolves and writes the run dir (`meshrun`
+starts it first thing, on a guess from its raw arguments: `launches_locally`); `launch()` then
+hands it torchrun's arguments, the ranks' environment, the run log and the run dir's lock, and
+returns it as the Popen the launcher watches (the same session, parent-death signal and log as a
+torchrun started cold). A run that is refused, is a dry run, or goes to Slurm or to other nodes
+`discard()`s it: the agent, which has started nothing, is killed. When the agent is gone (its
+import failed, say), `launch()` returns None and the caller starts torchrun cold, whose log
+then shows the real error.
 """
 from __future__ import annotations
 

@@ -44,9 +44,10 @@ class Meshes:
 
     def group(self, axis: str):
         """Process group of `axis` (a mesh axis or a flattened one); None if it is size 1."""
-        if axis not in self.flattened and axis not in (self.root.mesh_dim_names or ()):
+        try:
+            mesh = self[axis]
+        except KeyError:  # absent: size 1
             return None
-        mesh = self[axis]
         return None if mesh.size() == 1 else mesh.get_group()
 
 

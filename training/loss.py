@@ -24,22 +24,23 @@ def chunked_head_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     weight's gradient is the fp32 sum of the blocks' (one matmul over all rows in the whole
     path), so the two agree to rounding. One autograd node: DDP and FSDP see one gradient
     per parameter per backward, as without chunks."""
-    rows, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return _ChunkedHeadLoss.apply(hidden, weight, targets, chunks)
+    rows, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     return sum(_block_loss(rows[block], weight, flat_targets[block])
                for block in row_blocks(rows.shape[0], chunks))
 
 
 def row_blocks(rows: int, chunks: int) -> list[slice]:
-    """`chunks` consecutive slices covering `rows` rows, the last one shorter if uneven."""
+    """Consecutive slices of ceil(rows / chunks) rows covering `rows` (the last one shorter
+    if uneven): `chunks` of them, or fewer when the rounding up covers the rows sooner."""
     size = -(-rows // chunks)
     return [slice(start, min(start + size, rows)) for start in range(0, rows, size)]
 
 
 def _block_loss(rows: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(F.linear(rows, weight).float(), targets,
-                           ignore_index=IGNORE_INDEX, reduction="sum")
+    """The whole path's formula on one block: [rows, dim] as one [1, rows, dim] sequence."""
+    return token_cross_entropy_sum(F.linear(rows, weight).unsqueeze(0), targets.unsqueeze(0))
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):
