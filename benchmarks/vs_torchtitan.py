@@ -18,9 +18,16 @@ torchtitan is skipped with a message and the other two still run.
 meshrun runs with training.loss_chunks=8 (torchtitan's debugmodel config chunks its loss in 8);
 --meshrun-extra sets other overrides for this checkout's meshrun only ('' for none).
 
+A row "1/K" in --nprocs (e.g. --nprocs 1,2,1/2) runs each system as one process pinned to
+cores/K cores doing one rank's share of the K-process row (global batch / K): that rank's compute
+alone, without its collectives or the other rank beside it. Against the K-process row of the same
+sitting it splits a gap into per-rank compute (the model and its kernels) and what K ranks add
+(collectives, waiting, sharing the machine).
+
 --meshrun-base SRC adds "meshrun-base": the same meshrun run from another checkout (e.g. the
 main branch), in the same rotation, so a change is measured against its parent in one sitting
-(a table of meshrun / meshrun-base per round follows the main table).
+(a table of meshrun / meshrun-base per round follows the main table). The base gets no
+--meshrun-extra overrides; give it its own with --meshrun-base-extra.
 
 tokens/s = global tokens per step / mean step time over steps --first-timed..--steps (the
 torchtitan log's tps, the plain loop's step_time, meshrun's metrics.jsonl step_time_s), the
@@ -29,6 +36,8 @@ median over rounds. On a shared machine the numbers are noisy: compare ratios wi
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -66,6 +75,8 @@ class Bench:
     """Another meshrun checkout, run as BASE_SYSTEM (--meshrun-base)."""
     meshrun_extra: tuple[str, ...] = ()
     """Overrides added to this checkout's meshrun runs only (--meshrun-extra), not the base's."""
+    base_extra: tuple[str, ...] = ()
+    """Overrides for the base's runs (--meshrun-base-extra): an older base may lack a key."""
 
     @property
     def tokens_per_step(self) -> int:
@@ -222,35 +233,75 @@ def children_minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
 
 
-def run_all(b: Bench, rounds: int, nprocs: list[int], systems: tuple[str, ...]) -> dict:
+def parse_row(text: str) -> int | str:
+    """'2' -> 2; '1/2' -> '1/2' (checked: K > 1)."""
+    if text.startswith("1/"):
+        if not text[2:].isdigit() or int(text[2:]) < 2:
+            raise ValueError(f"row {text!r}: 1/K needs a whole K >= 2")
+        return text
+    return int(text)
+
+
+def share_of(row: int | str) -> int:
+    """K for a "1/K" row, 1 for a process count."""
+    return int(row[2:]) if isinstance(row, str) else 1
+
+
+def row_bench(b: Bench, row: int | str) -> tuple[Bench, int]:
+    """The Bench and process count a row runs with: a 1/K row is one process with 1/K of the
+    global batch and of the cores."""
+    k = share_of(row)
+    if k == 1:
+        return b, row
+    return dataclasses.replace(b, batch=b.batch // k, cores=max(1, b.cores // k)), 1
+
+
+@contextlib.contextmanager
+def pinned_to(cores: int):
+    """Children started inside run on the first `cores` CPUs of this process's set (they
+    inherit the affinity: run_tt.sh's `nproc` and torch's thread count follow it)."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(before)[:cores])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def run_one(b: Bench, system: str, nproc: int, log: Path, tokens: Path) -> float | None:
+    if system == "torchtitan":
+        return run_torchtitan(b, nproc, log)
+    if system == "meshrun":
+        return run_meshrun(b, nproc, log, tokens, extra=b.meshrun_extra)
+    if system == BASE_SYSTEM:
+        return run_meshrun(b, nproc, log, tokens, src=b.base_src, extra=b.base_extra)
+    return run_plain(b, nproc, log)
+
+
+def run_all(b: Bench, rounds: int, rows: list, systems: tuple[str, ...]) -> dict:
     tokens = prepare_data(b)
-    results = {(s, n): [] for s in systems for n in nprocs}
+    results = {(s, row): [] for s in systems for row in rows}
     for r in range(rounds):
-        for nproc in nprocs:
+        for row in rows:
+            rb, nproc = row_bench(b, row)
             order = systems[r % len(systems):] + systems[:r % len(systems)]
             for system in order:
                 if system == "plain" and nproc != 1:
                     continue  # single-process only; its 1-process number is the reference
-                log = b.work / f"{system}-r{r}-n{nproc}.log"
+                log = b.work / f"{system}-r{r}-n{str(row).replace('/', 'of')}.log"
                 start, faults = time.perf_counter(), children_minor_faults()
-                if system == "torchtitan":
-                    tps = run_torchtitan(b, nproc, log)
-                elif system == "meshrun":
-                    tps = run_meshrun(b, nproc, log, tokens, extra=b.meshrun_extra)
-                elif system == BASE_SYSTEM:
-                    tps = run_meshrun(b, nproc, log, tokens, src=b.base_src)
-                else:
-                    tps = run_plain(b, nproc, log)
+                with pinned_to(rb.cores):
+                    tps = run_one(rb, system, nproc, log, tokens)
                 shown = f"{tps:,.0f} tok/s" if tps else "-"
                 faults = children_minor_faults() - faults
-                print(f"round {r + 1}/{rounds} nproc={nproc} {system:10s} {shown:>14s}  "
+                print(f"round {r + 1}/{rounds} nproc={row} {system:10s} {shown:>14s}  "
                       f"({time.perf_counter() - start:.0f}s wall, {faults / 1e6:.2f}M minor page "
                       f"faults, log {log})", flush=True)
-                results[(system, nproc)].append(tps)  # None too: rounds stay aligned
+                results[(system, row)].append(tps)  # None too: rounds stay aligned
     return results
 
 
-def table(results: dict, nprocs: list[int]) -> str:
+def table(results: dict, nprocs: list) -> str:
     def med(system: str, nproc: int) -> float | None:
         values = [v for v in results.get((system, nproc)) or [] if v]
         return statistics.median(values) if values else None
@@ -258,20 +309,40 @@ def table(results: dict, nprocs: list[int]) -> str:
     def fmt(x, spec=",.0f"):
         return "-" if x is None else format(x, spec)
 
-    plain = med("plain", 1)
     lines = [f"{'procs':>5} {'torchtitan':>11} {'meshrun':>9} {'plain(1p)':>10} "
              f"{'meshrun/torchtitan':>19} {'meshrun/plain':>14}   rounds (tt/mr/plain)"]
     for nproc in nprocs:
         tt, mr = med("torchtitan", nproc), med("meshrun", nproc)
+        plain_row = nproc if share_of(nproc) > 1 else 1  # a 1/K row has its own plain run
+        plain = med("plain", plain_row)
         counts = "/".join(str(len([v for v in results.get((s, n), []) if v])) for s, n in
-                          (("torchtitan", nproc), ("meshrun", nproc), ("plain", 1)))
+                          (("torchtitan", nproc), ("meshrun", nproc), ("plain", plain_row)))
         lines.append(f"{nproc:>5} {fmt(tt):>11} {fmt(mr):>9} {fmt(plain):>10} "
                      f"{fmt(mr / tt if mr and tt else None, '.3f'):>19} "
                      f"{fmt(mr / plain if mr and plain else None, '.3f'):>14}   {counts}")
     return "\n".join(lines)
 
 
-def base_table(results: dict, nprocs: list[int]) -> str:
+def share_table(results: dict, nprocs: list) -> str:
+    """For each 1/K row whose K-process row also ran: per system, the K-process tokens/s over
+    K times the one-rank-alone tokens/s, per round, then the median: below 1 by what K ranks
+    add to a rank's own compute (collectives, waiting, sharing the machine)."""
+    lines = []
+    for row in nprocs:
+        k = share_of(row)
+        if k == 1 or k not in nprocs:
+            continue
+        for system in ("torchtitan", "meshrun", BASE_SYSTEM):
+            pairs = zip(results.get((system, k), []), results.get((system, row), []))
+            ratios = [together / (k * alone) for together, alone in pairs if together and alone]
+            if ratios:
+                cells = " ".join(f"{x:.3f}" for x in ratios)
+                lines.append(f"{system:>12}: {k} processes / ({k} x {row} alone) = "
+                             f"{statistics.median(ratios):.3f} (rounds: {cells})")
+    return "\n".join(lines)
+
+
+def base_table(results: dict, nprocs: list) -> str:
     """meshrun against BASE_SYSTEM (and each against torchtitan) round by round, then the
     median of the per-round ratios: pairs from one round saw about the same load."""
     lines = [f"{'procs':>5} {'round':>5} {'meshrun':>9} {'base':>9} {'torchtitan':>11} "
@@ -296,7 +367,9 @@ def base_table(results: dict, nprocs: list[int]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--nprocs", default="1,2", help="comma-separated process counts")
+    p.add_argument("--nprocs", default="1,2",
+                   help="comma-separated process counts, and 1/K rows (one rank's share of K, "
+                        "alone on cores/K cores)")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch", type=int, default=8, help="global batch (sequences per step)")
@@ -311,15 +384,22 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/meshrun-vs-torchtitan"))
     p.add_argument("--meshrun-base", type=Path, default=None,
                    help="another meshrun checkout to run beside this one (before/after)")
+    p.add_argument("--meshrun-base-extra", default="",
+                   help="comma-separated overrides for the --meshrun-base runs (default none: "
+                        "an older base may not know this checkout's keys)")
     p.add_argument("--meshrun-extra", default="training.loss_chunks=8",
                    help="comma-separated overrides for this checkout's meshrun only (default: "
                         "the loss in 8 chunks, as torchtitan's debugmodel config; '' for none)")
     a = p.parse_args()
     if a.quick:
         a.seq_len, a.batch, a.steps, a.first_timed, a.rounds = 256, 4, 6, 3, 1
-    nprocs = [int(n) for n in a.nprocs.split(",")]
+    try:
+        nprocs = [parse_row(n) for n in a.nprocs.split(",")]
+    except ValueError as e:
+        sys.exit(f"bad arguments: --nprocs {a.nprocs}: {e}")
     systems = tuple(s for s in a.systems.split(",") if s)
-    bad = [n for n in nprocs if a.batch % n] + [s for s in systems if s not in SYSTEMS]
+    bad = ([n for n in nprocs if a.batch % (share_of(n) if isinstance(n, str) else n)]
+           + [s for s in systems if s not in SYSTEMS])
     if a.meshrun_base is not None:
         if not (a.meshrun_base / "training").is_dir():
             bad.append(f"--meshrun-base {a.meshrun_base}: not a meshrun checkout")
@@ -330,7 +410,8 @@ def main() -> None:
     a.work.mkdir(parents=True, exist_ok=True)
     b = Bench(seq_len=a.seq_len, batch=a.batch, steps=a.steps, first_timed=a.first_timed,
               peer_src=a.peer_src, peer_dir=a.peer_dir, work=a.work, base_src=a.meshrun_base,
-              meshrun_extra=tuple(o for o in a.meshrun_extra.split(",") if o))
+              meshrun_extra=tuple(o for o in a.meshrun_extra.split(",") if o),
+              base_extra=tuple(o for o in a.meshrun_base_extra.split(",") if o))
     shape = " ".join(f"{k}={v}" for k, v in DEBUGMODEL.items())
     print(f"shape: llama3 debugmodel ({shape}) seq={b.seq_len} global_batch={b.batch} fp32 "
           f"causal no-recompute; {b.tokens_per_step} tokens/step; steps {b.first_timed}..{b.steps} "
@@ -338,6 +419,10 @@ def main() -> None:
     results = run_all(b, a.rounds, nprocs, systems)
     print("\nmedian aggregate tokens/s (noisy on a shared machine; ratios are within this run)")
     print(table(results, nprocs))
+    shares = share_table(results, nprocs)
+    if shares:
+        print("\nwhat the other ranks cost a rank (median of per-round ratios)")
+        print(shares)
     if a.meshrun_base is not None:
         print(f"\nmeshrun against meshrun-base ({a.meshrun_base}), per round")
         print(base_table(results, nprocs))

@@ -57,3 +57,28 @@ def test_base_table_pairs_rounds_and_takes_the_median_ratio():
     assert lines[2].split()[5:] == ["-", "-", "0.800"]  # meshrun failed in round 2
     assert lines[3].split()[5:] == ["0.900", "0.750", "0.833"]
     assert lines[4].split()[2:] == ["1.000", "0.925", "0.833"]  # medians of 2, 2, 3 ratios
+
+
+def test_one_rank_alone_rows():
+    assert bench.parse_row("2") == 2 and bench.parse_row("1/2") == "1/2"
+    for bad in ("1/1", "1/x", "1/"):
+        with pytest.raises(ValueError, match="1/K"):
+            bench.parse_row(bad)
+    b = bench.Bench(seq_len=4, batch=8, steps=4, first_timed=3, peer_src=Path("."),
+                    peer_dir=Path("."), work=Path("."), cores=4)
+    assert bench.row_bench(b, 2) == (b, 2)
+    alone, nproc = bench.row_bench(b, "1/2")
+    assert (alone.batch, alone.cores, nproc) == (4, 2, 1)
+
+
+def test_alone_row_has_its_own_plain_reference_and_share_ratio():
+    results = {("torchtitan", 2): [200.0, 180.0], ("meshrun", 2): [190.0, 200.0],
+               ("torchtitan", "1/2"): [100.0, 100.0], ("meshrun", "1/2"): [100.0, 125.0],
+               ("plain", 1): [400.0], ("plain", "1/2"): [110.0, 90.0]}
+    lines = bench.table(results, [2, "1/2"]).splitlines()
+    assert lines[1].split()[:6] == ["2", "190", "195", "400", "1.026", "0.487"]
+    assert lines[2].split()[:6] == ["1/2", "100", "112", "100", "1.125", "1.125"]
+    shares = bench.share_table(results, [2, "1/2"]).splitlines()
+    assert "= 0.950" in shares[0] and "1.000 0.900" in shares[0]  # torchtitan
+    assert "= 0.875" in shares[1] and "0.950 0.800" in shares[1]  # meshrun
+    assert bench.share_table(results, ["1/2"]) == ""  # no 2-process row to compare with
