@@ -4,6 +4,7 @@ It reads spec.json only; it never composes Hydra config or parses overrides.
 """
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import os
@@ -96,6 +97,9 @@ def preflight(spec, run_dir: Path, ctx, *, full_table: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    # A crash in native code (a segfault in a collective's thread) prints every thread's
+    # Python stack into this rank's log instead of leaving only torchrun's exit signal.
+    faulthandler.enable(all_threads=True)
     args = sys.argv[1:] if argv is None else argv
     preflight_only = PREFLIGHT_ONLY in args
     args = [a for a in args if a != PREFLIGHT_ONLY]

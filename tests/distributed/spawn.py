@@ -11,6 +11,7 @@ Return values (picklable) come back as a list indexed by rank.
 """
 from __future__ import annotations
 
+import faulthandler
 import pickle
 import time
 import uuid
@@ -28,6 +29,7 @@ class RankTimeout(TimeoutError):
 
 def _rank_entry(rank: int, fn: Callable[..., Any], world_size: int, store_path: str,
                 result_dir: str, kwargs: dict) -> None:
+    faulthandler.enable(all_threads=True)  # a native crash prints the rank's Python stacks
     torch.set_num_threads(1)  # N ranks on a 2-core machine: avoid oversubscription
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
