@@ -22,7 +22,8 @@ A row "1/K" in --nprocs (e.g. --nprocs 1,2,1/2) runs each system as one process 
 cores/K cores doing one rank's share of the K-process row (global batch / K): that rank's compute
 alone, without its collectives or the other rank beside it. Against the K-process row of the same
 sitting it splits a gap into per-rank compute (the model and its kernels) and what K ranks add
-(collectives, waiting, sharing the machine).
+(collectives, waiting, sharing the machine). The plain column is the 1-process plain loop for a
+process-count row and the plain loop's own 1/K run for a 1/K row.
 
 --meshrun-base SRC adds "meshrun-base": the same meshrun run from another checkout (e.g. the
 main branch), in the same rotation, so a change is measured against its parent in one sitting
@@ -247,13 +248,19 @@ def share_of(row: int | str) -> int:
     return int(row[2:]) if isinstance(row, str) else 1
 
 
+def batch_parts(row: int | str) -> int:
+    """Into how many parts a row splits the global batch: its processes, or K for 1/K."""
+    return share_of(row) if isinstance(row, str) else row
+
+
 def row_bench(b: Bench, row: int | str) -> tuple[Bench, int]:
     """The Bench and process count a row runs with: a 1/K row is one process with 1/K of the
     global batch and of the cores."""
     k = share_of(row)
     if k == 1:
         return b, row
-    return dataclasses.replace(b, batch=b.batch // k, cores=max(1, b.cores // k)), 1
+    return dataclasses.replace(b, batch=b.batch // batch_parts(row),
+                               cores=max(1, b.cores // k)), 1
 
 
 @contextlib.contextmanager
@@ -309,7 +316,7 @@ def table(results: dict, nprocs: list) -> str:
     def fmt(x, spec=",.0f"):
         return "-" if x is None else format(x, spec)
 
-    lines = [f"{'procs':>5} {'torchtitan':>11} {'meshrun':>9} {'plain(1p)':>10} "
+    lines = [f"{'procs':>5} {'torchtitan':>11} {'meshrun':>9} {'plain':>10} "
              f"{'meshrun/torchtitan':>19} {'meshrun/plain':>14}   rounds (tt/mr/plain)"]
     for nproc in nprocs:
         tt, mr = med("torchtitan", nproc), med("meshrun", nproc)
@@ -398,8 +405,7 @@ def main() -> None:
     except ValueError as e:
         sys.exit(f"bad arguments: --nprocs {a.nprocs}: {e}")
     systems = tuple(s for s in a.systems.split(",") if s)
-    bad = ([n for n in nprocs if a.batch % (share_of(n) if isinstance(n, str) else n)]
-           + [s for s in systems if s not in SYSTEMS])
+    bad = [n for n in nprocs if a.batch % batch_parts(n)] + [s for s in systems if s not in SYSTEMS]
     if a.meshrun_base is not None:
         if not (a.meshrun_base / "training").is_dir():
             bad.append(f"--meshrun-base {a.meshrun_base}: not a meshrun checkout")
