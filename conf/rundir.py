@@ -3,7 +3,7 @@
 Torch-free and hydra-free: the launcher, the sweeps, `meshrun status`/`compare` and the ranks
 all name the run dir's files through this module, so its layout is written down once::
 
-    <run_dir>/spec.json          the frozen RunSpec every rank reads (conf.spec_io round-trips it)
+    <run_dir>/spec.json          the frozen RunSpec every rank reads (conf.run_dir.spec_io round-trips it)
               config.yaml        the composed Hydra config, for people
               overrides.json     the command-line overrides (`meshrun resume` recomposes from them)
               command.txt        the launch command
@@ -20,7 +20,7 @@ all name the run dir's files through this module, so its layout is written down 
               export/            the safetensors export (Hugging Face layout)
               slurm/jobs.json    the Slurm submissions (slurm/<job id>/ are submitit's folders)
 
-Checkpoint folders and the complete-checkpoint rule: conf/checkpoint_dirs.py.
+Checkpoint folders and the complete-checkpoint rule: conf/run_dir/checkpoint_dirs.py.
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ import statistics
 from enum import Enum
 from pathlib import Path
 
-from conf.checkpoint_dirs import is_complete_checkpoint, latest_checkpoint
+from conf.run_dir.checkpoint_dirs import is_complete_checkpoint, latest_checkpoint
 from conf.spec import RunSpec
-from conf.spec_io import read_spec, write_spec
+from conf.run_dir.spec_io import read_spec, write_spec
 
 SPEC_FILE = "spec.json"
 CONFIG_FILE = "config.yaml"
@@ -303,7 +303,7 @@ WARMUP_FRACTION = 0.1  # steps left out of the throughput means (compile, alloca
 
 def outcomes_from_rows(rows: list[dict]) -> dict:
     """The final numbers a run's metrics rows give (summary.json's first keys, in its order);
-    `training.summary` adds where they came from. Compare uses it for unfinished runs too."""
+    `training.summary_json` adds where they came from. Compare uses it for unfinished runs too."""
     train = [r for r in rows if r.get("kind") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
     steady = train[int(len(train) * WARMUP_FRACTION):] or train

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conf.checkpoint_dirs import META_FILENAME
+from conf.run_dir.checkpoint_dirs import META_FILENAME
 from conf.errors import ProblemList
 from conf.rundir import OVERRIDES_FILE, SPEC_FILE, RunDir
 from conf.spec import RunSpec

@@ -28,8 +28,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                      set_state_dict)
 
-from conf.checkpoint_dirs import META_FILENAME, checkpoints_beyond_newest, is_complete_checkpoint, latest_checkpoint, read_checkpoint_meta, replaced_step_dir, stale_dirs, step_dir, tmp_step_dir
-from conf.checkpoint_verify import MANIFEST_KEY, checkpoint_problems, describe, file_digest
+from conf.run_dir.checkpoint_dirs import (META_FILENAME, checkpoints_beyond_newest,
+                                          is_complete_checkpoint, latest_checkpoint,
+                                          read_checkpoint_meta, replaced_step_dir, stale_dirs,
+                                          step_dir, tmp_step_dir)
+from conf.run_dir.checkpoint_verify import MANIFEST_KEY, checkpoint_problems, describe, file_digest
 from training.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 
 __all__ = ["CheckpointCorrupt", "CheckpointError", "CheckpointMismatch", "latest_checkpoint", "load_checkpoint",

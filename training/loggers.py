@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conf.rundir import RESUME_ROW_KIND, RunDir
 from conf.spec import RunSpec
-from conf.spec_io import spec_to_dict
+from conf.run_dir.spec_io import spec_to_dict
 from training.wandb_logger import per_rank_values
 
 log = logging.getLogger("meshrun.loggers")

@@ -19,7 +19,7 @@ from training.optim import set_lr
 from training.preemption import requeue_job, restart_count, slurm_job_id
 from training.schedule import lr_at
 from training.step import clip_and_step, eval_loss_sum, forward_backward
-from training.summary import summarize, write_summary
+from training.summary_json import summarize, write_summary
 from training.train_state import TrainState, checkpoint_degrees
 
 log = logging.getLogger("meshrun.loop")

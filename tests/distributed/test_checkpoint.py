@@ -28,7 +28,8 @@ from training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from conf.checkpoint_dirs import latest_checkpoint, read_checkpoint_meta, step_dir, tmp_step_dir
+from conf.run_dir.checkpoint_dirs import (latest_checkpoint, read_checkpoint_meta, step_dir,
+                                          tmp_step_dir)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = {"parallel": {"dp_replicate": 2, "tp": 1, "pp": 1}}

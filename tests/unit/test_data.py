@@ -1,4 +1,4 @@
-"""Corpus preparation (launcher/data_prep.py) and rank-side batches (training/data.py)."""
+"""Corpus preparation (launcher/data_prep.py) and rank-side batches (training/data/batches.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +14,7 @@ import torch
 from conf.schema import DataKind, DeviceKind
 from conf.spec import TOKEN_DTYPES, DataSpec, TrainingSpec
 from launcher import data_prep
-from training.data import (
+from training.data.batches import (
     SyntheticBatches,
     TokenDataset,
     TrainBatches,

@@ -23,7 +23,8 @@ import re
 from pathlib import Path
 
 from conf.rundir import CHECKPOINTS_DIR
-from conf.checkpoint_dirs import DCP_METADATA_FILENAME, META_FILENAME, checkpoint_step, complete_checkpoints
+from conf.run_dir.checkpoint_dirs import (DCP_METADATA_FILENAME, META_FILENAME, checkpoint_step,
+                                          complete_checkpoints)
 
 MANIFEST_KEY = "files"
 HASH_NAME = "sha256"

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from conf.schema import DataKind
-from conf.corpus import STDLIB_TOKEN_DTYPE
-from conf.prepared import is_sft, read_manifest
+from conf.data_contract.stdlib_corpus import STDLIB_TOKEN_DTYPE
+from conf.data_contract.prepared_corpus import is_sft, read_manifest
 from conf.spec import TOKEN_DTYPES, DataSpec, TrainingSpec
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
@@ -322,12 +322,12 @@ def build_train_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
     if data.kind is DataKind.synthetic:
         return SyntheticBatches(vocab_size=data.vocab_size, **common)
     if data.sources:
-        from training.mixture import MixtureBatches
+        from training.data.mixture import MixtureBatches
 
         return MixtureBatches(sources=data.sources, weights=data.weights,
                               vocab_size=data.vocab_size, **common)
     if is_sft_data(data):
-        from training.sft_data import SftTrainBatches
+        from training.data.sft_batches import SftTrainBatches
 
         return SftTrainBatches(prepared=data.prepared, vocab_size=data.vocab_size, **common)
     return TrainBatches(files=_required(data.train_files, "train_files"),
@@ -342,7 +342,7 @@ def build_val_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
     if data.kind is DataKind.synthetic:
         return synthetic_val_batches(vocab_size=data.vocab_size, seed=training.seed, **common)
     if is_sft_data(data):
-        from training.sft_data import sft_val_batches
+        from training.data.sft_batches import sft_val_batches
 
         return sft_val_batches(prepared=data.prepared, vocab_size=data.vocab_size, **common)
     return val_batches(files=_required(data.val_files, "val_files"), dtype=token_dtype(data),
