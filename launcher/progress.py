@@ -13,7 +13,7 @@ from rich.table import Column
 from rich.text import Text
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from conf.rundir import RunDir, failure_tail, parse_metrics_line
+from conf.run_dir.paths import RunDir, failure_tail, parse_metrics_line
 from conf.spec import RunSpec
 from launcher.lifetime import kill_tree, output_gone
 

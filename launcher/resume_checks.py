@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conf.run_dir.checkpoint_dirs import META_FILENAME
 from conf.errors import ProblemList
-from conf.rundir import OVERRIDES_FILE, SPEC_FILE, RunDir
+from conf.run_dir.paths import OVERRIDES_FILE, SPEC_FILE, RunDir
 from conf.spec import RunSpec
 from parallel.dims import ParallelDims
 

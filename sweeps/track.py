@@ -1,9 +1,9 @@
 """`meshrun sweep status <dir>`: where each point of a sweep stands.
 
-A point's state is a `conf.rundir.RunState` word (the vocabulary `meshrun status` and
+A point's state is a `conf.run_dir.paths.RunState` word (the vocabulary `meshrun status` and
 `meshrun compare` use too). It comes from its latest run dir (launcher.status.run_status: the
 scheduler's word for Slurm jobs) and, for local runs, from points.json (the exit status of the
-attempt, whether the local sweep runner is still alive) through `conf.rundir.state_after_exit`.
+attempt, whether the local sweep runner is still alive) through `conf.run_dir.paths.state_after_exit`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.errors import ConfigError
-from conf.rundir import (ACTIVE_STATES, RETRYABLE_STATES, RunDir, RunState,
+from conf.run_dir.paths import (ACTIVE_STATES, RETRYABLE_STATES, RunDir, RunState,
                          state_after_exit)
 from sweeps.state import SweepState
 

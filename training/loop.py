@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from conf.rundir import FAILED_EVENT, RunDir
+from conf.run_dir.paths import FAILED_EVENT, RunDir
 from conf.schema import NonFinite
 from parallel.cost.flops import run_flops_convention
 from training.checkpoint import save_checkpoint

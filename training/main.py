@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 
 STARTED = time.time()
 """When this rank's Python reached its entry point (interpreter start-up, ~50 ms, is before)."""

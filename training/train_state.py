@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from conf.rundir import RunDir, find_checkpoint
+from conf.run_dir.paths import RunDir, find_checkpoint
 from conf.run_dir.checkpoint_dirs import complete_checkpoints, latest_checkpoint
 from conf.hf_model_config import is_hf_model_dir
 from conf.spec import RunSpec

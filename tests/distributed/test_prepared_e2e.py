@@ -58,7 +58,7 @@ def _reference_first_loss(reference, run_dir: Path) -> float:
     import torch
     import torch.nn.functional as F
 
-    from conf.rundir import RunDir
+    from conf.run_dir.paths import RunDir
     from training.data.batches import build_train_batches
 
     spec = RunDir(run_dir).read_spec()

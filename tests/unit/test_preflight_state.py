@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conf.rundir import (ACTIVE_STATES, PREFLIGHT_EVENT, RETRYABLE_STATES, RunState,
+from conf.run_dir.paths import (ACTIVE_STATES, PREFLIGHT_EVENT, RETRYABLE_STATES, RunState,
                          state_after_exit, state_from_files)
 from launcher.slurm_state import state_from_scheduler
 

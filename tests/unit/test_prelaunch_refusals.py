@@ -12,7 +12,7 @@ import pytest
 
 from conf.compose import compose_config
 from conf.resolve import resolve
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from conf.run_dir.spec_io import write_spec
 from launcher import cli
 from parallel.dims import ParallelDims
