@@ -18,7 +18,8 @@ from conf.hf_model_config import explicit_model_keys
 from conf.resolve import resolve
 from conf.search_path import add_config_dirs, user_config_dirs
 from conf.spec import RunSpec
-from conf.run_dir.paths import LEG_UNPAUSE, OVERRIDES_FILE, PREFLIGHT_EVENT, SPEC_FILE, RunDir
+from conf.run_dir.metrics_rows import PREFLIGHT_EVENT
+from conf.run_dir.paths import LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir
 from conf.run_dir.checkpoint_dirs import checkpoint_step
 from conf.run_dir.checkpoint_verify import prelaunch_problem
 from launcher.advice import suggestions

@@ -5,7 +5,8 @@ A save is collective. Every rank writes into `step_N.tmp/` (DCP shards for model
 plus `rank_<R>.pt` with its RNG states and the caller's `extra`); after all ranks agree that
 they succeeded, rank 0 writes `meta.json` and renames the folder to `step_N` (atomic on one
 filesystem). Only folders named `step_N` holding `meta.json` and DCP's `.metadata` count as
-complete (the rule lives in `conf.run_dir.paths`). Works without a process group (one process).
+complete (the rule lives in `conf.run_dir.checkpoint_dirs`). Works without a process group (one
+process).
 The checkpoint root must be one filesystem that every rank sees (shared across nodes).
 """
 from __future__ import annotations

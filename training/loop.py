@@ -8,7 +8,8 @@ import time
 
 import torch
 
-from conf.run_dir.paths import FAILED_EVENT, RunDir
+from conf.run_dir.metrics_rows import FAILED_EVENT
+from conf.run_dir.paths import RunDir
 from conf.schema import NonFinite
 from parallel.cost.flops import run_flops_convention
 from training.checkpoint import save_checkpoint

@@ -274,7 +274,8 @@ def test_unloadable_extra_is_refused_at_save_time(tmp_path):
 
 
 def test_checkpoint_folder_rules_do_not_import_torch():
-    code = ("import sys, json, conf.run_dir.paths; "
+    code = ("import sys, json, conf.run_dir.run_states, conf.run_dir.outcomes, "
+            "conf.run_dir.checkpoint_verify; "
             "print(json.dumps('torch' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True,
                          capture_output=True, text=True).stdout

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conf.run_dir.paths import RunDir, RunState, state_from_files
+from conf.run_dir.paths import RunDir
+from conf.run_dir.run_states import RunState, state_from_files
 from conf.run_dir.checkpoint_dirs import checkpoint_step
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
