@@ -38,7 +38,7 @@ class Runner:
     def __init__(self, spec, rank: int):
         import torch
 
-        from training.data.batches import build_train_batches
+        from training.data.build import build_train_batches
         from training.optim import build_optimizers
         from training.parallel_model import build_parallel_model
 

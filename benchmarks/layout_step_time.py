@@ -69,7 +69,7 @@ def measure_rank(*, rank: int, world_size: int, spec_dict: dict) -> dict:
     from conf.spec import RunSpec
     from conf.run_dir.spec_io import spec_from_dict
     from tests.distributed.layout_parity import held_bytes, local_bytes, named_params
-    from training.data.batches import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.optim import build_optimizers
     from training.step import clip_and_step, forward_backward
@@ -106,7 +106,7 @@ def measure_single(spec) -> dict:
     import torch
 
     from tests.distributed.layout_parity import held_bytes, local_bytes
-    from training.data.batches import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import ParallelModel
     from training.model import build_model
     from training.optim import build_optimizer

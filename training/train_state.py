@@ -14,7 +14,7 @@ from parallel.cost.devices import PeakFlops
 from parallel.cost.flops import flops_per_token
 from parallel.dims import ParallelDims
 from training.checkpoint import CheckpointCorrupt, CheckpointError, load_checkpoint
-from training.data.batches import build_train_batches, build_val_batches
+from training.data.build import build_train_batches, build_val_batches
 from training.dist import RankContext
 from training.parallel_model import ParallelModel, build_parallel_model
 from training.loggers import BackgroundWandb, RunLoggers

@@ -133,7 +133,7 @@ def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
     against the plan's (estimate_memory(...).total)."""
     from parallel.cost.memory import estimate_memory, layout_activation_bytes
     from training.optim import build_optimizers
-    from training.data.batches import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.step import document_inputs
     from tests.distributed.pipeline_memory import pipeline_rows

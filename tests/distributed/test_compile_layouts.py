@@ -72,7 +72,7 @@ PLANNED_BREAK = "ContextParallelAttention.__call__"
 
 def _update(spec, rank: int):
     """Loss (global mean), full grads and params after one step of this rank's layout."""
-    from training.data.batches import build_train_batches
+    from training.data.build import build_train_batches
     from training.optim import build_optimizers
     from training.parallel_model import build_parallel_model
     from training.step import clip_and_step, forward_backward

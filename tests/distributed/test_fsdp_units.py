@@ -30,7 +30,7 @@ CASES = {"zero3": ("parallel.zero=3",), "zero2": ("parallel.zero=2",),
 
 def gathered_after_forward(*, rank: int, world_size: int, spec_dicts: dict) -> dict:
     """Per case: {parameter name: bytes} of the weights not sharded when forward returns."""
-    from training.data.batches import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.step import forward_backward
     from training.precision import autocast_context

@@ -33,7 +33,7 @@ class Run:
     """One layout's live training state on this rank."""
 
     def __init__(self, spec: RunSpec, rank: int):
-        from training.data.batches import build_train_batches
+        from training.data.build import build_train_batches
         from training.parallel_model import build_parallel_model
         from training.optim import build_optimizers
 

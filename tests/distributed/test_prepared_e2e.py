@@ -59,7 +59,7 @@ def _reference_first_loss(reference, run_dir: Path) -> float:
     import torch.nn.functional as F
 
     from conf.run_dir.paths import RunDir
-    from training.data.batches import build_train_batches
+    from training.data.build import build_train_batches
 
     spec = RunDir(run_dir).read_spec()
     ((inputs, targets),) = build_train_batches(spec.data, spec.training, dp_rank=0,

@@ -42,7 +42,7 @@ def sft_dp_rank(*, rank: int, world_size: int, prepared: str) -> dict:
     from tests.unit.test_sft_data import _hand_loss
     from conf.data_contract.prepared_corpus import read_manifest
     from pathlib import Path
-    from training.data.batches import build_train_batches
+    from training.data.build import build_train_batches
     from training.loss import IGNORE_INDEX
     from training.model import build_model
     from training.parallel_model import build_parallel_model

@@ -21,7 +21,7 @@ BASE = ("model=tiny", "data=synthetic", "training.seq_len=32", "training.micro_b
 
 
 def _setup(spec: RunSpec, rank: int):
-    from training.data.batches import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.optim import build_optimizers
     from training.precision import autocast_context, build_grad_scaler

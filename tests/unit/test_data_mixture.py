@@ -13,7 +13,7 @@ from conf.errors import ConfigError
 from launcher.hf_tokenizer import train_bpe
 from launcher.shards import PrepareOptions, prepare
 from launcher.sft_prepare import SftOptions, prepare_sft
-from training.data.batches import TokenDataset
+from training.data.token_windows import TokenDataset
 from training.data.mixture import MixtureBatches
 
 SEQ = 15
@@ -97,7 +97,7 @@ def test_any_dp_degree_sees_the_same_global_batches_and_resume_is_exact(sources)
 
 def test_resolve_checks_sources_and_weights(sources, tmp_path):
     from tests.support.specs import cpu_spec
-    from training.data.batches import build_train_batches
+    from training.data.build import build_train_batches
 
     base = ["model=tiny", "data=files", "parallel=single", "model.vocab_size=300",
             f"training.seq_len={SEQ}", f"data.sources=[{sources[0]},{sources[1]}]"]

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from conf.data_contract.prepared_corpus import read_manifest, shard_paths
-from training.data.batches import (MicroBatch, ShuffledOrder, TokenDataset, ValBatches,
-                                   _StepBatches, check_token_ids)
+from training.data.batches import MicroBatch, ValBatches, _StepBatches
+from training.data.token_windows import ShuffledOrder, TokenDataset, check_token_ids
 from training.loss import IGNORE_INDEX
 
 
