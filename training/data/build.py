@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from conf.data_contract.prepared_corpus import is_sft, read_manifest
-from conf.data_contract.stdlib_corpus import STDLIB_TOKEN_DTYPE
+from conf.data_contract.stdlib_tokens import STDLIB_TOKEN_DTYPE
 from conf.schema import DataKind
 from conf.spec import DataSpec, TrainingSpec
 from training.data.batches import (SyntheticBatches, TrainBatches, ValBatches,
