@@ -38,7 +38,7 @@ class Runner:
     def __init__(self, spec, rank: int):
         import torch
 
-        from training.data import build_train_batches
+        from training.data.build import build_train_batches
         from training.optim import build_optimizers
         from training.parallel_model import build_parallel_model
 
@@ -75,7 +75,7 @@ def measure_rank(*, rank: int, world_size: int, spec_dict: dict, steps: int,
     import torch._inductor.config
 
     from conf.spec import RunSpec
-    from conf.spec_io import spec_from_dict
+    from conf.run_dir.spec_io import spec_from_dict
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, f"rank{rank}")
     torch._inductor.config.compile_threads = 1
@@ -95,7 +95,7 @@ def load_average() -> float:
 
 
 def run_layout(name: str, world: int, overrides: list[str], args) -> dict:
-    from conf.spec_io import spec_to_dict
+    from conf.run_dir.spec_io import spec_to_dict
     from tests.distributed.spawn import run_on_ranks
     from tests.support.specs import cpu_spec
 

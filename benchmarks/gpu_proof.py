@@ -168,7 +168,7 @@ def add_plan(res: Result, ovr: list[str], *, budget: Budget, work: Path, shape: 
 
 
 def measure(res: Result, runs_dir: Path, shape: Shape) -> None:
-    from conf.rundir import RunDir
+    from conf.run_dir.paths import RunDir
 
     dirs = sorted(runs_dir.glob(f"{res.name}-*"), key=lambda p: p.stat().st_mtime)
     if not dirs:

@@ -67,9 +67,9 @@ def measure_rank(*, rank: int, world_size: int, spec_dict: dict) -> dict:
     import torch.distributed as dist
 
     from conf.spec import RunSpec
-    from conf.spec_io import spec_from_dict
+    from conf.run_dir.spec_io import spec_from_dict
     from tests.distributed.layout_parity import held_bytes, local_bytes, named_params
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.optim import build_optimizers
     from training.step import clip_and_step, forward_backward
@@ -106,7 +106,7 @@ def measure_single(spec) -> dict:
     import torch
 
     from tests.distributed.layout_parity import held_bytes, local_bytes
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import ParallelModel
     from training.model import build_model
     from training.optim import build_optimizer
@@ -196,7 +196,7 @@ def report_model(specs: dict, measured: dict, link_report: dict, *, what: str) -
 
 
 def main() -> None:
-    from conf.spec_io import spec_to_dict
+    from conf.run_dir.spec_io import spec_to_dict
     from tests.distributed.spawn import run_on_ranks
     from tests.support.specs import cpu_spec
     from parallel.cost.memory import estimate_memory

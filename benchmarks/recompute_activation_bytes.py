@@ -5,7 +5,7 @@ plan's formula (parallel/cost/activations.py `activation_bytes`).
 
 measured: storages created in forward and alive after it (as tests/unit/test_recompute.py's
 `saved_activation_bytes` counts them), with the trainer's inputs and loss: contiguous targets
-cut from the batch the way training/data.py cuts them, and training.loss's
+cut from the batch the way training/data/batches.py cuts them, and training.loss's
 `token_cross_entropy_sum`. (Slicing the targets out of one [B, T+1] batch inside the loss, as
 the unit test's `_loss` does, makes cross entropy keep a flattened int64 copy of them, 8 B a
 token that the trainer never holds: the plan rightly leaves it out.) plan cpu / plan cuda: the formula for a CPU device and for a GPU

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from conf.spec import ModelSpec  # noqa: E402
-from parallel.documents import document_ids_and_positions  # noqa: E402
+from parallel.document_masking import document_ids_and_positions  # noqa: E402
 from training.model import Attention, apply_rope, build_model, rope_rows  # noqa: E402
 
 EOS = 1

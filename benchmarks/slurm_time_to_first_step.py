@@ -61,7 +61,7 @@ def main() -> None:
           "s from enter:")
     for name in sorted(rounds[0], key=lambda n: statistics.median(r[n] for r in rounds)):
         print(f"  -> {name:<32} {statistics.median(r[name] for r in rounds):6.2f}")
-    from conf.preflight_report import format_report
+    from conf.run_dir.preflight_report import format_report
 
     print(format_report(json.loads((run_dir / "preflight.json").read_text())))
 

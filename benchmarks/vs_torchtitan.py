@@ -170,7 +170,7 @@ def meshrun_overrides(b: Bench, nproc: int, tokens: Path, runs_dir: Path, name: 
 
 def run_meshrun(b: Bench, nproc: int, log: Path, tokens: Path, src: Path = REPO,
                 extra: tuple[str, ...] = ()) -> float | None:
-    from conf.rundir import RunDir
+    from conf.run_dir.paths import RunDir
 
     runs_dir = b.work / "meshrun-runs"
     name = log.stem

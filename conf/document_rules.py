@@ -15,9 +15,9 @@ raw token files name none unless `data.tokenizer` does.
 from __future__ import annotations
 
 from conf.errors import ProblemList
-from conf.prepared import is_sft, read_manifest
+from conf.data_contract.prepared_corpus import is_sft, read_manifest
 from conf.schema import DataConfig, DataKind
-from conf.tokenizer_info import read_tokenizer_info
+from conf.data_contract.tokenizer_info import read_tokenizer_info
 
 KEY = "data.document_mask"
 FIX = ("use data=files data.prepared=DIR (made by `meshrun data prepare`: documents end with "

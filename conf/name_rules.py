@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from conf.errors import ProblemList
-from conf.rundir import safe_name
+from conf.run_dir.paths import safe_name
 from conf.schema import LoggingConfig, RunConfig
 
 WANDB_TAG_MAX = 64

@@ -20,8 +20,8 @@ from conf.hf_model_config import (apply_explicit, check_hf_load_from, is_hf_mode
                                   read_hf_model_config)
 from conf.split_rules import check_model_split, check_recompute
 from conf.parallel_rules import resolve_parallel
-from conf.prepared import check_tokenizer, resolve_prepared, resolve_sources
-from conf.token_files import check_token_files
+from conf.data_contract.prepared_corpus import check_tokenizer, resolve_prepared, resolve_sources
+from conf.data_contract.token_files import check_token_files
 from conf.schema import (
     ClusterConfig, ClusterKind, DataKind, DeviceKind, DType, Precision, RopeScaling, RunConfig,
 )

@@ -8,9 +8,9 @@ from typing import Callable
 
 from conf.errors import ProblemList
 from conf.hf_model_config import is_hf_model_dir
-from conf.rundir import CHECKPOINTS_DIR, RunDir, find_checkpoint
-from conf.checkpoint_dirs import DCP_METADATA_FILENAME, META_FILENAME, checkpoint_step
-from conf.checkpoint_verify import prelaunch_problem
+from conf.run_dir.paths import CHECKPOINTS_DIR, RunDir, find_checkpoint
+from conf.run_dir.checkpoint_dirs import DCP_METADATA_FILENAME, META_FILENAME, checkpoint_step
+from conf.run_dir.checkpoint_verify import prelaunch_problem
 from conf.schema import (
     CheckpointConfig, ClusterConfig, ClusterKind, DataConfig, DataKind, DeviceKind, OptimConfig,
     Precision, RopeScaling, ScheduleConfig, ScheduleKind, TrainingConfig,

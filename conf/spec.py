@@ -24,7 +24,7 @@ DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
 
 TOKEN_DTYPES = {"uint8": 1, "uint16": 2, "uint32": 4, "int32": 4, "int64": 8}
 """Element types of raw token files (data.dtype): name (numpy's name too) -> bytes per token.
-resolve() accepts exactly these and training/data.py reads exactly these."""
+resolve() accepts exactly these and training/data/token_windows.py reads exactly these."""
 
 
 def frozen_from(schema: type, *, defaults: tuple[str, ...] = (),

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from conf.errors import ConfigError, Problem
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from parallel.cost.calibrate import COMPUTE_CONSTANTS, Sample, calibrate, read_run
 from parallel.cost.calibrate_store import default_path, device_key, read_file, store_entry
 

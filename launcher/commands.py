@@ -18,9 +18,10 @@ from conf.hf_model_config import explicit_model_keys
 from conf.resolve import resolve
 from conf.search_path import add_config_dirs, user_config_dirs
 from conf.spec import RunSpec
-from conf.rundir import LEG_UNPAUSE, OVERRIDES_FILE, PREFLIGHT_EVENT, SPEC_FILE, RunDir
-from conf.checkpoint_dirs import checkpoint_step
-from conf.checkpoint_verify import prelaunch_problem
+from conf.run_dir.metrics_rows import PREFLIGHT_EVENT
+from conf.run_dir.paths import LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir
+from conf.run_dir.checkpoint_dirs import checkpoint_step
+from conf.run_dir.checkpoint_verify import prelaunch_problem
 from launcher.advice import suggestions
 from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
@@ -228,7 +229,7 @@ def removed_if_not_submitted(run_dir: Path, *, console: Console):
 
 
 def print_preflight(run_dir: Path, console: Console) -> None:
-    from conf.preflight_report import format_report
+    from conf.run_dir.preflight_report import format_report
 
     console.print(format_report(json.loads(RunDir(run_dir).preflight_file.read_text())),
                   markup=False, highlight=False)

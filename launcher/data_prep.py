@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from conf.corpus import STDLIB_TOKEN_DTYPE, STDLIB_VOCAB_SIZE
+from conf.data_contract.stdlib_tokens import STDLIB_TOKEN_DTYPE, STDLIB_VOCAB_SIZE
 
 FORMAT_VERSION = 1
 TOKEN_DTYPE = STDLIB_TOKEN_DTYPE

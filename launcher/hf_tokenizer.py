@@ -3,8 +3,8 @@
 A tokenizer is a Hugging Face `tokenizer.json` (the `tokenizers` library), or a tiktoken BPE
 rank file (`*.tiktoken`, Llama 3's `tokenizer.model`; the optional `tiktoken` library), or a
 folder holding one, as a Hugging Face model dir does. Special token ids come from
-conf.tokenizer_info (shared with resolve()), so the launcher, the manifest and the pre-launch
-checks agree on them. Byte-level data (data=stdlib) needs none of this.
+conf.data_contract.tokenizer_info (shared with resolve()), so the launcher, the manifest and
+the pre-launch checks agree on them. Byte-level data (data=stdlib) needs none of this.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from conf.tokenizer_info import TOKENIZER_FILE, TokenizerInfo, read_tokenizer_info, tokenizer_file
+from conf.data_contract.tokenizer_info import (TOKENIZER_FILE, TokenizerInfo, read_tokenizer_info,
+                                               tokenizer_file)
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")

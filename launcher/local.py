@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from conf.spec import RunSpec
 from launcher.lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
 from launcher.progress import watch_run

@@ -13,7 +13,9 @@ from rich.table import Column
 from rich.text import Text
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from conf.rundir import RunDir, failure_tail, parse_metrics_line
+from conf.run_dir.failure_diagnosis import failure_tail
+from conf.run_dir.metrics_rows import parse_metrics_line
+from conf.run_dir.paths import RunDir
 from conf.spec import RunSpec
 from launcher.lifetime import kill_tree, output_gone
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conf.checkpoint_dirs import META_FILENAME
+from conf.run_dir.checkpoint_dirs import META_FILENAME
 from conf.errors import ProblemList
-from conf.rundir import OVERRIDES_FILE, SPEC_FILE, RunDir
+from conf.run_dir.paths import OVERRIDES_FILE, SPEC_FILE, RunDir
 from conf.spec import RunSpec
 from parallel.dims import ParallelDims
 

@@ -1,6 +1,6 @@
 """Making run directories: runs/<name>-<timestamp>/ with everything needed to reproduce a run.
 
-What a run dir holds, and under which names, is `conf.rundir`'s to say; this writes one.
+What a run dir holds, and under which names, is `conf.run_dir`'s to say; this writes one.
 
 A run dir's name is claimed by an atomic mkdir, its files are written whole into a private
 temporary folder and renamed over the claimed (empty) name, so a failure while writing never
@@ -22,7 +22,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from conf.rundir import RunDir, safe_name
+from conf.run_dir.paths import RunDir, safe_name
 from conf.search_path import ENV_VAR as CONFIG_PATH_ENV
 from conf.spec import RunSpec
 

@@ -1,6 +1,6 @@
 """One launcher per run dir: `meshrun run`/`resume` hold the run dir's lock file while they drive it.
 
-The lock is `flock(2)` on `<run_dir>/launcher.lock` (the name is `conf.rundir`'s), not an O_EXCL
+The lock is `flock(2)` on `<run_dir>/launcher.lock` (the name is `conf.run_dir`'s), not an O_EXCL
 file plus a pid check: the kernel drops a flock when the last descriptor of its open file goes,
 so a launcher that crashes or is SIGKILLed can never leave a lock that looks held, and there is no
 window between "is its pid alive?" and "take it over" for two newcomers to race through. The
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from conf.errors import ConfigError, Problem
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 
 
 class RunLock:

@@ -12,7 +12,8 @@ to learn are dropped); conversations without an assistant token are dropped; all
 Each split is packed first-fit-decreasing (launcher/sft_pack) into bins of seq_len+1 tokens,
 padded with the pad id (EOS when the tokenizer has none) under mask 0. Bin b of a split is
 window b of its shards: SPLIT_NNNNN.bin (tokens) and SPLIT_NNNNN.mask (uint8), whole bins per
-shard. The manifest (conf/prepared.py, kind "sft") records bins, conversations, truncated and
+shard. The manifest (conf/data_contract/prepared_corpus.py, kind "sft") records bins,
+conversations, truncated and
 dropped counts, the packing efficiency (real tokens / bin capacity), and how many EOS tokens
 sit INSIDE conversations (a template whose turn end is the EOS token, as Qwen2.5's and
 Llama 3.1's instruct tokenizers are configured).
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conf.prepared import FORMAT, MANIFEST, SFT_KIND, SPLITS
+from conf.data_contract.prepared_corpus import FORMAT, MANIFEST, SFT_KIND, SPLITS
 from launcher.documents import expand_inputs
 from launcher.hf_tokenizer import Tokenizer, load_tokenizer
 from launcher.sft_pack import first_fit_decreasing, packing_efficiency

@@ -6,7 +6,8 @@ deterministic, and exactly round(n*f) documents. Documents are tokenized in chun
 pool (imap keeps their order), and the token streams are cut into shards of exactly
 shard_tokens (the last one shorter), so the shards depend on the inputs, tokenizer and options,
 never on the number of workers. Each shard is written as NAME.tmp, fsynced and renamed; the
-manifest (conf/prepared.py) is written last, the same way. A second call whose fingerprint
+manifest (conf/data_contract/prepared_corpus.py) is written last, the same way. A second call
+whose fingerprint
 (inputs' sha256, tokenizer's sha256, options) matches the manifest, with every shard in place,
 does nothing. An interrupted call leaves no manifest, but whenever a shard is finished it
 records its progress (PROGRESS: chunks done, shards, document counts, and each split's
@@ -29,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from conf.prepared import FORMAT, MANIFEST, SPLITS, incomplete_shards, read_manifest
+from conf.data_contract.prepared_corpus import (FORMAT, MANIFEST, SPLITS, incomplete_shards,
+                                               read_manifest)
 from launcher.documents import expand_inputs, read_documents
 from launcher.hf_tokenizer import encode_batch, load_tokenizer
 

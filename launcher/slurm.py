@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from conf.errors import ConfigError, Problem
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from conf.spec import ClusterSpec, RunSpec
 from training.slurm_entry import SlurmRankTask
 

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conf.errors import ConfigError, Problem
-from conf.rundir import RunDir, RunState, failure_tail, looks_oom, state_from_files
+from conf.run_dir.failure_diagnosis import failure_tail, looks_oom
+from conf.run_dir.paths import RunDir
+from conf.run_dir.run_states import RunState, state_from_files
 
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
           "RESIZING", "REQUEUE_FED", "REQUEUE_HOLD")
@@ -28,7 +30,7 @@ SLURM_STATES = {
     "DEADLINE": RunState.timed_out, "PREEMPTED": RunState.preempted,
     "CANCELLED": RunState.cancelled, "UNKNOWN": RunState.unknown,
 }
-"""Slurm's words -> the run states of `conf.rundir` (any other word: failed)."""
+"""Slurm's words -> the run states of `conf.run_dir` (any other word: failed)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,7 +8,9 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.errors import ConfigError, Problem
-from conf.rundir import FAILED_STATES, RunDir, RunState, failure_tail, state_from_files
+from conf.run_dir.failure_diagnosis import failure_tail
+from conf.run_dir.paths import RunDir
+from conf.run_dir.run_states import FAILED_STATES, RunState, state_from_files
 from launcher.slurm import recorded_jobs
 from launcher.slurm_state import JobState, job_state, state_from_scheduler
 
@@ -16,7 +18,7 @@ from launcher.slurm_state import JobState, job_state, state_from_scheduler
 def run_status(run_dir: Path, *, scheduler: dict[str, JobState] | None = None) -> dict:
     """State, step reached, latest metrics and requeues of a run dir (local or Slurm).
 
-    `state` is a `conf.rundir.RunState` word; a Slurm job's own word is kept as
+    `state` is a `conf.run_dir.run_states.RunState` word; a Slurm job's own word is kept as
     `scheduler_state`. `scheduler`: job states already asked of sacct (`job_states`, one call
     for many runs); a job not in it is asked on its own."""
     if not RunDir(run_dir).is_run_dir:

@@ -6,7 +6,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from conf.rundir import SUMMARY_FILE, RunDir, RunState, state_from_files
+from conf.run_dir.paths import SUMMARY_FILE, RunDir
+from conf.run_dir.run_states import RunState, state_from_files
 
 ROWS = (
     ("final train loss", "final_loss", "{:.4f}"),

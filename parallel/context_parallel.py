@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from parallel.documents import document_mask, masked_attention
+from parallel.document_masking import document_mask, masked_attention
 
 
 def shard_positions(*, seq_len: int, cp: int, cp_rank: int, balanced: bool) -> list[int]:
@@ -127,7 +127,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 
 def context_document_mask(doc_ids: torch.Tensor, *, group, positions: torch.Tensor):
-    """Document mask (parallel/documents.py) of this rank's queries, document ids `doc_ids`
+    """Document mask (parallel/document_masking.py) of this rank's queries, document ids `doc_ids`
     [B, Tl] at global `positions` [Tl], over the keys all-gathered in rank order as
     `context_parallel_attention` gathers K/V: causal by global position AND same document."""
     positions = positions.to(device=doc_ids.device, dtype=torch.long)

@@ -1,8 +1,9 @@
 """Compare runs: collect run dirs (from a sweep's points.json or given), diff their configs, rank them.
 
 Torch-free. The numbers come from each run's summary.json, or, for a run that has not finished,
-from its metrics.jsonl through `conf.rundir.outcomes_from_rows`, the same numbers summary.json
-is written from. A run's state is a `conf.rundir.RunState` word, as `meshrun status` says it.
+from its metrics.jsonl through `conf.run_dir.outcomes.outcomes_from_rows`, the same numbers
+summary.json is written from. A run's state is a `conf.run_dir.run_states.RunState` word, as
+`meshrun status` says it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from conf.errors import ConfigError, ProblemList
-from conf.rundir import RunDir, RunState, outcomes_from_rows
+from conf.run_dir.outcomes import outcomes_from_rows
+from conf.run_dir.paths import RunDir
+from conf.run_dir.run_states import RunState
 from launcher.status import run_status
 from sweeps.state import POINTS_FILE
 IGNORED_KEYS = ("name", "runs_dir", "data.train_files", "data.val_files", "data.cache_dir",

@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from conf.errors import ProblemList
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from sweeps.compare import (OUTCOMES, RunRecord, best_run, collect_runs, differing_keys,
                             display, is_sweep_dir, select_runs,
                             table_columns, table_rows)

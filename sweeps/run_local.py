@@ -211,7 +211,7 @@ class Slots:
 
 def run_point(run_dir: str, env: dict[str, str]) -> int:
     """In a worker process: launch one run dir with launch_local; progress goes to its log."""
-    from conf.rundir import RunDir
+    from conf.run_dir.paths import RunDir
     from launcher.local import launch_local
 
     os.environ.update(env)
@@ -240,7 +240,7 @@ def _report(watch: SweepWatch, prepared: Prepared, status: int) -> None:
 
 def _cause(prepared: Prepared) -> str:
     """The last line of the failing log that names an error (the exception, usually)."""
-    from conf.rundir import failure_tail
+    from conf.run_dir.failure_diagnosis import failure_tail
 
     lines = [line.strip() for line in failure_tail(prepared.run_dir).splitlines() if line.strip()]
     named = [line for line in lines if "Error" in line or "error" in line]

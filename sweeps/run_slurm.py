@@ -15,7 +15,7 @@ import time
 from rich.console import Console
 
 from conf.spec import RunSpec
-from conf.rundir import safe_name
+from conf.run_dir.paths import safe_name
 from launcher.slurm import build_executor, record_job, sbatch_parameters
 from sweeps.run_local import Prepared
 from sweeps.state import SweepState

@@ -194,7 +194,7 @@ def _launch_all(state: SweepState, sweep: SweepDef, todo: list[Checked], opts: O
 
 
 def _checkpointed_run_dir(state: SweepState, checked: Checked) -> Path | None:
-    from conf.rundir import RunDir
+    from conf.run_dir.paths import RunDir
 
     run_dir = state.latest_run_dir(checked.point.index)
     if run_dir is None:

@@ -1,9 +1,10 @@
 """`meshrun sweep status <dir>`: where each point of a sweep stands.
 
-A point's state is a `conf.rundir.RunState` word (the vocabulary `meshrun status` and
-`meshrun compare` use too). It comes from its latest run dir (launcher.status.run_status: the
+A point's state is a `conf.run_dir.run_states.RunState` word (the vocabulary `meshrun status`
+and `meshrun compare` use too). It comes from its latest run dir (launcher.status.run_status: the
 scheduler's word for Slurm jobs) and, for local runs, from points.json (the exit status of the
-attempt, whether the local sweep runner is still alive) through `conf.rundir.state_after_exit`.
+attempt, whether the local sweep runner is still alive) through
+`conf.run_dir.run_states.state_after_exit`.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.errors import ConfigError
-from conf.rundir import (ACTIVE_STATES, RETRYABLE_STATES, RunDir, RunState,
-                         state_after_exit)
+from conf.run_dir.paths import RunDir
+from conf.run_dir.run_states import ACTIVE_STATES, RETRYABLE_STATES, RunState, state_after_exit
 from sweeps.state import SweepState
 
 STATES = tuple(RunState)

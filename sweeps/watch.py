@@ -155,7 +155,7 @@ class SweepWatch:
     def started(self, *, index: int, run_dir: Path, n: int, total: int) -> None:
         p = self.points[index]
         p.state, p.run_dir, p.started_s = RUNNING, run_dir, time.monotonic()
-        from conf.rundir import RunDir
+        from conf.run_dir.paths import RunDir
 
         p.tail = MetricsTail(RunDir(run_dir).metrics_file)
         if not self.live:

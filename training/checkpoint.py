@@ -5,7 +5,8 @@ A save is collective. Every rank writes into `step_N.tmp/` (DCP shards for model
 plus `rank_<R>.pt` with its RNG states and the caller's `extra`); after all ranks agree that
 they succeeded, rank 0 writes `meta.json` and renames the folder to `step_N` (atomic on one
 filesystem). Only folders named `step_N` holding `meta.json` and DCP's `.metadata` count as
-complete (the rule lives in `conf.rundir`). Works without a process group (one process).
+complete (the rule lives in `conf.run_dir.checkpoint_dirs`). Works without a process group (one
+process).
 The checkpoint root must be one filesystem that every rank sees (shared across nodes).
 """
 from __future__ import annotations
@@ -28,8 +29,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                      set_state_dict)
 
-from conf.checkpoint_dirs import META_FILENAME, checkpoints_beyond_newest, is_complete_checkpoint, latest_checkpoint, read_checkpoint_meta, replaced_step_dir, stale_dirs, step_dir, tmp_step_dir
-from conf.checkpoint_verify import MANIFEST_KEY, checkpoint_problems, describe, file_digest
+from conf.run_dir.checkpoint_dirs import (META_FILENAME, checkpoints_beyond_newest,
+                                          is_complete_checkpoint, latest_checkpoint,
+                                          read_checkpoint_meta, replaced_step_dir, stale_dirs,
+                                          step_dir, tmp_step_dir)
+from conf.run_dir.checkpoint_verify import MANIFEST_KEY, checkpoint_problems, describe, file_digest
 from training.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 
 __all__ = ["CheckpointCorrupt", "CheckpointError", "CheckpointMismatch", "latest_checkpoint", "load_checkpoint",

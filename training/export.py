@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 from conf.spec import ModelSpec
-from conf.tokenizer_info import (TIKTOKEN_MODEL, TOKENIZER_FILE, TokenizerInfo,
-                                  read_tokenizer_info)
+from conf.data_contract.tokenizer_info import (TIKTOKEN_MODEL, TOKENIZER_FILE, TokenizerInfo,
+                                               read_tokenizer_info)
 from parallel.cost.params import parameter_shapes
 
 # Our state-dict name -> Hugging Face Llama name; "{i}" is the block index.

@@ -7,9 +7,10 @@ import threading
 import time
 from pathlib import Path
 
-from conf.rundir import RESUME_ROW_KIND, RunDir
+from conf.run_dir.metrics_rows import RESUME_ROW_KIND
+from conf.run_dir.paths import RunDir
 from conf.spec import RunSpec
-from conf.spec_io import spec_to_dict
+from conf.run_dir.spec_io import spec_to_dict
 from training.wandb_logger import per_rank_values
 
 log = logging.getLogger("meshrun.loggers")
@@ -17,7 +18,8 @@ log = logging.getLogger("meshrun.loggers")
 
 class MetricsFile:
     """Appends one JSON object per line and never rewrites the file: a resumed leg starts with
-    a resume marker (conf.rundir.RESUME_ROW_KIND); readers drop the rows it supersedes."""
+    a resume marker (conf.run_dir.metrics_rows.RESUME_ROW_KIND); readers drop the rows it
+    supersedes."""
 
     def __init__(self, run_dir: Path, *, resume_step: int | None) -> None:
         self.path = RunDir(run_dir).metrics_file

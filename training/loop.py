@@ -8,7 +8,8 @@ import time
 
 import torch
 
-from conf.rundir import FAILED_EVENT, RunDir
+from conf.run_dir.metrics_rows import FAILED_EVENT
+from conf.run_dir.paths import RunDir
 from conf.schema import NonFinite
 from parallel.cost.flops import run_flops_convention
 from training.checkpoint import save_checkpoint
@@ -19,7 +20,7 @@ from training.optim import set_lr
 from training.preemption import requeue_job, restart_count, slurm_job_id
 from training.schedule import lr_at
 from training.step import clip_and_step, eval_loss_sum, forward_backward
-from training.summary import summarize, write_summary
+from training.summary_json import summarize, write_summary
 from training.train_state import TrainState, checkpoint_degrees
 
 log = logging.getLogger("meshrun.loop")

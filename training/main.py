@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 
 STARTED = time.time()
 """When this rank's Python reached its entry point (interpreter start-up, ~50 ms, is before)."""
@@ -78,7 +78,7 @@ def preflight(spec, run_dir: Path, ctx, *, full_table: bool) -> None:
     """The checks; the bandwidth table in full for `meshrun preflight` (`full_table`), else
     only up to the first bandwidth-bound size (training.preflight.ENOUGH_MS)."""
     from training.dist import node_name
-    from conf.preflight_report import format_table
+    from conf.run_dir.preflight_report import format_table
     from training.preflight import ENOUGH_MS, run_preflight
 
     report = run_preflight(store=None, rank=ctx.rank, world_size=ctx.world_size,

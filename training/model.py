@@ -8,7 +8,7 @@ not own without renumbering the rest. A stage also drops `tok_embeddings` (not f
 `norm`/`output` (not last); `forward` then takes or returns hidden states. The attention core and
 the SwiGLU product are methods of their own so recompute policies can target them by name, and
 context parallelism sets `rope_positions`, `document_mask` and `Attention.context` per rank.
-Document masking (`data.document_mask`, parallel/documents.py): `forward(tokens, doc_ids=...,
+Document masking (`data.document_mask`, parallel/document_masking.py): `forward(tokens, doc_ids=...,
 doc_positions=...)` builds one block-diagonal causal mask per forward for every block and
 gives RoPE each token's position inside its document.
 
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conf.spec import Llama3RopeScaling, ModelSpec
-from parallel.documents import local_document_mask, masked_attention
+from parallel.document_masking import local_document_mask, masked_attention
 from training.loss import chunked_head_loss_sum
 
 
@@ -237,7 +237,7 @@ class Transformer(nn.Module):
         sum of their cross entropies instead, the head run `loss_chunks` row blocks at a time
         (training/loss.py `chunked_head_loss_sum`; never the whole logits at once).
 
-        Document masking (parallel/documents.py): `doc_ids` [B, T] and `doc_positions` [B, T]
+        Document masking (parallel/document_masking.py): `doc_ids` [B, T] and `doc_positions` [B, T]
         of these tokens (this cp rank's share) keep attention inside each document and give
         RoPE each token's position inside its document. None: one causal sequence."""
         cos, sin = self.rope_tables(doc_positions)

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from conf.rundir import RunDir
-from conf.preflight_report import KIB, MIB, format_size
+from conf.run_dir.paths import RunDir
+from conf.run_dir.preflight_report import KIB, MIB, format_size
 
 DEFAULT_SIZES_BYTES = (4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB,
                        64 * MIB)

@@ -4,7 +4,7 @@ torch 2.13's `FileSystemReader.read_metadata` calls `pickle.load` on `.metadata`
 `DefaultLoadPlanner.load_bytes` calls `torch.load(weights_only=False)` on every non-tensor
 entry: a planted file in someone else's run dir would run code on `checkpoint.load_from`.
 Here `.metadata` is read by an Unpickler that resolves only the allow-list in
-conf.checkpoint_verify, and byte entries (optimizer hyper-parameters) load with
+conf.run_dir.checkpoint_verify, and byte entries (optimizer hyper-parameters) load with
 weights_only=True.
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from conf.checkpoint_verify import AllowListUnpickler, UnsafeCheckpoint, refusal
+from conf.run_dir.checkpoint_verify import AllowListUnpickler, UnsafeCheckpoint, refusal
 
 
 class _MetadataUnpickler(AllowListUnpickler):
-    """The allow-list of conf.checkpoint_verify, resolving the real classes (and only dtypes
+    """The allow-list of conf.run_dir.checkpoint_verify, resolving the real classes (and only dtypes
     or torch.Size from the torch namespace)."""
 
     def resolve(self, module: str, name: str):

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from conf.spec import ClusterSpec
 
 PORT_BASE, PORT_SPAN = 20000, 20000

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from parallel.data_parallel import gradient_sync
-from parallel.documents import document_ids_and_positions, own_document_targets
+from parallel.document_masking import document_ids_and_positions, own_document_targets
 from parallel.grad_norm import clip_grads
 from training.parallel_model import ParallelModel
 from training.loss import IGNORE_INDEX, token_cross_entropy_sum

@@ -6,15 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from conf.rundir import RunDir, find_checkpoint
-from conf.checkpoint_dirs import complete_checkpoints, latest_checkpoint
+from conf.run_dir.paths import RunDir, find_checkpoint
+from conf.run_dir.checkpoint_dirs import complete_checkpoints, latest_checkpoint
 from conf.hf_model_config import is_hf_model_dir
 from conf.spec import RunSpec
 from parallel.cost.devices import PeakFlops
 from parallel.cost.flops import flops_per_token
 from parallel.dims import ParallelDims
 from training.checkpoint import CheckpointCorrupt, CheckpointError, load_checkpoint
-from training.data import build_train_batches, build_val_batches
+from training.data.build import build_train_batches, build_val_batches
 from training.dist import RankContext
 from training.parallel_model import ParallelModel, build_parallel_model
 from training.loggers import BackgroundWandb, RunLoggers

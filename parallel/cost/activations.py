@@ -192,7 +192,7 @@ def document_mask_bytes(*, recompute: RecomputeSpec, layers: list[int], seq: int
                         split: ActivationSplit) -> int:
     """The dense document mask of the SDPA path (CPU; CUDA builds a flex BlockMask, tiles
     only): ONE additive mask [micro_batch, seq, seq x cp] in the compute dtype per forward,
-    shared by every block (parallel/documents.py `DenseDocumentMask`, which SDPA saves); and,
+    shared by every block (parallel/document_masking.py `DenseDocumentMask`, which SDPA saves); and,
     while a checkpoint holds the mask object as an input to re-run attention, the boolean
     mask too (1 byte an entry)."""
     if not split.document_mask or device_type != "cpu" or not layers:

@@ -26,7 +26,8 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from conf.rundir import RunDir, read_metrics_rows
+from conf.run_dir.metrics_rows import read_metrics_rows
+from conf.run_dir.paths import RunDir
 from conf.spec import RunSpec
 from parallel.cost.plan import Plan, make_plan
 from parallel.cost.step_time import (Hardware, block_passes, bubble_factor, estimate_time,

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from conf.spec import RunSpec
-from conf.spec_io import spec_from_dict
+from conf.run_dir.spec_io import spec_from_dict
 from tests.distributed.peak_memory import LiveBytes, state_tensors, warm_optimizers
 
 CPU = torch.device("cpu")
@@ -133,7 +133,7 @@ def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
     against the plan's (estimate_memory(...).total)."""
     from parallel.cost.memory import estimate_memory, layout_activation_bytes
     from training.optim import build_optimizers
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.step import document_inputs
     from tests.distributed.pipeline_memory import pipeline_rows

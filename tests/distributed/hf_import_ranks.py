@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
 from conf.spec import RunSpec
-from conf.spec_io import spec_from_dict
+from conf.run_dir.spec_io import spec_from_dict
 from training.export import hf_name
 from training.hf_import import load_hf_weights, weight_files
 

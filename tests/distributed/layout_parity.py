@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from conf.spec import RunSpec
-from conf.spec_io import spec_from_dict
+from conf.run_dir.spec_io import spec_from_dict
 
 ATOL, RTOL = 5e-6, 1e-4
 CPU = torch.device("cpu")
@@ -48,7 +48,7 @@ def named_params(layout) -> dict[str, torch.Tensor]:
 
 def reference_update(spec: RunSpec):
     """Loss (mean over the global batch), grads and params after one step, in one process."""
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import ParallelModel
     from training.model import build_model
     from training.optim import build_optimizer
@@ -69,7 +69,7 @@ def reference_update(spec: RunSpec):
 
 
 def layout_update(spec: RunSpec, rank: int):
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.optim import build_optimizers
     from training.step import clip_and_step, forward_backward

@@ -28,7 +28,8 @@ from training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from conf.checkpoint_dirs import latest_checkpoint, read_checkpoint_meta, step_dir, tmp_step_dir
+from conf.run_dir.checkpoint_dirs import (latest_checkpoint, read_checkpoint_meta, step_dir,
+                                          tmp_step_dir)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = {"parallel": {"dp_replicate": 2, "tp": 1, "pp": 1}}
@@ -273,7 +274,8 @@ def test_unloadable_extra_is_refused_at_save_time(tmp_path):
 
 
 def test_checkpoint_folder_rules_do_not_import_torch():
-    code = ("import sys, json, conf.rundir; "
+    code = ("import sys, json, conf.run_dir.run_states, conf.run_dir.outcomes, "
+            "conf.run_dir.checkpoint_verify; "
             "print(json.dumps('torch' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True,
                          capture_output=True, text=True).stdout

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from conf.checkpoint_verify import checkpoint_problems, file_digest, prelaunch_problem
+from conf.run_dir.checkpoint_verify import checkpoint_problems, file_digest, prelaunch_problem
 from training.checkpoint import CheckpointCorrupt, load_checkpoint, save_checkpoint
 from training.safe_dcp import SafeLoadPlanner
 
@@ -120,7 +120,7 @@ def test_byte_entries_load_without_arbitrary_unpickling(tmp_path):
 
 def test_a_full_disk_says_so_plainly_and_leaves_nothing_complete(tmp_path, monkeypatch):
     import training.checkpoint as checkpoint
-    from conf.checkpoint_dirs import latest_checkpoint
+    from conf.run_dir.checkpoint_dirs import latest_checkpoint
 
     def no_space(*args, **kwargs):
         raise OSError(28, os.strerror(28))

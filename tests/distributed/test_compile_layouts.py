@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from conf.spec import RunSpec
-from conf.spec_io import spec_from_dict, spec_to_dict
+from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
 from tests.distributed.layout_parity import assert_same_update, full, named_params
 from tests.distributed.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
@@ -72,7 +72,7 @@ PLANNED_BREAK = "ContextParallelAttention.__call__"
 
 def _update(spec, rank: int):
     """Loss (global mean), full grads and params after one step of this rank's layout."""
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.optim import build_optimizers
     from training.parallel_model import build_parallel_model
     from training.step import clip_and_step, forward_backward

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conf.spec_io import spec_to_dict
+from conf.run_dir.spec_io import spec_to_dict
 from tests.distributed.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 
@@ -15,7 +15,7 @@ def peak_rank(*, rank: int, world_size: int, spec_dict: dict) -> tuple:
     import torch
 
     from conf.spec import RunSpec
-    from conf.spec_io import spec_from_dict
+    from conf.run_dir.spec_io import spec_from_dict
     from training import metrics
 
     timed = []

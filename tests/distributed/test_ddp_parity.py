@@ -47,7 +47,7 @@ def one_update(model, micro_batches, spec: RunSpec):
 
 def reference_batches(spec: RunSpec):
     """The whole global batch as one micro-batch of one process."""
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
 
     t = dataclasses.replace(spec.training, micro_batch_size=spec.training.global_batch_size,
                             grad_accum_steps=1)
@@ -56,7 +56,7 @@ def reference_batches(spec: RunSpec):
 
 def test_gradient_accumulation_matches_one_big_batch():
     """One process: 4 micro-batches of 2 accumulate to the gradients of one batch of 8."""
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.model import build_model
 
     spec = cpu_spec("model=tiny", "data=synthetic", "training.seq_len=32", "parallel=single", PARITY_LR,

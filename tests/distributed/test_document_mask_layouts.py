@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from conf.spec import RunSpec
-from conf.spec_io import spec_from_dict, spec_to_dict
+from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
 from tests.distributed.layout_parity import full, named_params
 from tests.distributed.spawn import run_on_ranks
 from tests.support.specs import cpu_spec

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from conf.spec_io import spec_to_dict
+from conf.run_dir.spec_io import spec_to_dict
 from tests.distributed.activation_memory import activation_rank
 from tests.distributed.spawn import run_on_ranks
 from tests.support.specs import cpu_spec

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from tests.distributed.test_e2e_runs import meshrun, only_run_dir, train_losses
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conf.checkpoint_dirs import is_complete_checkpoint
-from conf.rundir import RunDir
+from conf.run_dir.checkpoint_dirs import is_complete_checkpoint
+from conf.run_dir.paths import RunDir
 from tests.distributed.test_e2e_runs import REPO, meshrun, only_run_dir, train_losses
 from tests.distributed.test_run_lifetime import meshrun as meshrun_argv
 from tests.distributed.test_run_lifetime import survivors, training_started, wait_for

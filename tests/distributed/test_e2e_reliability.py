@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conf.rundir import RunDir, state_from_files
+from conf.run_dir.paths import RunDir
+from conf.run_dir.run_states import state_from_files
 from tests.distributed.test_e2e_runs import meshrun, only_run_dir
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from launcher.warm_agent import WARM_MARK
 from tests.support.wandb_reader import read_runs
 

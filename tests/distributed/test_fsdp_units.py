@@ -13,7 +13,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from conf.spec import RunSpec
-from conf.spec_io import spec_from_dict, spec_to_dict
+from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
 from parallel.cost.activations import DTYPE_BYTES
 from parallel.cost.memory import weight_copy_bytes
 from parallel.cost.params import numel, parameter_shapes
@@ -30,7 +30,7 @@ CASES = {"zero3": ("parallel.zero=3",), "zero2": ("parallel.zero=2",),
 
 def gathered_after_forward(*, rank: int, world_size: int, spec_dicts: dict) -> dict:
     """Per case: {parameter name: bytes} of the weights not sharded when forward returns."""
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.step import forward_backward
     from training.precision import autocast_context

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conf.spec_io import spec_to_dict
+from conf.run_dir.spec_io import spec_to_dict
 from parallel.cost.params import parameter_shapes, tp_local_shape
 from tests.distributed.hf_import_ranks import hf_layout_rank
 from tests.distributed.spawn import run_on_ranks

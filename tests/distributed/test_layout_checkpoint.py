@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conf.spec import RunSpec
-from conf.spec_io import spec_from_dict, spec_to_dict
+from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
 from tests.distributed.layout_parity import ATOL, CPU, RTOL, full, named_params
 from tests.distributed.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
@@ -33,7 +33,7 @@ class Run:
     """One layout's live training state on this rank."""
 
     def __init__(self, spec: RunSpec, rank: int):
-        from training.data import build_train_batches
+        from training.data.build import build_train_batches
         from training.parallel_model import build_parallel_model
         from training.optim import build_optimizers
 

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from conf.spec_io import spec_from_dict, spec_to_dict
+from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
 from conf.spec import RunSpec
 from tests.distributed.spawn import run_on_ranks
 from tests.support.specs import cpu_spec

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conf.spec import RunSpec
-from conf.spec_io import spec_from_dict, spec_to_dict
+from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
 from tests.distributed.spawn import run_on_ranks
 from tests.distributed.test_ddp_parity import ATOL, RTOL, reference_batches, synthetic_spec
 
@@ -161,7 +161,7 @@ def pipeline_rank(*, rank: int, world_size: int, cases: dict[str, dict],
                   fsdp_cases: set[str]) -> dict[str, dict]:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
 
     mesh = init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("pp", "dp"))
     pp_group = mesh["pp"].get_group()

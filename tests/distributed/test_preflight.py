@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed.spawn import run_on_ranks
-from conf.preflight_report import format_table
+from conf.run_dir.preflight_report import format_table
 from training.preflight import (DEFAULT_SIZES_BYTES, MIN_ROWS, PreflightError, bandwidth_bound,
                                 bandwidth_table, check_all_reduce, format_ranks, iters_for,
                                 run_preflight, shortened_note, wait_for_ranks)

@@ -58,8 +58,8 @@ def _reference_first_loss(reference, run_dir: Path) -> float:
     import torch
     import torch.nn.functional as F
 
-    from conf.rundir import RunDir
-    from training.data import build_train_batches
+    from conf.run_dir.paths import RunDir
+    from training.data.build import build_train_batches
 
     spec = RunDir(run_dir).read_spec()
     ((inputs, targets),) = build_train_batches(spec.data, spec.training, dp_rank=0,

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conf.rundir import RunDir, RunState, state_from_files
-from conf.checkpoint_dirs import checkpoint_step
+from conf.run_dir.paths import RunDir
+from conf.run_dir.run_states import RunState, state_from_files
+from conf.run_dir.checkpoint_dirs import checkpoint_step
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 REPO = Path(__file__).resolve().parents[2]

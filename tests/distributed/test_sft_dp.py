@@ -40,9 +40,9 @@ def sft_dp_rank(*, rank: int, world_size: int, prepared: str) -> dict:
     from tests.distributed.layout_parity import full, named_params
     from tests.support.specs import cpu_spec
     from tests.unit.test_sft_data import _hand_loss
-    from conf.prepared import read_manifest
+    from conf.data_contract.prepared_corpus import read_manifest
     from pathlib import Path
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.loss import IGNORE_INDEX
     from training.model import build_model
     from training.parallel_model import build_parallel_model

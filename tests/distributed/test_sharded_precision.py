@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conf.spec import RunSpec
-from conf.spec_io import spec_from_dict, spec_to_dict
+from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
 from tests.distributed.layout_parity import CPU, full, local_bytes, named_params
 from tests.distributed.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
@@ -21,7 +21,7 @@ BASE = ("model=tiny", "data=synthetic", "training.seq_len=32", "training.micro_b
 
 
 def _setup(spec: RunSpec, rank: int):
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.optim import build_optimizers
     from training.precision import autocast_context, build_grad_scaler

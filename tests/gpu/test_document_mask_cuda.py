@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parallel.documents import document_ids_and_positions, document_mask, masked_attention
+from parallel.document_masking import document_ids_and_positions, document_mask, masked_attention
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -40,7 +40,7 @@ def _cuda_spec(policy: str, extra: tuple[str, ...] = ()):
 
 
 def _peak_of_second_step(spec) -> int:
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.optim import build_optimizers
     from training.parallel_model import build_parallel_model
     from training.precision import autocast_context

@@ -47,7 +47,7 @@ def _cuda_spec(policy: str, micro_batch: int):
 
 def measured_step_s(spec, device: torch.device) -> float:
     """Median seconds of the trainer's step after WARMUP_STEPS (on `device`)."""
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
     from training.optim import build_optimizers
     from training.parallel_model import build_parallel_model
     from training.precision import autocast_context

@@ -30,7 +30,7 @@ def train_run_dirs(*, rank: int, world_size: int, run_dirs: list[str]) -> list[s
     """Rank side: train every run dir in turn in this process group; return the outcomes."""
     import torch
 
-    from conf.rundir import RunDir
+    from conf.run_dir.paths import RunDir
     from training.dist import RankContext
     from training.loop import train
     from training.train_state import build_train_state

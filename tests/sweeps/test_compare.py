@@ -21,7 +21,7 @@ from rich.console import Console
 
 from conf.errors import ConfigError
 from conf.spec import HostSpec
-from conf.spec_io import write_spec
+from conf.run_dir.spec_io import write_spec
 from sweeps.compare import collect_runs, differing_keys, select_runs, table_rows
 from sweeps.compare_cli import register_compare
 from sweeps.report import render_report

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conf.rundir import state_after_exit, state_from_files
+from conf.run_dir.run_states import state_after_exit, state_from_files
 from conf.spec import HostSpec
 from launcher.slurm_state import state_from_scheduler
 from sweeps.expand import expand

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from tests.support.loop_runs import prepare_run_dir
 from tests.support.specs import cpu_spec
 from tests.support.wandb_reader import read_runs

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from conf.search_path import ENV_VAR
 from tests.unit.test_user_configs import write_user_configs
 

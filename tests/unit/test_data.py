@@ -1,4 +1,4 @@
-"""Corpus preparation (launcher/data_prep.py) and rank-side batches (training/data.py)."""
+"""Corpus preparation (launcher/data_prep.py) and rank-side batches (training/data/batches.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -14,15 +14,9 @@ import torch
 from conf.schema import DataKind, DeviceKind
 from conf.spec import TOKEN_DTYPES, DataSpec, TrainingSpec
 from launcher import data_prep
-from training.data import (
-    SyntheticBatches,
-    TokenDataset,
-    TrainBatches,
-    build_train_batches,
-    build_val_batches,
-    check_token_ids,
-    val_batches,
-)
+from training.data.batches import SyntheticBatches, TrainBatches, val_batches
+from training.data.build import build_train_batches, build_val_batches
+from training.data.token_windows import TokenDataset, check_token_ids
 from launcher.data_prep import expand_token_files, prepare_stdlib_corpus, stdlib_corpus_dir
 
 REPO = Path(__file__).resolve().parents[2]

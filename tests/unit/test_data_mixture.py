@@ -13,8 +13,8 @@ from conf.errors import ConfigError
 from launcher.hf_tokenizer import train_bpe
 from launcher.shards import PrepareOptions, prepare
 from launcher.sft_prepare import SftOptions, prepare_sft
-from training.data import TokenDataset
-from training.mixture import MixtureBatches
+from training.data.token_windows import TokenDataset
+from training.data.mixture import MixtureBatches
 
 SEQ = 15
 WORDS = {"a": "alpha beta gamma delta".split(), "z": "zulu yankee xray whiskey".split()}
@@ -51,7 +51,7 @@ def _batches(sources, **kw):
 
 
 def _windows_of(source: str) -> set[tuple]:
-    from conf.prepared import read_manifest, shard_paths
+    from conf.data_contract.prepared_corpus import read_manifest, shard_paths
 
     m = read_manifest(source)
     data = TokenDataset(shard_paths(source, m, "train"), dtype=m["dtype"], seq_len=SEQ)
@@ -97,7 +97,7 @@ def test_any_dp_degree_sees_the_same_global_batches_and_resume_is_exact(sources)
 
 def test_resolve_checks_sources_and_weights(sources, tmp_path):
     from tests.support.specs import cpu_spec
-    from training.data import build_train_batches
+    from training.data.build import build_train_batches
 
     base = ["model=tiny", "data=files", "parallel=single", "model.vocab_size=300",
             f"training.seq_len={SEQ}", f"data.sources=[{sources[0]},{sources[1]}]"]

@@ -15,7 +15,7 @@ import pytest
 
 from conf.compose import compose_config
 from conf.errors import ConfigError
-from conf.prepared import MANIFEST, read_manifest
+from conf.data_contract.prepared_corpus import MANIFEST, read_manifest
 from conf.resolve import resolve
 from conf.spec import HostSpec
 from launcher import shards

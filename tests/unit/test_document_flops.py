@@ -57,7 +57,7 @@ def test_document_mask_keeps_dense_flops_and_names_the_most_it_overstates(model)
 
 
 def test_summary_json_names_the_runs_convention(tmp_path):
-    from training.summary import summarize
+    from training.summary_json import summarize
 
     masked = _masked(cpu_spec("model=tiny", "data=synthetic"))
     (tmp_path / "metrics.jsonl").write_text("")

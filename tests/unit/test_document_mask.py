@@ -1,4 +1,4 @@
-"""Document masking in one process (parallel/documents.py, training/model.py): document ids
+"""Document masking in one process (parallel/document_masking.py, training/model.py): document ids
 and positions from EOS tokens, a packed batch equal to its documents run one by one (per
 document losses and logits, RoPE rows, gradients; fp32), the knob off leaving the model's
 plain causal path untouched, and resolve() refusing data.document_mask where no token ends a
@@ -14,7 +14,7 @@ from conf.compose import compose_config
 from conf.errors import ConfigError
 from conf.resolve import resolve
 from conf.spec import HostSpec
-from parallel.documents import document_ids_and_positions
+from parallel.document_masking import document_ids_and_positions
 from tests.unit._specs import tiny_model_spec
 from training.loss import IGNORE_INDEX
 from training.model import build_model
@@ -206,7 +206,7 @@ def test_flex_block_mask_equals_the_sdpa_mask():
 
     from torch.nn.attention.flex_attention import flex_attention
 
-    from parallel.documents import DenseDocumentMask, document_mask, masked_attention
+    from parallel.document_masking import DenseDocumentMask, document_mask, masked_attention
 
     torch.manual_seed(0)
     tokens = torch.randint(EOS + 1, 50, (2, 40))
@@ -284,7 +284,7 @@ def test_blockwise_block_mask_equals_torchs_dense_build(batch, q_len, k_len, chu
     query shard (q_len < k_len) and one-chunk builds."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from parallel.documents import _allowed, blockwise_block_mask
+    from parallel.document_masking import _allowed, blockwise_block_mask
 
     torch.manual_seed(1)
     tokens = torch.randint(EOS + 1, 50, (batch, k_len))
@@ -317,7 +317,7 @@ def test_blockwise_block_mask_never_makes_the_whole_dense_mask():
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
-    from parallel.documents import FLEX_BLOCK, _allowed, blockwise_block_mask
+    from parallel.document_masking import FLEX_BLOCK, _allowed, blockwise_block_mask
 
     class Largest(TorchDispatchMode):
         bytes = 0

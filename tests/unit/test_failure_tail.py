@@ -1,7 +1,8 @@
 """failure_tail shows the log of the rank that failed first, not a peer's collateral error."""
 from __future__ import annotations
 
-from conf.rundir import RunDir, failure_tail, first_failure
+from conf.run_dir.failure_diagnosis import failure_tail, first_failure
+from conf.run_dir.paths import RunDir
 
 def entry(rank: int, exitcode: str, traceback: str) -> str:
     """One failure as torchrun's error summary lists it."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from launcher.status import print_status, run_status
 from launcher.summary import print_summary
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.support.specs import cpu_spec
-from training.data import build_train_batches
+from training.data.build import build_train_batches
 from training.parallel_model import ParallelModel
 from training.model import build_model
 from training.optim import build_optimizer

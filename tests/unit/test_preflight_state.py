@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from conf.rundir import (ACTIVE_STATES, PREFLIGHT_EVENT, RETRYABLE_STATES, RunState,
-                         state_after_exit, state_from_files)
+from conf.run_dir.metrics_rows import PREFLIGHT_EVENT
+from conf.run_dir.run_states import (ACTIVE_STATES, RETRYABLE_STATES, RunState, state_after_exit,
+                                     state_from_files)
 from launcher.slurm_state import state_from_scheduler
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from conf.compose import compose_config
 from conf.resolve import resolve
-from conf.rundir import RunDir
-from conf.spec_io import write_spec
+from conf.run_dir.paths import RunDir
+from conf.run_dir.spec_io import write_spec
 from launcher import cli
 from parallel.dims import ParallelDims
 from tests.support.specs import CPU_HOST

@@ -41,7 +41,7 @@ def test_leg_overrides_follow_the_newest_resume(tmp_path):
     """A plain resume continues with the newest leg's overrides, not the first run's."""
     import json as _json
 
-    from conf.rundir import LEG_UNPAUSE, RunDir
+    from conf.run_dir.paths import LEG_UNPAUSE, RunDir
 
     rd = RunDir(tmp_path)
     rd.overrides_file.write_text(_json.dumps(["training.steps=20", "training.stop_at_step=5"]))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conf.prepared import MANIFEST
+from conf.data_contract.prepared_corpus import MANIFEST
 from launcher.hf_tokenizer import load_tokenizer, train_bpe
 from launcher.sft_pack import first_fit_decreasing, packing_efficiency
 from launcher.sft_prepare import SftOptions, encode_conversation, prepare_sft
@@ -299,7 +299,7 @@ def _runs(targets: torch.Tensor) -> list[list[int]]:
 
 
 def test_batches_are_whole_bins_with_targets_masked_and_shifted(tok_dir, tmp_path):
-    from training.sft_data import PackedBins
+    from training.data.sft_batches import PackedBins
 
     out, m, lines, learned = _prepared_two_turns(tok_dir, tmp_path)
     tok = load_tokenizer(tok_dir)
@@ -345,9 +345,9 @@ def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_p
     """2 micro-batches of 1 bin with different learned counts: the step's loss and gradients
     are those of the mean over all learned tokens of both (not a mean of the two means)."""
     from tests.support.specs import cpu_spec
-    from training.data import build_train_batches, build_val_batches
+    from training.data.build import build_train_batches, build_val_batches
     from training.model import build_model
-    from training.sft_data import PackedBins
+    from training.data.sft_batches import PackedBins
     from training.parallel_model import ParallelModel
     from training.step import forward_backward
 
@@ -402,7 +402,7 @@ def test_packing_efficiency_of_a_chat_length_distribution():
 
 
 def test_sft_batches_resume_after_a_step_and_refuse_other_data(tok_dir, tmp_path):
-    from training.sft_data import SftTrainBatches
+    from training.data.sft_batches import SftTrainBatches
 
     out, *_ = _prepared_two_turns(tok_dir, tmp_path)
     common = dict(prepared=str(out), seq_len=191, seed=7, global_batch_size=2,

@@ -17,7 +17,7 @@ from conf.errors import ConfigError
 from launcher.hf_tokenizer import load_tokenizer
 from launcher.sft_prepare import SftOptions, encode_conversation, prepare_sft
 from launcher.sft_template import load_chat_template
-from parallel.documents import document_ids_and_positions
+from parallel.document_masking import document_ids_and_positions
 from tests.support.specs import cpu_spec
 from tests.unit.test_sft_data import TWO_TURNS, trained_tokenizer
 from training.loss import IGNORE_INDEX
@@ -98,7 +98,7 @@ def _packed_step(spec, model, inputs, targets, *, boundary: int):
 
 def test_packed_conversations_with_eos_turns_equal_each_alone(tok_dir, tmp_path):
     from training.model import build_model
-    from training.sft_data import PackedBins
+    from training.data.sft_batches import PackedBins
     from training.step import token_loss_sum
 
     tok = eos_turns_tokenizer(tok_dir, tmp_path / "eos_turns")

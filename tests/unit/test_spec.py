@@ -9,7 +9,7 @@ from enum import Enum
 import pytest
 
 from conf import schema, spec
-from conf.spec_io import read_spec, spec_to_dict, write_spec
+from conf.run_dir.spec_io import read_spec, spec_to_dict, write_spec
 from parallel.dims import ParallelDims
 from tests.support.specs import cpu_spec
 

@@ -9,7 +9,7 @@ from functools import lru_cache
 import pytest
 
 from conf.errors import ConfigError
-from conf.spec_io import write_spec
+from conf.run_dir.spec_io import write_spec
 from parallel.cost.calibrate import Sample, calibrate, fit_compute, fit_link, predict
 from parallel.cost.calibrate_store import CONSTANTS, SCHEMA, load_entry
 from parallel.cost.comm import Collective, Link, axis_is_intra_node, collective_s, exposed_s

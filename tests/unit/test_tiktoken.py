@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conf.tokenizer_info import LLAMA3_SPECIALS, read_tokenizer_info, tokenizer_file
+from conf.data_contract.tokenizer_info import LLAMA3_SPECIALS, read_tokenizer_info, tokenizer_file
 from launcher.hf_tokenizer import load_tokenizer
 
 tiktoken = pytest.importorskip("tiktoken")

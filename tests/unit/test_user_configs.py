@@ -13,7 +13,7 @@ import pytest
 from conf.compose import compose_config, compose_many
 from conf.errors import ConfigError
 from conf.resolve import resolve
-from conf.rundir import ENV_FILE
+from conf.run_dir.paths import ENV_FILE
 from conf.search_path import ENV_VAR, config_dirs, group_options
 from conf.spec import HostSpec
 from launcher.cli import main

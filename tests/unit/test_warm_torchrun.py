@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conf.rundir import RunDir
+from conf.run_dir.paths import RunDir
 from launcher.local import TORCHRUN, start_torchrun
 from launcher.runlock import acquire_run_lock
 from launcher.warm_agent import WARM_MARK

@@ -1,14 +1,16 @@
 """summary.json: the final numbers of a run, computed from metrics.jsonl (the source of truth).
 
-The numbers (and the reader of metrics.jsonl) live in `conf.rundir`, which `meshrun compare`
-uses too; this adds where they came from (FLOPs convention, peak, checkpoint, export).
+The numbers (`conf.run_dir.outcomes`) and the reader of metrics.jsonl
+(`conf.run_dir.metrics_rows`) live in conf, which `meshrun compare` uses too; this adds where
+they came from (FLOPs convention, peak, checkpoint, export).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from conf.rundir import RunDir, outcomes_from_rows
+from conf.run_dir.outcomes import outcomes_from_rows
+from conf.run_dir.paths import RunDir
 from parallel.cost.flops import FLOPS_CONVENTION
 from training.metrics import FLOPS_ATTENTION
 

@@ -7,7 +7,7 @@ covers exactly the assistant tokens the chat template marks. Conversations in a 
 the separator the manifest records (`document_separator_id`, never learned), which
 data.document_mask takes as the document boundary (conf/document_rules.py), so a conversation
 whose template ends turns with EOS stays one document. Order, sharding by dp rank and resume
-are those of every training batch stream (training/data.py); validation is the val split's
+are those of every training batch stream (training/data/batches.py); validation is the val split's
 bins (split by conversation when prepared).
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from conf.prepared import read_manifest, shard_paths
-from training.data import (MicroBatch, ShuffledOrder, TokenDataset, ValBatches, _StepBatches,
-                           check_token_ids)
+from conf.data_contract.prepared_corpus import read_manifest, shard_paths
+from training.data.batches import MicroBatch, ValBatches, _StepBatches
+from training.data.token_windows import ShuffledOrder, TokenDataset, check_token_ids
 from training.loss import IGNORE_INDEX
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from conf.errors import ProblemList
 from conf.schema import DataConfig, DataKind
 from conf.spec import TOKEN_DTYPES
-from conf.tokenizer_info import read_tokenizer_info
+from conf.data_contract.tokenizer_info import read_tokenizer_info
 
 MANIFEST = "manifest.json"
 FORMAT = "meshrun-tokens/1"

@@ -1,4 +1,6 @@
-"""Rank-side data: memory-mapped token files cut into samples, seeded order, sharded by dp rank.
+"""Batch streams: training samples (token-file windows, training/data/token_windows.py, or
+synthetic tokens) in a seeded order, sharded by dp rank and cut into micro-batches; validation
+batches fixed across evaluations.
 
 A sample is a non-overlapping window of seq_len+1 tokens over the token files concatenated
 logically (input = window[:-1], target = window[1:]). Epoch e visits every window once, in a
@@ -10,104 +12,15 @@ micro-batches. Ranks that differ only in tp/pp/cp coordinates share a dp rank an
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from conf.schema import DataKind
-from conf.corpus import STDLIB_TOKEN_DTYPE
-from conf.prepared import is_sft, read_manifest
-from conf.spec import TOKEN_DTYPES, DataSpec, TrainingSpec
+from training.data.token_windows import ShuffledOrder, TokenDataset, check_token_ids
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
 """(inputs, targets), both int64 [micro_batch_size, seq_len]."""
-
-
-def open_token_file(path: str, *, dtype: str) -> np.ndarray:
-    """Memory-map a 1-D token file: .npy (its own dtype) or raw .bin of `dtype`, one of
-    conf.spec.TOKEN_DTYPES (the table resolve() checks data.dtype against)."""
-    if path.endswith(".npy"):
-        tokens = np.load(path, mmap_mode="r")
-        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-            raise ValueError(f"{path}: expected a 1-D integer array, got {tokens.ndim}-D "
-                             f"{tokens.dtype}")
-        return tokens
-    if dtype not in TOKEN_DTYPES:
-        raise ValueError(f"data.dtype={dtype!r}: raw token files need one of "
-                         f"{', '.join(TOKEN_DTYPES)}")
-    item_size = TOKEN_DTYPES[dtype]
-    assert np.dtype(dtype).itemsize == item_size, (dtype, item_size)
-    size = os.path.getsize(path)
-    if size % item_size:
-        raise ValueError(f"{path}: {size} bytes is not a whole number of {dtype} tokens "
-                         "(is data.dtype right?)")
-    if size == 0:
-        return np.empty(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
-
-
-class TokenDataset:
-    """Non-overlapping windows of seq_len+1 tokens over token files concatenated in order."""
-
-    def __init__(self, files: Sequence[str], *, dtype: str, seq_len: int):
-        if not files:
-            raise ValueError("no token files given")
-        self.files = tuple(files)
-        self.seq_len = seq_len
-        self._arrays = [open_token_file(f, dtype=dtype) for f in self.files]
-        self._starts = np.cumsum([0] + [len(a) for a in self._arrays])
-        self.n_tokens = int(self._starts[-1])
-        self.n_windows = self.n_tokens // (seq_len + 1)
-        if self.n_windows == 0:
-            raise ValueError(f"{len(files)} token file(s) ({self.files[0]}, ...) hold "
-                             f"{self.n_tokens} tokens: fewer than one sample of "
-                             f"seq_len+1={seq_len + 1}")
-
-    def __len__(self) -> int:
-        return self.n_windows
-
-    def windows(self, indices: np.ndarray) -> np.ndarray:
-        """int64 [len(indices), seq_len+1]: the windows at these indices."""
-        length = self.seq_len + 1
-        return np.stack([self._read(int(i) * length, length) for i in indices])
-
-    def _read(self, start: int, length: int) -> np.ndarray:
-        file_index = int(np.searchsorted(self._starts, start, side="right")) - 1
-        parts = []
-        while length > 0:
-            tokens = self._arrays[file_index]
-            offset = start - int(self._starts[file_index])
-            take = min(length, len(tokens) - offset)
-            parts.append(tokens[offset:offset + take])
-            start, length, file_index = start + take, length - take, file_index + 1
-        return np.concatenate(parts).astype(np.int64)
-
-
-class ShuffledOrder:
-    """Global sample index -> window index; epoch e is a permutation drawn from (seed, e)."""
-
-    def __init__(self, *, n_windows: int, seed: int):
-        self.n_windows = n_windows
-        self.seed = seed
-        self._permutations: dict[int, np.ndarray] = {}
-
-    def window_indices(self, positions: np.ndarray) -> np.ndarray:
-        epochs, offsets = np.divmod(positions, self.n_windows)
-        result = np.empty_like(positions)
-        for epoch in np.unique(epochs):
-            in_epoch = epochs == epoch
-            result[in_epoch] = self._permutation(int(epoch))[offsets[in_epoch]]
-        return result
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        if epoch not in self._permutations:
-            if len(self._permutations) >= 2:  # a batch spans at most two epochs in practice
-                self._permutations.pop(min(self._permutations))
-            rng = np.random.default_rng((self.seed, epoch))
-            self._permutations[epoch] = rng.permutation(self.n_windows)
-        return self._permutations[epoch]
 
 
 def rank_micro_batch_positions(*, position: int, global_batch_size: int, micro_batch_size: int,
@@ -245,17 +158,6 @@ def synthetic_samples(positions: np.ndarray, *, vocab_size: int, seq_len: int, s
                      for p in positions])
 
 
-def check_token_ids(windows: np.ndarray, *, vocab_size: int | None,
-                    files: Sequence[str]) -> np.ndarray:
-    if windows.size and int(windows.min()) < 0:  # signed token files (int32, int64)
-        raise ValueError(f"token id {int(windows.min())} in {files[0]}, ... is negative: "
-                         "check data.dtype")
-    if vocab_size is not None and windows.size and int(windows.max()) >= vocab_size:
-        raise ValueError(f"token id {int(windows.max())} in {files[0]}, ... is >= vocab_size "
-                         f"{vocab_size}: raise model.vocab_size or check data.dtype")
-    return windows
-
-
 class ValBatches:
     """A fixed set of validation micro-batches for one dp rank: the same on every iteration.
 
@@ -310,57 +212,3 @@ def synthetic_val_batches(*, vocab_size: int, seq_len: int, seed: int, micro_bat
                                               seed=seed, stream=1),
         n_samples=None, micro_batch_size=micro_batch_size, n_batches=n_batches,
         dp_rank=dp_rank, dp_size=dp_size)
-
-
-def build_train_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
-                        dp_size: int) -> TrainBatches | SyntheticBatches:
-    """The training batches `data.kind` asks for; stdlib and files read data.train_files."""
-    common = dict(seq_len=training.seq_len, seed=training.seed,
-                  global_batch_size=training.global_batch_size,
-                  micro_batch_size=training.micro_batch_size,
-                  grad_accum_steps=training.grad_accum_steps, dp_rank=dp_rank, dp_size=dp_size)
-    if data.kind is DataKind.synthetic:
-        return SyntheticBatches(vocab_size=data.vocab_size, **common)
-    if data.sources:
-        from training.mixture import MixtureBatches
-
-        return MixtureBatches(sources=data.sources, weights=data.weights,
-                              vocab_size=data.vocab_size, **common)
-    if is_sft_data(data):
-        from training.sft_data import SftTrainBatches
-
-        return SftTrainBatches(prepared=data.prepared, vocab_size=data.vocab_size, **common)
-    return TrainBatches(files=_required(data.train_files, "train_files"),
-                        dtype=token_dtype(data), vocab_size=data.vocab_size, **common)
-
-
-def build_val_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
-                      dp_size: int) -> ValBatches:
-    """training.eval_batches validation micro-batches per dp rank, fixed across evaluations."""
-    common = dict(seq_len=training.seq_len, micro_batch_size=training.micro_batch_size,
-                  n_batches=training.eval_batches, dp_rank=dp_rank, dp_size=dp_size)
-    if data.kind is DataKind.synthetic:
-        return synthetic_val_batches(vocab_size=data.vocab_size, seed=training.seed, **common)
-    if is_sft_data(data):
-        from training.sft_data import sft_val_batches
-
-        return sft_val_batches(prepared=data.prepared, vocab_size=data.vocab_size, **common)
-    return val_batches(files=_required(data.val_files, "val_files"), dtype=token_dtype(data),
-                       vocab_size=data.vocab_size, **common)
-
-
-def is_sft_data(data: DataSpec) -> bool:
-    """data.prepared is packed chat data with a loss mask (`meshrun data prepare-sft`)."""
-    return bool(data.prepared) and is_sft(read_manifest(data.prepared))
-
-
-def token_dtype(data: DataSpec) -> str:
-    """Element type of raw token files: uint8 for the stdlib corpus, else data.dtype."""
-    return STDLIB_TOKEN_DTYPE if data.kind is DataKind.stdlib else data.dtype
-
-
-def _required(files: Sequence[str], field: str) -> tuple[str, ...]:
-    if not files:
-        raise ValueError(f"data.{field} is empty: the launcher fills it for stdlib data; "
-                         f"for files data, set data.{field} to a path or glob of token files")
-    return tuple(files)

@@ -22,8 +22,9 @@ import pickle
 import re
 from pathlib import Path
 
-from conf.rundir import CHECKPOINTS_DIR
-from conf.checkpoint_dirs import DCP_METADATA_FILENAME, META_FILENAME, checkpoint_step, complete_checkpoints
+from conf.run_dir.checkpoint_dirs import (DCP_METADATA_FILENAME, META_FILENAME, checkpoint_step,
+                                          complete_checkpoints)
+from conf.run_dir.paths import CHECKPOINTS_DIR
 
 MANIFEST_KEY = "files"
 HASH_NAME = "sha256"

@@ -4,10 +4,10 @@ Global sample g comes from source k with probability w_k: u_g is drawn from (see
 k is where u_g falls among the cumulative normalised weights, so the choice depends on the
 seed and g only, never on the dp degree. Each source keeps a count of the samples taken from it
 over all ranks (`taken`); the i-th sample of source k is window i of its seeded epoch-wise
-shuffled order (training/data.ShuffledOrder), so a source visits every window once per epoch
-of its own. A step draws the sources of the whole global batch (all ranks do, the same way),
-advances the counts, and each dp rank keeps its slice; the counts are in the state dict, so a
-resume continues the same mixture.
+shuffled order (training/data/token_windows.py ShuffledOrder), so a source visits every
+window once per epoch of its own. A step draws the sources of the whole global batch (all ranks
+do, the same way), advances the counts, and each dp rank keeps its slice; the counts are in the
+state dict, so a resume continues the same mixture.
 """
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from conf.prepared import read_manifest, shard_paths
-from training.data import (MicroBatch, ShuffledOrder, TokenDataset, _StepBatches,
-                           check_token_ids, rank_micro_batch_positions, to_micro_batch)
+from conf.data_contract.prepared_corpus import read_manifest, shard_paths
+from training.data.batches import (MicroBatch, _StepBatches, rank_micro_batch_positions,
+                                   to_micro_batch)
+from training.data.token_windows import ShuffledOrder, TokenDataset, check_token_ids
 
 MIX_STREAM = 2
 """Random stream of the source draws (0 and 1 are synthetic train and validation tokens)."""
