@@ -12,14 +12,14 @@ from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
-from conf import name_rules, rules
-from conf.compile_rules import check_compile
-from conf.document_rules import resolve_document_eos
+from conf.rules import cluster_rules as rules, name_rules
+from conf.rules.compile_rules import check_compile
+from conf.rules.document_rules import resolve_document_eos
 from conf.errors import ProblemList
 from conf.hf_model_config import (apply_explicit, check_hf_load_from, is_hf_model_dir,
                                   read_hf_model_config)
-from conf.split_rules import check_model_split, check_recompute
-from conf.parallel_rules import resolve_parallel
+from conf.rules.split_rules import check_model_split, check_recompute
+from conf.rules.parallel_rules import resolve_parallel
 from conf.prepared import check_tokenizer, resolve_prepared, resolve_sources
 from conf.token_files import check_token_files
 from conf.schema import (

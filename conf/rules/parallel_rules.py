@@ -1,7 +1,7 @@
 """Resolve the parallel degrees (at most one auto, product = world size) and the ZeRO stage.
 
 Cross-section rules (heads, vocabulary, layers, sequence and micro-batches against the degrees)
-live in conf/split_rules.py.
+live in conf/rules/split_rules.py.
 """
 from __future__ import annotations
 
