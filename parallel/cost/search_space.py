@@ -31,7 +31,8 @@ from typing import Iterator
 
 from conf.errors import ProblemList
 from conf.rules.parallel_rules import PP_SCHEDULES, check_pipeline_options, check_zero
-from conf.rules.cluster_rules import divisors, resolve_batch
+from conf.rules.field_rules import divisors
+from conf.rules.training_rules import resolve_batch
 from conf.schema import RecomputeConfig, RunConfig
 from conf.spec import DEGREES, ParallelSpec, RecomputeSpec, RunSpec, spec_from_config
 from conf.rules.split_rules import check_model_split, check_pipeline_split, check_recompute

@@ -16,7 +16,7 @@ import pytest
 from conf.compose import compose_config
 from conf.errors import ConfigError
 from conf.resolve import resolve
-from conf.rules.cluster_rules import divisors
+from conf.rules.field_rules import divisors
 from conf.schema import RecomputeConfig, RecomputeMode
 from conf.spec import DEGREES, HostSpec, RecomputeSpec, spec_from_config
 from launcher.cli import main
