@@ -15,6 +15,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
+from conf.degrees import DEGREES
 from conf.errors import ProblemList
 from conf.hf_model_config import (apply_explicit, check_hf_load_from, is_hf_model_dir,
                                   read_hf_model_config)
@@ -37,8 +38,7 @@ from conf.schema import (
 )
 from conf.spec import (
     CheckpointSpec, ClusterSpec, DataSpec, HostSpec, LoggingSpec, ModelSpec, OptimSpec,
-    DEGREES, PrecisionSpec, RecomputeSpec, RunSpec, ScheduleSpec, TrainingSpec,
-    spec_from_config,
+    PrecisionSpec, RecomputeSpec, RunSpec, ScheduleSpec, TrainingSpec, spec_from_config,
 )
 
 BYTE_VOCAB = 256
@@ -77,7 +77,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     check_model_split(parallel, model=model, training=training, precision=precision,
                  problems=problems)
     check_recompute(cfg.recompute, problems)
-    check_compile(compile_=cfg.training.compile, cp=parallel.cp, recompute=cfg.recompute,
+    check_compile(compile_=cfg.training.compile, parallel=parallel, recompute=cfg.recompute,
                   problems=problems)
     problems.raise_if_any()
     return RunSpec(

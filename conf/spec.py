@@ -8,9 +8,11 @@ or changes (with a docstring saying what), plus properties.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Callable
 
+from conf.degrees import DEGREES
 from conf.schema import (
     CheckpointConfig, ClusterConfig, DataConfig, DeviceKind, DType, LoggingConfig,
     ModelConfig, OptimConfig, ParallelConfig, Precision, PrecisionConfig, RecomputeConfig,
@@ -18,9 +20,6 @@ from conf.schema import (
 )
 
 FROZEN = dict(frozen=True, slots=True, kw_only=True)
-
-DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
-"""The parallel degrees; their product is the world size."""
 
 TOKEN_DTYPES = {"uint8": 1, "uint16": 2, "uint32": 4, "int32": 4, "int64": 8}
 """Element types of raw token files (data.dtype): name (numpy's name too) -> bytes per token.
@@ -164,7 +163,8 @@ class PrecisionSpec:
 
 @frozen_from(ParallelConfig)
 class ParallelSpec:
-    """Resolved degrees (none is -1); world_size == product of all of them."""
+    """Resolved degrees (none is -1); world_size == product of all of them (conf/degrees.py
+    says what each degree splits and where its mesh axis goes)."""
 
     pp_microbatches: int
     """Resolved: never -1 (the number of stages when the config said -1)."""
@@ -181,7 +181,7 @@ class ParallelSpec:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return math.prod(getattr(self, degree) for degree in DEGREES)
 
     @property
     def n_stages(self) -> int:
@@ -189,8 +189,19 @@ class ParallelSpec:
         return self.pp * self.pp_virtual_stages
 
     @property
+    def fsdp_shards(self) -> int:
+        """Ranks FSDP (zero 2/3) splits parameters over: dp_shard x cp, whose ranks hold the
+        same weights (the mesh's dp_shard_cp axis)."""
+        return self.dp_shard * self.cp
+
+    def cp_share(self, tokens: int) -> int:
+        """Tokens of `tokens` (a micro-batch's, a sequence's) that one context-parallel rank
+        holds: tokens // cp."""
+        return tokens // self.cp
+
+    @property
     def uses_fsdp(self) -> bool:
-        return self.zero in (2, 3) and self.dp_shard * self.cp * self.dp_replicate > 1
+        return self.zero in (2, 3) and self.dp_cp > 1
 
     @property
     def uses_ddp(self) -> bool:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from conf.degrees import DEGREES
 from conf.errors import ProblemList
 from conf.schema import ParallelConfig
-from conf.spec import DEGREES, ParallelSpec, spec_from_config
+from conf.spec import ParallelSpec, spec_from_config
 
 PP_SCHEDULES = {  # name -> needs virtual stages (more than one stage per rank)
     "gpipe": False, "1f1b": False,

@@ -34,7 +34,8 @@ from conf.rules.parallel_rules import PP_SCHEDULES, check_pipeline_options, chec
 from conf.rules.field_rules import divisors
 from conf.rules.training_rules import resolve_batch
 from conf.schema import RecomputeConfig, RunConfig
-from conf.spec import DEGREES, ParallelSpec, RecomputeSpec, RunSpec, spec_from_config
+from conf.degrees import DEGREES
+from conf.spec import ParallelSpec, RecomputeSpec, RunSpec, spec_from_config
 from conf.rules.split_rules import check_model_split, check_pipeline_split, check_recompute
 
 MIN_CP_TOKENS = 2048
