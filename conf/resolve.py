@@ -1,6 +1,9 @@
 """resolve(): RunConfig (mutable, may hold "auto") -> RunSpec (frozen, complete, checked).
 
-Every cross-field rule lives here. Problems are collected, never raised one by one, so a user
+resolve() fills every auto and calls every cross-field rule; the rules themselves live in
+conf/rules/, one file per concern (its __init__ lists them), except those that read a file
+format, which live beside that format's reader (conf/hf_model_config.py, conf/data_contract/prepared_corpus.py,
+conf/data_contract/token_files.py). Problems are collected, never raised one by one, so a user
 sees all of them at once; `ProblemList.raise_if_any` raises a single ConfigError at the end.
 """
 from __future__ import annotations
@@ -12,14 +15,22 @@ from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
-from conf import name_rules, rules
-from conf.compile_rules import check_compile
-from conf.document_rules import resolve_document_eos
+from conf.degrees import DEGREES
 from conf.errors import ProblemList
 from conf.hf_model_config import (apply_explicit, check_hf_load_from, is_hf_model_dir,
                                   read_hf_model_config)
-from conf.split_rules import check_model_split, check_recompute
-from conf.parallel_rules import resolve_parallel
+from conf.rules import name_rules
+from conf.rules.checkpoint_rules import check_checkpoint
+from conf.rules.cluster_rules import check_cluster, check_launch, slurm_resources
+from conf.rules.compile_rules import check_compile
+from conf.rules.data_rules import data_files
+from conf.rules.document_rules import resolve_document_eos
+from conf.rules.field_rules import finite_floats, typed_lists
+from conf.rules.model_rules import BF16_MIN_CC, check_model, check_precision
+from conf.rules.parallel_rules import resolve_parallel
+from conf.rules.split_rules import check_model_split, check_recompute
+from conf.rules.training_rules import (check_optim, check_schedule, check_training,
+                                       resolve_batch, warmup_steps)
 from conf.data_contract.prepared_corpus import check_tokenizer, resolve_prepared, resolve_sources
 from conf.data_contract.token_files import check_token_files
 from conf.schema import (
@@ -27,8 +38,7 @@ from conf.schema import (
 )
 from conf.spec import (
     CheckpointSpec, ClusterSpec, DataSpec, HostSpec, LoggingSpec, ModelSpec, OptimSpec,
-    DEGREES, PrecisionSpec, RecomputeSpec, RunSpec, ScheduleSpec, TrainingSpec,
-    spec_from_config,
+    PrecisionSpec, RecomputeSpec, RunSpec, ScheduleSpec, TrainingSpec, spec_from_config,
 )
 
 BYTE_VOCAB = 256
@@ -43,7 +53,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     `explicit`: the keys the user's overrides set (conf.hf_model_config.explicit_model_keys);
     with model.path, an explicit shape knob must agree with that folder's config.json."""
     problems = ProblemList()
-    cfg = rules.typed_lists(rules.finite_floats(cfg, problems), problems)
+    cfg = typed_lists(finite_floats(cfg, problems), problems)
     host = target_host(cfg.cluster, local=host)
     device = _resolve_device(cfg, host, problems)
     model = _resolve_model(cfg, problems, explicit)
@@ -51,13 +61,13 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     parallel = resolve_parallel(cfg.parallel, world_size=cfg.cluster.nodes * procs,
                                 nodes=cfg.cluster.nodes, problems=problems)
     training = _resolve_training(cfg, device, parallel.dp, problems)
-    rules.check_model(model, problems)
-    rules.check_training(training, model, problems)
-    rules.check_schedule(cfg.schedule, training.steps, problems)
-    rules.check_optim(cfg.optim, problems)
-    rules.check_cluster(cfg.cluster, procs, host, device, problems)
-    rules.check_launch(cfg.cluster, problems)
-    rules.check_checkpoint(cfg.checkpoint, problems, check_paths=check_paths)
+    check_model(model, problems)
+    check_training(training, model, problems)
+    check_schedule(cfg.schedule, training.steps, problems)
+    check_optim(cfg.optim, problems)
+    check_cluster(cfg.cluster, procs, host, device, problems)
+    check_launch(cfg.cluster, problems)
+    check_checkpoint(cfg.checkpoint, problems, check_paths=check_paths)
     if check_paths and cfg.checkpoint.load_from and is_hf_model_dir(cfg.checkpoint.load_from):
         check_hf_load_from(cfg.checkpoint.load_from, model, problems)
     name_rules.check_wandb(cfg.logging, problems)
@@ -67,14 +77,14 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     check_model_split(parallel, model=model, training=training, precision=precision,
                  problems=problems)
     check_recompute(cfg.recompute, problems)
-    check_compile(compile_=cfg.training.compile, cp=parallel.cp, recompute=cfg.recompute,
+    check_compile(compile_=cfg.training.compile, parallel=parallel, recompute=cfg.recompute,
                   problems=problems)
     problems.raise_if_any()
     return RunSpec(
         name=cfg.name, runs_dir=_absolute(cfg.runs_dir), model=model, precision=precision,
         parallel=parallel, recompute=spec_from_config(RecomputeSpec, cfg.recompute),
         schedule=spec_from_config(ScheduleSpec, cfg.schedule,
-                                  warmup_steps=rules.warmup_steps(cfg.schedule, training.steps)),
+                                  warmup_steps=warmup_steps(cfg.schedule, training.steps)),
         optim=spec_from_config(OptimSpec, cfg.optim), data=data, training=training,
         checkpoint=spec_from_config(
             CheckpointSpec, cfg.checkpoint,
@@ -82,7 +92,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
             load_from=_absolute_or_empty(cfg.checkpoint.load_from)),
         cluster=spec_from_config(ClusterSpec, cfg.cluster, procs_per_node=procs,
                                  gpus_per_node=host.gpu_count,
-                                 **rules.slurm_resources(cfg.cluster, gpus_per_node=host.gpu_count)),
+                                 **slurm_resources(cfg.cluster, gpus_per_node=host.gpu_count)),
         logging=spec_from_config(LoggingSpec, cfg.logging), host=host,
     )
 
@@ -139,7 +149,7 @@ def _resolve_procs_per_node(cfg: RunConfig, host: HostSpec, device: DeviceKind,
 
 def _resolve_training(cfg: RunConfig, device: DeviceKind, dp: int,
                       problems: ProblemList) -> TrainingSpec:
-    accum, global_bs = rules.resolve_batch(cfg.training, dp, problems)
+    accum, global_bs = resolve_batch(cfg.training, dp, problems)
     return spec_from_config(TrainingSpec, cfg.training, grad_accum_steps=accum,
                             global_batch_size=global_bs, device=device)
 
@@ -149,10 +159,10 @@ def _resolve_precision(cfg: RunConfig, host: HostSpec, device: DeviceKind,
     p = cfg.precision
     name = p.name
     if name == Precision.auto:
-        bf16_ok = device is DeviceKind.cuda and host.compute_capability >= rules.BF16_MIN_CC
+        bf16_ok = device is DeviceKind.cuda and host.compute_capability >= BF16_MIN_CC
         name = Precision.bf16 if bf16_ok else (
             Precision.fp32 if device is DeviceKind.cpu else Precision.fp16)
-    rules.check_precision(name, device, host, problems)
+    check_precision(name, device, host, problems)
     compute = {Precision.fp32: DType.fp32, Precision.fp16: DType.fp16}.get(name, DType.bf16)
     if p.loss_scale_init <= 0:
         problems.add("precision.loss_scale_init", p.loss_scale_init, "must be positive",
@@ -180,7 +190,7 @@ def _resolve_data(cfg: RunConfig, model: ModelSpec, problems: ProblemList, *,
                                             seq_len=cfg.training.seq_len)
         d = replace(d, dtype=dtype, sources=[_absolute(s) for s in d.sources])
     else:
-        train, val = rules.data_files(d, problems, check_paths=check_paths, expand=_expand)
+        train, val = data_files(d, problems, check_paths=check_paths, expand=_expand)
     vocab = BYTE_VOCAB if d.kind is DataKind.stdlib else model.vocab_size
     if d.kind is DataKind.files and check_paths and not ((d.prepared or d.sources)
                                                          and len(problems.items) > before):

@@ -8,9 +8,11 @@ or changes (with a docstring saying what), plus properties.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Callable
 
+from conf.degrees import DEGREES
 from conf.schema import (
     CheckpointConfig, ClusterConfig, DataConfig, DeviceKind, DType, LoggingConfig,
     ModelConfig, OptimConfig, ParallelConfig, Precision, PrecisionConfig, RecomputeConfig,
@@ -19,22 +21,48 @@ from conf.schema import (
 
 FROZEN = dict(frozen=True, slots=True, kw_only=True)
 
-DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
-"""The parallel degrees; their product is the world size."""
-
 TOKEN_DTYPES = {"uint8": 1, "uint16": 2, "uint32": 4, "int32": 4, "int64": 8}
 """Element types of raw token files (data.dtype): name (numpy's name too) -> bytes per token.
 resolve() accepts exactly these and training/data/token_windows.py reads exactly these."""
 
 
-def frozen_from(schema: type, *, defaults: tuple[str, ...] = (),
-                after: dict[str, str] | None = None) -> Callable[[type], type]:
+FIRST_SPEC_JSON_KNOBS = {
+    ModelConfig: "name n_layers dim n_heads n_kv_heads ffn_dim vocab_size max_seq_len rope_theta "
+                 "tie_embeddings norm_eps init_std",
+    PrecisionConfig: "name reduce_dtype loss_scale_init optimizer_state_dtype",
+    ParallelConfig: "name dp_replicate dp_shard tp pp cp zero sequence_parallel loss_parallel "
+                    "pp_schedule pp_microbatches pp_virtual_stages pp_layer_split cp_balanced",
+    RecomputeConfig: "mode",
+    ScheduleConfig: "kind warmup_steps min_lr_ratio decay_fraction decay_shape",
+    OptimConfig: "name lr beta1 beta2 eps weight_decay grad_clip",
+    DataConfig: "kind train_files val_files dtype cache_dir val_every_nth_file",
+    TrainingConfig: "steps seq_len micro_batch_size grad_accum_steps global_batch_size seed "
+                    "eval_every eval_batches log_every device compile stop_at_step cpu_peak_flops",
+    CheckpointConfig: "every_steps keep_last export_safetensors resume_from load_from",
+    ClusterConfig: "kind nodes procs_per_node gpus_per_node gpu_name gpu_compute_capability "
+                   "partition account qos cpus_per_task mem_gb time_limit_min constraint "
+                   "exclusive extra_sbatch setup env container_image container_mounts rdzv_host "
+                   "rdzv_port warning_signal max_requeues preflight preflight_timeout_s "
+                   "preflight_max_mib python peak_tflops hbm_gbps host_link_gbps "
+                   "intra_node_gbps inter_node_gbps intra_node_latency_us "
+                   "inter_node_latency_us matmul_efficiency layer_overhead_us tp_overhead_us "
+                   "update_overhead_us collective_overhead_us calibration",
+    LoggingConfig: "wandb_mode wandb_project wandb_entity wandb_group wandb_tags progress",
+}
+"""Per schema section, the knobs the frozen spec requires: those it required when this table
+replaced the per-knob lists of defaults. Every spec.json holds them (one that lacks one is
+broken, not old). The table never grows: a knob added later needs no entry anywhere but its
+schema field, and takes its schema default when an older spec.json lacks it."""
+
+
+def frozen_from(schema: type, *, after: dict[str, str] | None = None) -> Callable[[type], type]:
     """Class decorator: a frozen `slots`, `kw_only` dataclass with every field of `schema`.
 
     Field types are the schema's, with lists as tuples (Enums stay Enums, dicts stay dicts).
     Fields the class body annotates replace the schema's (same place) or are added (at the
-    end, or right after the field `after[name]` names). Schema defaults are kept only for
-    the fields named in `defaults`: everything else must be given, as resolve() does.
+    end, or right after the field `after[name]` names). The knobs of FIRST_SPEC_JSON_KNOBS
+    must be given, as resolve() does; every later schema knob keeps its schema default, so a
+    spec.json written before the knob existed still reads (conf/run_dir/spec_io.py).
     """
     def build(body: type) -> type:
         hints = typing.get_type_hints(schema)
@@ -44,9 +72,10 @@ def frozen_from(schema: type, *, defaults: tuple[str, ...] = (),
             place = (after or {}).get(name)
             names.insert(names.index(place) + 1 if place else len(names), name)
         body.__annotations__ = {n: own.get(n, _frozen_type(hints.get(n))) for n in names}
-        schema_fields = {f.name: f for f in dataclasses.fields(schema)}
-        for name in defaults:
-            setattr(body, name, _frozen_value(_default(schema_fields[name])))
+        required = FIRST_SPEC_JSON_KNOBS.get(schema, "").split()
+        for f in dataclasses.fields(schema):
+            if f.name not in required and f.name not in body.__dict__:
+                setattr(body, f.name, _frozen_default(f))
         body.__doc__ = ((body.__doc__ or "").rstrip() + "\n\n" if body.__doc__ else "") + (
             f"Fields: {', '.join(names)}; each documented in conf.schema.{schema.__name__}"
             " unless the class body declares it.")
@@ -72,6 +101,14 @@ def _default(f: dataclasses.Field) -> object:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
+def _frozen_default(f: dataclasses.Field) -> object:
+    """The schema default of `f` as a frozen field's default (a dict through a factory)."""
+    value = _frozen_value(_default(f))
+    if isinstance(value, dict):
+        return dataclasses.field(default_factory=lambda: dict(value))
+    return value
+
+
 def spec_from_config(cls: type, config: object, **resolved: object) -> object:
     """The spec section `cls` from its config section: every field the config has (lists as
     tuples), overridden by, and completed with, the `resolved` values."""
@@ -90,9 +127,7 @@ class Llama3RopeScaling:
     original_max_seq_len: int
 
 
-@frozen_from(ModelConfig, defaults=("attention_bias", "rope_scaling", "rope_scaling_factor",
-                                    "rope_low_freq_factor", "rope_high_freq_factor",
-                                    "rope_original_max_seq_len", "path"))
+@frozen_from(ModelConfig)
 class ModelSpec:
     n_kv_heads: int
     """Resolved: never -1 (n_heads when the config said -1)."""
@@ -128,7 +163,8 @@ class PrecisionSpec:
 
 @frozen_from(ParallelConfig)
 class ParallelSpec:
-    """Resolved degrees (none is -1); world_size == product of all of them."""
+    """Resolved degrees (none is -1); world_size == product of all of them (conf/degrees.py
+    says what each degree splits and where its mesh axis goes)."""
 
     pp_microbatches: int
     """Resolved: never -1 (the number of stages when the config said -1)."""
@@ -145,7 +181,7 @@ class ParallelSpec:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return math.prod(getattr(self, degree) for degree in DEGREES)
 
     @property
     def n_stages(self) -> int:
@@ -153,15 +189,26 @@ class ParallelSpec:
         return self.pp * self.pp_virtual_stages
 
     @property
+    def fsdp_shards(self) -> int:
+        """Ranks FSDP (zero 2/3) splits parameters over: dp_shard x cp, whose ranks hold the
+        same weights (the mesh's dp_shard_cp axis)."""
+        return self.dp_shard * self.cp
+
+    def cp_share(self, tokens: int) -> int:
+        """Tokens of `tokens` (a micro-batch's, a sequence's) that one context-parallel rank
+        holds: tokens // cp."""
+        return tokens // self.cp
+
+    @property
     def uses_fsdp(self) -> bool:
-        return self.zero in (2, 3) and self.dp_shard * self.cp * self.dp_replicate > 1
+        return self.zero in (2, 3) and self.dp_cp > 1
 
     @property
     def uses_ddp(self) -> bool:
         return self.zero in (0, 1) and self.dp_cp > 1
 
 
-@frozen_from(RecomputeConfig, defaults=("every_n_layers", "targets"))
+@frozen_from(RecomputeConfig)
 class RecomputeSpec:
     def applies_to(self, layer: int) -> bool:
         """The policy covers block `layer` (its index in the whole model, also inside a
@@ -180,8 +227,7 @@ class OptimSpec:
     pass
 
 
-@frozen_from(DataConfig, defaults=("prepared", "tokenizer", "sources", "weights",
-                                  "document_mask"))
+@frozen_from(DataConfig)
 class DataSpec:
     train_files: tuple[str, ...]
     """Absolute paths, expanded from the glob (files) or the prepared cache (stdlib)."""
@@ -193,7 +239,7 @@ class DataSpec:
     """Resolved: the token id that ends a document when document_mask is on; else None."""
 
 
-@frozen_from(TrainingConfig, defaults=("nonfinite", "compile_backend", "loss_chunks"))
+@frozen_from(TrainingConfig)
 class TrainingSpec:
     grad_accum_steps: int
     """Resolved: never -1."""
@@ -220,8 +266,7 @@ class ClusterSpec:
     exclusive: bool
 
 
-@frozen_from(LoggingConfig, defaults=("wandb_system_metrics", "wandb_system_metrics_interval_s",
-                                     "wandb_console"))
+@frozen_from(LoggingConfig)
 class LoggingSpec:
     pass
 

@@ -26,6 +26,7 @@ times seconds. Keys (schema "meshrun.plan/1"):
 """
 from __future__ import annotations
 
+from conf.degrees import MESH_AXES
 from conf.spec import RunSpec
 from parallel.cost.plan import Plan
 from parallel.cost.step_time import TimeEstimate, estimate_time
@@ -38,8 +39,7 @@ def plan_json(spec: RunSpec, plan: Plan, suggestions: list) -> dict:
     time = estimate_time(spec, plan)
     return {
         "schema": SCHEMA, "name": spec.name, "world_size": plan.world_size, "dp": plan.dp,
-        "layout": {axis: getattr(p, axis)
-                   for axis in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "zero")},
+        "layout": {axis: getattr(p, axis) for axis in (*MESH_AXES, "zero")},
         "device": {"type": spec.training.device, "name": spec.host.gpu_name,
                    "count": spec.host.gpu_count},
         "tokens_per_step": plan.tokens_per_step, "total_tokens": plan.total_tokens,

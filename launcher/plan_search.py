@@ -36,7 +36,7 @@ from conf.errors import ConfigError, Problem
 from conf.resolve import resolve
 from conf.schema import RecomputeConfig, RecomputeMode, RunConfig
 from conf.search_path import option_sources
-from conf.spec import DEGREES
+from conf.degrees import DEGREES
 from launcher.hardware import probe_host
 from launcher.view import gib
 from parallel.cost.search import Ranked, SearchResult, search

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from conf.degrees import MESH_AXES
 from conf.spec import RunSpec
 from parallel.cost.devices import GIB
 from parallel.cost.memory import estimate_memory
@@ -15,8 +16,7 @@ GROUP_AXES = {"tp": ("tp",), "dp": ("dp_replicate", "dp_shard"), "pp": ("pp",), 
 
 def layout_line(spec: RunSpec) -> str:
     p = spec.parallel
-    degrees = " x ".join(f"{axis} {getattr(p, axis)}"
-                         for axis in ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
+    degrees = " x ".join(f"{axis} {getattr(p, axis)}" for axis in MESH_AXES)
     zero = {0: "replicated (DDP)", 1: "ZeRO-1: optimizer state sharded",
             2: "ZeRO-2: + gradients sharded (FSDP2)", 3: "ZeRO-3: + parameters sharded (FSDP2)"}
     parts = [f"{p.name}: {degrees}", f"zero {p.zero} = {zero[p.zero]}"]

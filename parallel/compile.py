@@ -7,7 +7,7 @@ block reuses that graph. It runs after TP/SP, context parallel and recompute (th
 captures their DTensor ops and checkpoint regions) and before FSDP, whose per-block hooks stay
 outside the compiled forward. Embeddings, the final norm and the output projection stay eager.
 Context parallel's attention (gloo/NCCL collectives) stays eager inside each compiled block
-(parallel/context_parallel.py); conf/compile_rules.py refuses the combination where that
+(parallel/context_parallel.py); conf/rules/compile_rules.py refuses the combination where that
 leaves nothing compiled.
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """`ParallelDims`: the frozen layout every parallel pass reads, and each rank's place in it.
 
 Torch-free, so the dry run and the plan can show each rank's coordinates and groups.
-Ranks are laid out row-major over MESH_AXES (the last axis, tp, varies fastest), exactly as
-`init_device_mesh` numbers them: tensor-parallel peers are neighbours (one node), pipeline
-stages are the farthest apart.
+Ranks are laid out row-major over MESH_AXES (conf/degrees.py: the last axis, tp, varies
+fastest), exactly as `init_device_mesh` numbers them: tensor-parallel peers are neighbours
+(one node), pipeline stages are the farthest apart.
 """
 from __future__ import annotations
 
@@ -11,37 +11,34 @@ import heapq
 from dataclasses import dataclass
 from itertools import product
 
+from conf.degrees import DEGREES, MESH_AXES
 from conf.schema import ParallelConfig
-from conf.spec import DEGREES, ParallelSpec, spec_from_config
+from conf.spec import ParallelSpec, spec_from_config
 
-MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 CHECKPOINT_LAYOUT_KEYS = (*DEGREES, "zero", "pp_virtual_stages")
 """Besides the world size, what a checkpoint's layout must match for an exact resume."""
 
 
-def _of_spec(name: str) -> property:
-    return property(lambda self: getattr(self.parallel, name),
-                    doc=f"`ParallelSpec.{name}` of the layout.")
+SPEC_SIZES = ("zero", "dp", "dp_cp", "fsdp_shards", "world_size", "uses_fsdp", "uses_ddp")
+"""Besides the degrees, what ParallelDims reads through from its ParallelSpec."""
 
 
+def _reads_spec(cls: type) -> type:
+    """Give `cls` a read-through property for each degree and each of SPEC_SIZES."""
+    for name in (*DEGREES, *SPEC_SIZES):
+        setattr(cls, name, property(lambda self, name=name: getattr(self.parallel, name),
+                                    doc=f"`ParallelSpec.{name}` of the layout."))
+    return cls
+
+
+@_reads_spec
 @dataclass(frozen=True, slots=True)
 class ParallelDims:
     """Each rank's place in the layout of `parallel`, the one source of the degrees (and of
-    the sizes derived from them, which are ParallelSpec properties)."""
+    the sizes derived from them, which are ParallelSpec properties): each degree of
+    conf/degrees.py and each of SPEC_SIZES reads through to it (`dims.cp`, `dims.dp`)."""
 
     parallel: ParallelSpec
-
-    pp = _of_spec("pp")
-    dp_replicate = _of_spec("dp_replicate")
-    dp_shard = _of_spec("dp_shard")
-    cp = _of_spec("cp")
-    tp = _of_spec("tp")
-    zero = _of_spec("zero")
-    dp = _of_spec("dp")
-    dp_cp = _of_spec("dp_cp")
-    world_size = _of_spec("world_size")
-    uses_fsdp = _of_spec("uses_fsdp")
-    uses_ddp = _of_spec("uses_ddp")
 
     @classmethod
     def from_spec(cls, parallel: ParallelSpec) -> "ParallelDims":
@@ -50,7 +47,7 @@ class ParallelDims:
     @classmethod
     def single(cls) -> "ParallelDims":
         """One process: every degree 1 (the schema's defaults otherwise)."""
-        config = ParallelConfig(name="single", dp_replicate=1, dp_shard=1, tp=1, pp=1, cp=1)
+        config = ParallelConfig(name="single", **dict.fromkeys(DEGREES, 1))
         return cls(spec_from_config(ParallelSpec, config, pp_microbatches=1))
 
     def checkpoint_degrees(self) -> dict:

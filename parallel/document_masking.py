@@ -3,7 +3,7 @@ themselves, and RoPE positions restart at each document.
 
 Documents are separated by an end-of-sequence token (`data.document_mask`, resolved to
 `DataSpec.eos_id`: the tokenizer's EOS, or the separator an SFT dir records,
-conf/document_rules.py). The EOS belongs to the document it ends; the token after it starts
+conf/rules/document_rules.py). The EOS belongs to the document it ends; the token after it starts
 the next one. The first tokens of a window (up to and including its first EOS) are one
 document even when that document began in an earlier window.
 

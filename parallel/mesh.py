@@ -1,13 +1,15 @@
 """Build the device mesh for a `ParallelDims`: one mesh, named axes, passed explicitly.
 
-Axes, in this order: pp, dp_replicate, dp_shard, cp, tp; the mesh holds only those of size > 1
-(and dp_shard under HSDP, whose FSDP mesh is 2-D even when the shard size is 1), as
+Axes, in conf/degrees.py's mesh order (MESH_AXES: pp, dp_replicate, dp_shard, cp, tp); the
+mesh holds only those of size > 1 (and dp_shard under HSDP, whose FSDP mesh is 2-D even
+when the shard size is 1), as
 torchtitan's does: every axis of a gloo mesh is a process group with its own TCP loop thread,
 which wakes every 10 ms whether or not it is used (four idle ones for ZeRO-3 on two ranks
 took 2-3x the compute threads' context switches). An absent axis has no group
 (`Meshes.group` -> None), as a size-1 one had none to talk to.
-Flattened axes, kept by `Meshes` (torch asks callers to keep flattened meshes themselves
-rather than slice them from the root again); one of a single axis of size > 1 is that axis:
+Flattened axes (conf/degrees.py's FLATTENED_AXES), kept by `Meshes` (torch asks callers to
+keep flattened meshes themselves rather than slice them from the root again); one of a single
+axis of size > 1 is that axis:
   dp           = dp_replicate x dp_shard       ranks reading different data
   dp_shard_cp  = dp_shard x cp                 FSDP's shard axis (cp ranks hold the same weights)
   dp_cp        = dp_replicate x dp_shard x cp  gradient averaging and token counts
@@ -19,13 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from parallel.dims import MESH_AXES, ParallelDims
-
-FLATTENED = {
-    "dp": ("dp_replicate", "dp_shard"),
-    "dp_shard_cp": ("dp_shard", "cp"),
-    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
-}
+from conf.degrees import FLATTENED_AXES, MESH_AXES
+from parallel.dims import ParallelDims
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +53,7 @@ def build_mesh(dims: ParallelDims, *, device: torch.device) -> Meshes:
     root = init_device_mesh(device.type, tuple(getattr(dims, axis) for axis in kept),
                             mesh_dim_names=kept)
     flattened = {}
-    for name, axes in FLATTENED.items():
+    for name, axes in FLATTENED_AXES.items():
         present = tuple(axis for axis in axes if axis in kept)
         if len(present) > 1:
             flattened[name] = root[present]._flatten(mesh_dim_name=name)

@@ -25,8 +25,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
-from conf.parallel_rules import SPLIT_BACKWARD_SCHEDULES
-from conf.split_rules import stage_split
+from conf.rules.parallel_rules import SPLIT_BACKWARD_SCHEDULES
+from conf.rules.split_rules import stage_split
 from conf.spec import ParallelSpec
 from parallel.dims import pipeline_stage_ids
 

@@ -31,7 +31,7 @@ def _plain(value: object) -> object:
 def spec_from_dict(cls: type, data: dict) -> object:
     """Rebuild a frozen spec dataclass (recursively) from `spec_to_dict` output. A field that
     a spec.json written by an older meshrun lacks takes its default when the spec declares one
-    (knobs added later name themselves in `frozen_from(..., defaults=...)`)."""
+    (every knob but conf.spec.FIRST_SPEC_JSON_KNOBS does)."""
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):

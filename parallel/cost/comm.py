@@ -17,7 +17,7 @@ bare all-reduces cannot see it; a calibration on training runs fits it
 between (zero 1's broadcasts after the optimizer step, the token count, V's gather after
 K's, HSDP's all-reduce after its reduce-scatter), pay alpha-beta only (`Collective.bare`).
 
-The link of an axis: ranks are numbered row-major over parallel.dims.MESH_AXES (tp fastest),
+The link of an axis: ranks are numbered row-major over conf.degrees.MESH_AXES (tp fastest),
 so a group of the axis spans `stride * size` consecutive ranks (stride = the product of the
 degrees after it); it stays inside a node when that block fits in (and tiles) a node's ranks.
 
@@ -58,13 +58,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from conf.degrees import FLATTENED_AXES, MESH_AXES
 from conf.spec import RunSpec
 from parallel.cost.activations import DTYPE_BYTES
 from parallel.cost.params import param_counts, parameter_shapes
-from parallel.dims import MESH_AXES
 
 RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
 """How many (n-1)/n passes over the buffer each ring collective makes."""
+
+FSDP_AXES = FLATTENED_AXES["dp_shard_cp"]
+"""The mesh axes FSDP (zero 2/3) shards over."""
+DP_CP_AXES = FLATTENED_AXES["dp_cp"]
+"""The mesh axes DDP averages gradients over and the token count is summed over."""
 
 OVERLAPPED_AXES = ("fsdp", "ddp", "hsdp")
 """Traffic the overlap rule lets compute hide (all but the first/last block's share)."""
@@ -187,7 +192,7 @@ class _Shape:
                    param_bytes=low if p.uses_fsdp else 4,
                    grad_bytes=DTYPE_BYTES.get(spec.precision.reduce_dtype.value, 4),
                    act_bytes=low if compute != "fp32" else 4, micro_batches=micro,
-                   tokens_per_micro_batch=t.micro_batch_size * t.seq_len // p.cp,
+                   tokens_per_micro_batch=p.cp_share(t.micro_batch_size * t.seq_len),
                    layers=max(1, m.n_layers // p.pp),
                    tensors=max(1, len(parameter_shapes(m)) // p.pp))
 
@@ -203,18 +208,18 @@ def _edge_units(spec: RunSpec) -> int:
 
 def _data_parallel(spec: RunSpec, s: _Shape, link) -> list[Collective]:
     p = spec.parallel
-    shard = p.dp_shard * p.cp
+    shard = p.fsdp_shards
     if p.zero in (2, 3):
         units = s.layers + _edge_units(spec)
         # zero 3 gathers every unit again for backward but the head unit (never re-sharded)
         gathers = 2 * units - 1 if p.zero == 3 else units
         out = [Collective(axis="fsdp", op="all_gather", group=shard,
                           size_bytes=s.stage_params * s.param_bytes / units,
-                          calls=gathers * s.micro_batches, link=link("dp_shard", "cp"),
+                          calls=gathers * s.micro_batches, link=link(*FSDP_AXES),
                           why=f"zero {p.zero}: each unit gathered {gathers}x per micro-batch"),
                Collective(axis="fsdp", op="reduce_scatter", group=shard,
                           size_bytes=s.stage_params * s.grad_bytes / units,
-                          calls=units, link=link("dp_shard", "cp"),
+                          calls=units, link=link(*FSDP_AXES),
                           why="each unit's gradients, on the step's last micro-batch")]
         if p.dp_replicate > 1:
             out.append(Collective(axis="hsdp", op="all_reduce", group=p.dp_replicate,
@@ -226,11 +231,11 @@ def _data_parallel(spec: RunSpec, s: _Shape, link) -> list[Collective]:
     group = p.dp_cp
     out = [Collective(axis="ddp", op="all_reduce", group=group,
                       size_bytes=s.stage_params * s.grad_bytes, calls=1,
-                      link=link("dp_replicate", "dp_shard", "cp"), why="gradients, once a step")]
+                      link=link(*DP_CP_AXES), why="gradients, once a step")]
     if p.zero == 1:
         out.append(Collective(axis="zero1", op="all_gather", group=group,
                               size_bytes=s.stage_params * 4 / s.tensors, calls=s.tensors,
-                              link=link("dp_replicate", "dp_shard", "cp"), bare=True,
+                              link=link(*DP_CP_AXES), bare=True,
                               why="updated parameters from their owners, back to back"))
     return out
 
@@ -280,9 +285,9 @@ def _pipeline(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
 def _bookkeeping(spec: RunSpec, link) -> list[Collective]:
     p = spec.parallel
     out = [Collective(axis="step", op="all_reduce", group=p.dp_cp, size_bytes=8, calls=1,
-                      link=link("dp_replicate", "dp_shard", "cp"), bare=True,
+                      link=link(*DP_CP_AXES), bare=True,
                       why="target-token count")]
-    split = (("dp_shard", p.dp_shard * p.cp, ("dp_shard", "cp"), False) if p.uses_fsdp
+    split = (("dp_shard", p.fsdp_shards, FSDP_AXES, False) if p.uses_fsdp
              else None, ("tp", p.tp, ("tp",), False), ("pp", p.pp, ("pp",), True))
     out += [Collective(axis="step", op="all_reduce", group=n, size_bytes=4, calls=1,
                        link=link(*axes), bare=bare,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from conf.parallel_rules import SPLIT_BACKWARD_SCHEDULES
+from conf.rules.parallel_rules import SPLIT_BACKWARD_SCHEDULES
 from conf.schema import RecomputeMode
 from conf.spec import ModelSpec, RecomputeSpec, RunSpec
 from parallel.cost.activations import (

@@ -47,7 +47,7 @@ def offload_bytes_per_pass(spec: RunSpec, pp_rank: int) -> int:
     covered = tuple(layer for layer in held_layers(spec, pp_rank)
                     if spec.recompute.applies_to(layer))
     micro_batch = t.micro_batch_size // p.pp_microbatches
-    tokens = micro_batch * t.seq_len // p.cp
+    tokens = p.cp_share(micro_batch * t.seq_len)
     dtypes = activation_dtypes(spec.precision, uses_fsdp=p.uses_fsdp)
     split = ActivationSplit.of(p, document_mask=spec.data.document_mask)
     per_block = tokens * block_bytes_per_token(spec.model, recompute=NONE, device_type="cuda",

@@ -4,7 +4,7 @@
 memory per rank all derive from it (tests/unit/test_cost_model.py checks it against the built
 model). Placement rules mirror what the parallel passes do:
 - pipeline: a rank holds the blocks of its stages; stage 0 the embedding, the last stage the
-  final norm and output head (parallel.dims.pipeline_stage_ids, conf.split_rules.stage_split);
+  final norm and output head (parallel.dims.pipeline_stage_ids, conf.rules.split_rules.stage_split);
 - tensor parallel: the dim parallel/tp_plan.py names is split over tp; norms whole;
 - FSDP (zero 2/3) splits dim 0 of each (tp-local) tensor over dp_shard x cp in chunks of
   ceil(rows / n), as fully_shard does.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from conf.split_rules import stage_split
+from conf.rules.split_rules import stage_split
 from conf.spec import ModelSpec, RunSpec
 from parallel.dims import pipeline_stage_ids
 from parallel.tp_plan import tp_split_dim

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from conf.parallel_rules import SPLIT_BACKWARD_SCHEDULES
+from conf.rules.parallel_rules import SPLIT_BACKWARD_SCHEDULES
 from conf.schema import RecomputeMode
 from conf.spec import ParallelSpec, RecomputeSpec, RunSpec
 from parallel.cost.activations import (

@@ -3,8 +3,9 @@ stage, sequence parallel, pipeline schedule / virtual stages / pipeline micro-ba
 micro-batch size and recompute policy that resolve()'s own rules accept. Torch-free, no Hydra.
 
 No rule is restated here: each candidate goes through the functions resolve() itself calls
-(conf.parallel_rules.check_zero / check_pipeline_options, conf.split_rules.check_model_split /
-check_pipeline_split / check_recompute, conf.rules.resolve_batch),
+(conf.rules.parallel_rules.check_zero / check_pipeline_options,
+conf.rules.split_rules.check_model_split / check_pipeline_split / check_recompute,
+conf.rules.training_rules.resolve_batch),
 each asked as soon as its inputs are known (degrees, then schedule, then batch), so a
 candidate is dropped at the first rule it breaks; what each rule dropped is counted by its
 key. tests/unit/test_plan_search.py checks the result against resolve() itself, point by point. The domains tried:
@@ -29,11 +30,13 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from conf.errors import ProblemList
-from conf.parallel_rules import PP_SCHEDULES, check_pipeline_options, check_zero
-from conf.rules import divisors, resolve_batch
+from conf.rules.parallel_rules import PP_SCHEDULES, check_pipeline_options, check_zero
+from conf.rules.field_rules import divisors
+from conf.rules.training_rules import resolve_batch
 from conf.schema import RecomputeConfig, RunConfig
-from conf.spec import DEGREES, ParallelSpec, RecomputeSpec, RunSpec, spec_from_config
-from conf.split_rules import check_model_split, check_pipeline_split, check_recompute
+from conf.degrees import DEGREES
+from conf.spec import ParallelSpec, RecomputeSpec, RunSpec, spec_from_config
+from conf.rules.split_rules import check_model_split, check_pipeline_split, check_recompute
 
 MIN_CP_TOKENS = 2048
 """Context parallel below this many tokens per rank spends more on the K/V ring than it saves."""

@@ -223,7 +223,7 @@ def block_passes(spec: RunSpec) -> int:
 def optimizer_params(spec: RunSpec) -> float:
     """Parameters whose AdamW update one rank runs: its tp/pp part, sharded by zero >= 1."""
     p = spec.parallel
-    shards = p.dp_shard * p.cp if p.zero >= 2 else p.dp_cp if p.zero == 1 else 1
+    shards = p.fsdp_shards if p.zero >= 2 else p.dp_cp if p.zero == 1 else 1
     return param_counts(spec.model).total / (p.pp * p.tp * shards)
 
 

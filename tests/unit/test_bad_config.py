@@ -409,7 +409,7 @@ def test_every_float_knob_is_finite_checked_without_being_named():
     from dataclasses import dataclass, field
 
     from conf.errors import ProblemList
-    from conf.rules import finite_floats
+    from conf.rules.field_rules import finite_floats
 
     @dataclass
     class NewSection:

@@ -1,5 +1,5 @@
 """resolve() refuses training.compile=true where it would silently compile nothing:
-context parallel with a whole-block recompute checkpoint (conf/compile_rules.py). The
+context parallel with a whole-block recompute checkpoint (conf/rules/compile_rules.py). The
 combinations it allows are run compiled in tests/distributed/test_compile_layouts.py."""
 from __future__ import annotations
 

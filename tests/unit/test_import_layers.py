@@ -9,8 +9,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("conf", "parallel", "training", "launcher", "sweeps")
 
-# The torch-free part of parallel/: the layout (ParallelDims), the TP split table, the cost model.
-TORCH_FREE_PARALLEL = ("parallel.dims", "parallel.tp_plan", "parallel.cost")
+# The torch-free part of parallel/: the layout (ParallelDims), the TP split table, the index of
+# parallelisms, the cost model.
+TORCH_FREE_PARALLEL = ("parallel.dims", "parallel.tp_plan", "parallel.parallelisms",
+                       "parallel.cost")
 # The rank entry point the launcher hands to torchrun / submitit (it imports torch only when run).
 RANK_ENTRY = ("training.slurm_entry",)
 

@@ -16,9 +16,10 @@ import pytest
 from conf.compose import compose_config
 from conf.errors import ConfigError
 from conf.resolve import resolve
-from conf.rules import divisors
+from conf.rules.field_rules import divisors
 from conf.schema import RecomputeConfig, RecomputeMode
-from conf.spec import DEGREES, HostSpec, RecomputeSpec, spec_from_config
+from conf.degrees import DEGREES
+from conf.spec import HostSpec, RecomputeSpec, spec_from_config
 from launcher.cli import main
 from launcher.plan_search import neutral_layout, recompute_policies
 from parallel.cost.memory import estimate_memory

@@ -19,7 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from conf.split_rules import RECOMPUTE_TARGETS
+from conf.rules.split_rules import RECOMPUTE_TARGETS
 from conf.schema import RecomputeMode
 from conf.spec import RecomputeSpec
 from parallel.cost.activations import activation_bytes, activation_elements_per_token_per_layer

@@ -92,3 +92,32 @@ def test_a_spec_json_from_before_later_knobs_still_reads(tmp_path):
     (tmp_path / "spec.json").write_text(json.dumps(data))
     with pytest.raises(KeyError):
         read_spec(tmp_path / "spec.json")
+
+
+def test_the_required_knobs_table_names_only_schema_knobs():
+    """FIRST_SPEC_JSON_KNOBS lists, per section, knobs that exist (a renamed or removed knob
+    would otherwise silently become optional)."""
+    for config, names in spec.FIRST_SPEC_JSON_KNOBS.items():
+        known = {f.name for f in dataclasses.fields(config)}
+        assert set(names.split()) <= known, (config.__name__, set(names.split()) - known)
+    assert set(spec.FIRST_SPEC_JSON_KNOBS) == set(SECTIONS.values())
+
+
+def test_a_new_knob_needs_only_its_schema_field(monkeypatch):
+    """A knob added to a schema section takes its schema default in the frozen spec, with no
+    list to extend; the table's knobs stay required."""
+    grown = dataclasses.make_dataclass(
+        "TrainingConfig", [("new_knob", int, dataclasses.field(default=3)),
+                           ("new_env", dict[str, str], dataclasses.field(default_factory=dict))],
+        bases=(schema.TrainingConfig,))
+    table = spec.FIRST_SPEC_JSON_KNOBS
+    monkeypatch.setattr(spec, "FIRST_SPEC_JSON_KNOBS",
+                        {**table, grown: table[schema.TrainingConfig]})
+
+    @spec.frozen_from(grown)
+    class GrownSpec:
+        pass
+
+    fields = {f.name: f for f in dataclasses.fields(GrownSpec)}
+    assert fields["new_knob"].default == 3 and fields["new_env"].default_factory() == {}
+    assert fields["steps"].default is dataclasses.MISSING

@@ -5,7 +5,7 @@ bin size, checked by resolve() and again here), so no window straddles two bins.
 bin[:-1]; target j is bin[j+1], kept where mask[j+1] is 1 and IGNORE_INDEX elsewhere, so the loss
 covers exactly the assistant tokens the chat template marks. Conversations in a bin end with
 the separator the manifest records (`document_separator_id`, never learned), which
-data.document_mask takes as the document boundary (conf/document_rules.py), so a conversation
+data.document_mask takes as the document boundary (conf/rules/document_rules.py), so a conversation
 whose template ends turns with EOS stays one document. Order, sharding by dp rank and resume
 are those of every training batch stream (training/data/batches.py); validation is the val split's
 bins (split by conversation when prepared).

@@ -1,15 +1,16 @@
 """Resolve the parallel degrees (at most one auto, product = world size) and the ZeRO stage.
 
 Cross-section rules (heads, vocabulary, layers, sequence and micro-batches against the degrees)
-live in conf/split_rules.py.
+live in conf/rules/split_rules.py.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
+from conf.degrees import DEGREES
 from conf.errors import ProblemList
 from conf.schema import ParallelConfig
-from conf.spec import DEGREES, ParallelSpec, spec_from_config
+from conf.spec import ParallelSpec, spec_from_config
 
 PP_SCHEDULES = {  # name -> needs virtual stages (more than one stage per rank)
     "gpipe": False, "1f1b": False,

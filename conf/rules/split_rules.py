@@ -5,7 +5,7 @@ Each rule names the key, the value, what it must satisfy and a fix; all are coll
 from __future__ import annotations
 
 from conf.errors import ProblemList
-from conf.rules import divisors
+from conf.rules.field_rules import divisors
 from conf.schema import Precision, RecomputeConfig, RecomputeMode
 from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
 

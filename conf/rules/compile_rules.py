@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from conf.errors import ProblemList
 from conf.schema import RecomputeConfig, RecomputeMode
+from conf.spec import ParallelSpec
 
 WHOLE_BLOCK_TARGETS = ("block", "ops")
 """Selective recompute targets that put the whole block forward under one checkpoint."""
@@ -16,11 +17,12 @@ def checkpoints_whole_block(recompute: RecomputeConfig) -> bool:
         target in WHOLE_BLOCK_TARGETS for target in recompute.targets)
 
 
-def check_compile(*, compile_: bool, cp: int, recompute: RecomputeConfig,
+def check_compile(*, compile_: bool, parallel: ParallelSpec, recompute: RecomputeConfig,
                   problems: ProblemList) -> None:
     """Context parallel's attention runs eagerly inside a compiled block (its collectives
     are not traceable): Dynamo breaks the graph around it, which it cannot do inside a
     checkpoint region, so a whole-block checkpoint would leave every block uncompiled."""
+    cp = parallel.cp
     if not (compile_ and cp > 1 and checkpoints_whole_block(recompute)):
         return
     what = (f"recompute.mode={recompute.mode.value}" if recompute.mode is RecomputeMode.full
