@@ -237,9 +237,7 @@ def all_cases(repo: Path, runs_dir: Path) -> list[Case]:
 
 def may_launch(argv: tuple[str, ...]) -> bool:
     """Could this command start ranks or submit a job? (the corpus only prints)"""
-    if argv[0] == "run":
-        return "--dry-run" not in argv
-    if argv[0] == "sweep":
+    if argv[0] in ("run", "sweep"):
         return "--dry-run" not in argv
     return argv[0] in ("resume", "preflight")
 
@@ -283,10 +281,20 @@ def checkout_environment(repo: Path, outdir: Path):
 def load_main(repo: Path):
     """launcher.cli.main of the checkout at `repo` (refused if it would come from elsewhere)."""
     module = importlib.import_module("launcher.cli")
-    if not Path(module.__file__).resolve().is_relative_to(repo.resolve()):
-        sys.exit(f"launcher.cli was imported from {module.__file__}, not from {repo}: "
-                 "run plan_corpus.py in a fresh process")
+    check_modules_from(repo)
     return module.main
+
+
+def check_modules_from(repo: Path) -> None:
+    """Exit if a module of the checkout's packages was imported from another folder (an
+    earlier import in this process, or an editable install of another checkout)."""
+    ours = {p.name for p in repo.iterdir() if (p / "__init__.py").is_file()}
+    foreign = sorted(name for name, module in list(sys.modules.items())
+                     if name.split(".")[0] in ours and getattr(module, "__file__", None)
+                     and not Path(module.__file__).resolve().is_relative_to(repo))
+    if foreign:
+        sys.exit(f"imported from outside {repo}: {', '.join(foreign[:5])}: "
+                 "run plan_corpus.py in a fresh process")
 
 
 def run_case(main, case: Case, scratch: Path) -> tuple[int, str, str]:
@@ -342,6 +350,7 @@ def write(outdir: Path, repo: Path, only: str = "") -> int:
             counts[kind] = counts.get(kind, 0) + 1
             if n % 100 == 0:
                 print(f"{n}/{len(cases)} cases, {time.perf_counter() - start:.0f} s", flush=True)
+        check_modules_from(repo)
     if runs_dir.exists():
         sys.exit(f"a case created {runs_dir}: something was written or launched")
     (outdir / "index.txt").write_text("".join(f"{c.path}\n" for c in cases))
@@ -383,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("write", help="run every case against a checkout, one file each")
     w.add_argument("outdir", type=Path)
-    w.add_argument("--repo", type=Path, default=REPO, help="the checkout to run (default: this one)")
+    w.add_argument("--repo", type=Path, default=REPO,
+                   help="the checkout to run (default: this one)")
     w.add_argument("--only", default="", help="only the cases whose path holds this")
     c = sub.add_parser("compare", help="byte-compare two corpora; exit 1 if any case differs")
     c.add_argument("dir_a", type=Path)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("plan_corpus", REPO / "benchmarks" / "plan_corpus.py")
+PATH = REPO / "benchmarks" / "plan_corpus.py"
+_spec = importlib.util.spec_from_file_location("plan_corpus", PATH)
 corpus = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = corpus  # dataclasses look their module up there
 _spec.loader.exec_module(corpus)
