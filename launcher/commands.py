@@ -21,21 +21,22 @@ from conf.spec import RunSpec
 from conf.rundir import LEG_UNPAUSE, OVERRIDES_FILE, PREFLIGHT_EVENT, SPEC_FILE, RunDir
 from conf.checkpoint_dirs import checkpoint_step
 from conf.checkpoint_verify import prelaunch_problem
-from launcher.advice import suggestions
-from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
+from launcher.plan.fit_advice import suggestions
+from launcher.data.stdlib_corpus import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
-from launcher.local import RUN_DIR_PLACEHOLDER, launch_local, node_commands, torchrun_command
-from launcher.plan_json import plan_json
+from launcher.backends.local_torchrun import (RUN_DIR_PLACEHOLDER, launch_local, node_commands,
+                                              torchrun_command)
+from launcher.plan.plan_json import plan_json
 from launcher.resume_checks import (check_resume_files, check_same_layout,
                                     checkpoint_meta_or_problem)
-from launcher.progress import print_failure, watch_run
-from launcher.slurm import SubmissionFailed, render_sbatch, submit
-from launcher.slurm_state import SlurmJobHandle
-from launcher.warm_torchrun import WarmTorchrun, warm_torchrun
-from launcher.rundir import create_run_dir, new_run_dir_path, render_command
-from launcher.runlock import RunLock, acquire_run_lock
-from launcher.summary import print_summary
-from launcher.view import print_plan
+from launcher.views.progress import print_failure, watch_run
+from launcher.backends.slurm_submit import SubmissionFailed, render_sbatch, submit
+from launcher.backends.slurm_state import SlurmJobHandle
+from launcher.backends.warm_torchrun import WarmTorchrun, warm_torchrun
+from launcher.run_dir_writer import create_run_dir, new_run_dir_path, render_command
+from launcher.backends.run_lock import RunLock, acquire_run_lock
+from launcher.views.run_summary import print_summary
+from launcher.views.plan_view import print_plan
 from parallel.cost.plan import make_plan
 
 
@@ -48,7 +49,7 @@ def compose_spec(overrides: list[str]) -> tuple[RunSpec, str]:
 
 def plan(overrides: list[str], *, console: Console, attention: str = "full",
          as_json: bool = False) -> int:
-    """Print the plan of a run (a table, or with `as_json` launcher.plan_json's JSON) and,
+    """Print the plan of a run (a table, or with `as_json` launcher.plan.plan_json's JSON) and,
     when it does not fit its devices, re-planned suggestions."""
     spec, _ = compose_spec(overrides)
     the_plan = make_plan(spec, attention=attention)
@@ -69,7 +70,7 @@ def print_composed(overrides: list[str]) -> int:
 def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False,
         prepare_only: bool = False, warm: WarmTorchrun | None = None) -> int:
     """Compose, check, write the run dir and launch (or show all that: `dry_run`). A torchrun
-    agent starts warm meanwhile (launcher/warm_torchrun.py) for a run that may launch here
+    agent starts warm meanwhile (launcher/backends/warm_torchrun.py) for a run that may launch here
     (`warm`: one the CLI started already)."""
     with warm_torchrun(not (dry_run or prepare_only), started=warm) as warm:
         return _run(overrides, dry_run=dry_run, console=console, wait=wait,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conf.errors import ConfigError, ProblemList
 from conf.rundir import RunDir, RunState, outcomes_from_rows
-from launcher.status import run_status
+from launcher.views.run_status import run_status
 from sweeps.state import POINTS_FILE
 IGNORED_KEYS = ("name", "runs_dir", "data.train_files", "data.val_files", "data.cache_dir",
                 "checkpoint.resume_from")

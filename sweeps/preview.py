@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.spec import RunSpec
-from launcher.view import gib, human
+from launcher.views.plan_view import gib, human
 from parallel.cost.devices import gpu_memory_bytes
 from parallel.cost.fit import Verdict
 from parallel.cost.plan import make_plan

@@ -1,7 +1,8 @@
 """Run a sweep's points on this machine: one after another, or several at once (--parallel N)
 when they fit (CPU cores, or whole GPUs per point). One point failing never stops the others.
 
-Each point is launched by launcher.local.launch_local, exactly as `meshrun run` would; with
+Each point is launched by launcher.backends.local_torchrun.launch_local, exactly as `meshrun run`
+would; with
 --parallel each launch happens in a worker process (launch_local installs signal handlers,
 which only a main thread may do), its progress lines going to logs/launcher.log.
 
@@ -76,7 +77,7 @@ def concurrency_note(host: HostSpec, *, parallel: int, specs: list[RunSpec]) -> 
 
 def _sequential(state: SweepState, make_run_dir, todo: list,
                 watch: SweepWatch) -> dict[int, int]:
-    from launcher.local import launch_local
+    from launcher.backends.local_torchrun import launch_local
 
     results = {}
     for n, item in enumerate(todo, 1):
@@ -212,7 +213,7 @@ class Slots:
 def run_point(run_dir: str, env: dict[str, str]) -> int:
     """In a worker process: launch one run dir with launch_local; progress goes to its log."""
     from conf.rundir import RunDir
-    from launcher.local import launch_local
+    from launcher.backends.local_torchrun import launch_local
 
     os.environ.update(env)
     path = Path(run_dir)

@@ -16,10 +16,11 @@ from rich.console import Console
 
 from conf.spec import RunSpec
 from conf.rundir import safe_name
-from launcher.slurm import build_executor, record_job, sbatch_parameters
+from launcher.backends.slurm_submit import build_executor, record_job, sbatch_parameters
 from sweeps.run_local import Prepared
 from sweeps.state import SweepState
-from launcher.slurm import SlurmRankTask  # the rank entry point, as the launcher submits it
+# the rank entry point, as the launcher submits it
+from launcher.backends.slurm_submit import SlurmRankTask
 
 ARRAYS_DIR = "arrays"
 
@@ -94,7 +95,7 @@ def wait_for_points(state: SweepState, indices: list[int], *, console: Console,
 
 def _poll(state: SweepState, indices: list[int], console: Console, deadline: float | None) -> None:
     """One sacct call per poll for all the points' jobs; the polls grow apart (poll_intervals)."""
-    from launcher.slurm_state import poll_intervals
+    from launcher.backends.slurm_state import poll_intervals
     from sweeps.track import ACTIVE, counts, point_status, scheduler_states
 
     last = None

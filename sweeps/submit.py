@@ -131,8 +131,8 @@ def _backends(todo: list[Checked]) -> str:
 
 
 def make_run_dir(state: SweepState, checked: Checked, *, backend: str) -> Prepared:
-    """Create the point's run dir under <sweep_dir>/runs (launcher.rundir) and record it."""
-    from launcher.rundir import create_run_dir
+    """Create the point's run dir under <sweep_dir>/runs (launcher.run_dir_writer) and record it."""
+    from launcher.run_dir_writer import create_run_dir
     from launcher.commands import launch_command, with_prepared_data
 
     runs_dir = str(state.runs_dir)

@@ -6,7 +6,7 @@ import json
 
 from conf.rundir import (ACTIVE_STATES, PREFLIGHT_EVENT, RETRYABLE_STATES, RunState,
                          state_after_exit, state_from_files)
-from launcher.slurm_state import state_from_scheduler
+from launcher.backends.slurm_state import state_from_scheduler
 
 
 def preflight_dir(tmp_path, *, passed: bool):

@@ -9,8 +9,8 @@ from rich.table import Table
 
 from conf.errors import ConfigError, Problem
 from conf.rundir import FAILED_STATES, RunDir, RunState, failure_tail, state_from_files
-from launcher.slurm import recorded_jobs
-from launcher.slurm_state import JobState, job_state, state_from_scheduler
+from launcher.backends.slurm_submit import recorded_jobs
+from launcher.backends.slurm_state import JobState, job_state, state_from_scheduler
 
 
 def run_status(run_dir: Path, *, scheduler: dict[str, JobState] | None = None) -> dict:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from conf.rundir import RunDir
 from conf.spec import RunSpec
-from launcher.lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
-from launcher.progress import watch_run
-from launcher.runlock import RunLock, acquire_run_lock
-from launcher.warm_torchrun import WarmTorchrun
+from launcher.backends.process_lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
+from launcher.views.progress import watch_run
+from launcher.backends.run_lock import RunLock, acquire_run_lock
+from launcher.backends.warm_torchrun import WarmTorchrun
 
 RUN_DIR_PLACEHOLDER = "<run_dir>"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -44,7 +44,8 @@ def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
     """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status.
 
     Holds the run dir's lock (`lock`, or one taken here) and hands it on to torchrun, which
-    dies with this process (SIGTERM: its ranks checkpoint and stop; see launcher.lifetime).
+    dies with this process (SIGTERM: its ranks checkpoint and stop; see
+    launcher.backends.process_lifetime).
     torchrun is the `warm` agent when one was started and is still alive, else a new process.
     """
     command = [str(run_dir) if part == RUN_DIR_PLACEHOLDER else part

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from conf.prepared import FORMAT, MANIFEST, SPLITS, incomplete_shards, read_manifest
-from launcher.documents import expand_inputs, read_documents
-from launcher.hf_tokenizer import encode_batch, load_tokenizer
+from launcher.data.document_inputs import expand_inputs, read_documents
+from launcher.data.hf_tokenizer import encode_batch, load_tokenizer
 
 PROGRESS = "progress.json"
 CHUNK_DOCS = 512
@@ -265,7 +265,7 @@ _WORKER: dict = {}
 def _init_worker(info, val_fraction: float, threads: bool) -> None:
     if not threads:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from launcher.hf_tokenizer import load_backend
+    from launcher.data.hf_tokenizer import load_backend
 
     _WORKER.update(backend=load_backend(info), kind=info.kind, bos=info.bos_id, eos=info.eos_id,
                    f=val_fraction)

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from conf.rundir import RunDir, failure_tail, parse_metrics_line
 from conf.spec import RunSpec
-from launcher.lifetime import kill_tree, output_gone
+from launcher.backends.process_lifetime import kill_tree, output_gone
 
 POLL_S = 0.5
 PLAIN_LINES = 10  # progress lines printed when the output is not a terminal
