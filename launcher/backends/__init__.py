@@ -1,1 +1,2 @@
-"""Where a run is launched: this machine (torchrun, warm agent), several nodes, Slurm (submitit), and the run lock and process lifetime they share."""
+"""Where a run is launched: the launch interface and its backends (this machine, nodes, Slurm),
+the run lock and the process lifetime they share."""

@@ -1,1 +1,2 @@
-"""Data preparation for `meshrun data` and the dry run: the stdlib corpus, tokenizers, token shards, SFT templates and packing."""
+"""Data preparation (`meshrun data`, the dry run's corpus): the stdlib corpus, tokenizers,
+token shards, SFT chat templates and packing."""
