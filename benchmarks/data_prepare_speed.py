@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.shards import PrepareOptions, prepare
-from launcher.hf_tokenizer import load_tokenizer, train_bpe
+from launcher.data.token_shards import PrepareOptions, prepare
+from launcher.data.hf_tokenizer import load_tokenizer, train_bpe
 
 
 def corpus(limit_bytes: int) -> list[Path]:

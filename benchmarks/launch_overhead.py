@@ -136,7 +136,7 @@ def cli_probe(runs: str, overrides: list[str]) -> None:
     from conf.resolve import resolve
     from launcher import commands
     from launcher.hardware import probe_host
-    from launcher.rundir import create_run_dir
+    from launcher.run_dir_writer import create_run_dir
     done("imports")
     cfg = compose_config(overrides)
     done("compose")

@@ -1,0 +1,1 @@
+"""The `meshrun` command: compose, plan, launch and follow training runs."""

@@ -2,7 +2,7 @@
 
 Bad input ends with one message and exit status 2, never a traceback. Nothing on the dry-run
 path imports torch. `main` starts a local run's torchrun agent before it imports the rest of
-meshrun (launcher/warm_torchrun.py), so only the standard library is imported up here.
+meshrun (launcher/backends/warm_torchrun.py), so only the standard library is imported up here.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.warm_torchrun import WarmTorchrun, launches_locally, warm_torchrun
+from launcher.backends.warm_torchrun import WarmTorchrun, launches_locally, warm_torchrun
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -22,7 +22,8 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a process killed by 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from launcher import data_cli, hydra_flags
+    from launcher import hydra_flags
+    from launcher.data import data_command
 
     parser = argparse.ArgumentParser(prog="meshrun", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,10 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="FLOPs attention term: full (12*L*H*Q*T, PaLM/torchtitan, what MFU "
                            "uses) or causal (halved, FlashAttention's count)")
     plan.add_argument("--json", action="store_true",
-                      help="print the whole plan as JSON (keys: launcher/plan_json.py)")
+                      help="print the whole plan as JSON (keys: launcher/plan/plan_json.py)")
     plan.add_argument("--calibrate", nargs="+", type=Path, metavar="RUN_DIR",
                       help="fit the step-time model to these runs (metrics, preflight.json), "
-                           "print the error per run, store it (launcher/calibrate_cmd.py)")
+                           "print the error per run, store it (launcher/plan/calibrate_command.py)")
     plan.add_argument("--calibration-out", type=Path, default=None, metavar="FILE",
                       help="--calibrate: the file to write (default ~/.meshrun/calibration.json)")
     add_search_args(plan)
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="state, step, latest metrics of a run dir")
     status.add_argument("run_dir", type=Path)
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    data_cli.register(sub)
+    data_command.register(sub)
     for register in command_plugins():
         register(sub)
     return parser
@@ -104,7 +105,7 @@ def _main(argv: list[str], warm: WarmTorchrun | None) -> int:
             return search_command(args, console)
         if args.command == "plan":
             if args.calibrate:
-                from launcher.calibrate_cmd import run_calibrate
+                from launcher.plan.calibrate_command import run_calibrate
                 return run_calibrate(args.calibrate, out=args.calibration_out, console=console)
             return commands.plan(args.overrides, console=console, attention=args.attention_flops,
                                  as_json=args.json)
@@ -148,7 +149,7 @@ def run_command(args: argparse.Namespace, console: Console,
 def add_search_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--search", action="store_true",
                       help="rank every layout resolve() accepts by predicted tokens/s per "
-                           "device (launcher/plan_search.py)")
+                           "device (launcher/plan/plan_search.py)")
     plan.add_argument("--top", type=int, default=10, help="--search: layouts to show")
     plan.add_argument("--global-batch-tokens", type=int, dest="global_batch_tokens",
                       help="--search: tokens per optimizer step (default: "
@@ -158,7 +159,7 @@ def add_search_args(plan: argparse.ArgumentParser) -> None:
 
 
 def search_command(args: argparse.Namespace, console: Console) -> int:
-    from launcher.plan_search import plan_search
+    from launcher.plan.plan_search import plan_search
 
     return plan_search(args.overrides, console=console, top=args.top, as_json=args.json,
                        global_batch_tokens=args.global_batch_tokens,
@@ -166,7 +167,7 @@ def search_command(args: argparse.Namespace, console: Console) -> int:
 
 
 def show_status(run_dir: Path, *, as_json: bool, console: Console) -> int:
-    from launcher.status import print_status, run_status, status_json
+    from launcher.views.run_status import print_status, run_status, status_json
 
     status = run_status(run_dir)
     if as_json:

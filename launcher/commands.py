@@ -22,21 +22,20 @@ from conf.run_dir.metrics_rows import PREFLIGHT_EVENT
 from conf.run_dir.paths import LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir
 from conf.run_dir.checkpoint_dirs import checkpoint_step
 from conf.run_dir.checkpoint_verify import prelaunch_problem
-from launcher.advice import suggestions
-from launcher.data_prep import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
+from launcher.plan.fit_advice import suggestions
+from launcher.data.stdlib_corpus import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
-from launcher.local import RUN_DIR_PLACEHOLDER, launch_local, node_commands, torchrun_command
-from launcher.plan_json import plan_json
+from launcher.backends.choose import backend_for
+from launcher.plan.plan_json import plan_json
 from launcher.resume_checks import (check_resume_files, check_same_layout,
                                     checkpoint_meta_or_problem)
-from launcher.progress import print_failure, watch_run
-from launcher.slurm import SubmissionFailed, render_sbatch, submit
-from launcher.slurm_state import SlurmJobHandle
-from launcher.warm_torchrun import WarmTorchrun, warm_torchrun
-from launcher.rundir import create_run_dir, new_run_dir_path, render_command
-from launcher.runlock import RunLock, acquire_run_lock
-from launcher.summary import print_summary
-from launcher.view import print_plan
+from launcher.views.progress import print_failure
+from launcher.backends.slurm_submit import SubmissionFailed
+from launcher.backends.warm_torchrun import WarmTorchrun, warm_torchrun
+from launcher.run_dir_writer import create_run_dir, new_run_dir_path
+from launcher.backends.run_lock import RunLock, acquire_run_lock
+from launcher.views.run_summary import print_summary
+from launcher.views.plan_view import print_plan
 from parallel.cost.plan import make_plan
 
 
@@ -49,7 +48,7 @@ def compose_spec(overrides: list[str]) -> tuple[RunSpec, str]:
 
 def plan(overrides: list[str], *, console: Console, attention: str = "full",
          as_json: bool = False) -> int:
-    """Print the plan of a run (a table, or with `as_json` launcher.plan_json's JSON) and,
+    """Print the plan of a run (a table, or with `as_json` launcher.plan.plan_json's JSON) and,
     when it does not fit its devices, re-planned suggestions."""
     spec, _ = compose_spec(overrides)
     the_plan = make_plan(spec, attention=attention)
@@ -70,7 +69,7 @@ def print_composed(overrides: list[str]) -> int:
 def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False,
         prepare_only: bool = False, warm: WarmTorchrun | None = None) -> int:
     """Compose, check, write the run dir and launch (or show all that: `dry_run`). A torchrun
-    agent starts warm meanwhile (launcher/warm_torchrun.py) for a run that may launch here
+    agent starts warm meanwhile (launcher/backends/warm_torchrun.py) for a run that may launch here
     (`warm`: one the CLI started already)."""
     with warm_torchrun(not (dry_run or prepare_only), started=warm) as warm:
         return _run(overrides, dry_run=dry_run, console=console, wait=wait,
@@ -89,7 +88,7 @@ def _run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool,
         print_plan(spec, the_plan, console, advice)
         console.print(f"data: {_data_line(spec)}", markup=False, soft_wrap=True)
         print_launch(spec, new_run_dir_path(spec), command, console)
-        print_copyable(spec, overrides, command, console)
+        print_copyable(spec, overrides, console)
         return 0
     spec = with_prepared_data(spec)
     run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text, command=command)
@@ -103,36 +102,14 @@ def _run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool,
 
 
 def launch_command(spec: RunSpec) -> list[str]:
-    if spec.cluster.kind == "slurm":
-        return ["sbatch", "<run_dir>/slurm/<job>/<job>_submission.sh"]
-    if spec.cluster.kind == "nodes":
-        return node_commands(spec, RUN_DIR_PLACEHOLDER)[0]
-    return torchrun_command(spec)
+    return backend_for(spec.cluster).launch_command(spec)
 
 
 def print_launch(spec: RunSpec, run_dir: Path, command: list[str], console: Console) -> None:
-    kind = spec.cluster.kind
-    if kind == "slurm":
-        console.rule("sbatch script (submitted through submitit; nothing is submitted now)")
-        console.print(render_sbatch(spec, run_dir), markup=False, highlight=False, soft_wrap=True)
-        console.print(f"each of the {spec.world_size} tasks unpickles "
-                      f"training.slurm_entry.SlurmRankTask({str(run_dir)!r}) and trains one rank "
-                      "(RANK=SLURM_PROCID); MASTER_ADDR = "
-                      f"{spec.cluster.rdzv_host or 'the first node of the allocation'}",
-                      markup=False, soft_wrap=True)
-        env = " ".join(f"{k}={v}" for k, v in sorted(spec.cluster.env.items()))
-        console.print(f"environment set in every rank: {env or '(none)'}", markup=False,
-                      soft_wrap=True)
-        return
-    commands = node_commands(spec, str(run_dir)) if kind == "nodes" else [command]
-    console.print("launch command" + (" per node:" if kind == "nodes" else ":"), markup=False)
-    for cmd in commands:
-        console.print("  " + render_command(cmd, run_dir=run_dir), markup=False,
-                      highlight=False, soft_wrap=True)
+    backend_for(spec.cluster).render(spec, run_dir, command, console)
 
 
-def print_copyable(spec: RunSpec, overrides: list[str], command: list[str],
-                   console: Console) -> None:
+def print_copyable(spec: RunSpec, overrides: list[str], console: Console) -> None:
     """Commands that work when pasted into a shell (the run dir above does not exist yet)."""
     meshrun = meshrun_command()
     config_dirs = [arg for d in user_config_dirs() for arg in ("--config-dir", str(d))]
@@ -141,15 +118,15 @@ def print_copyable(spec: RunSpec, overrides: list[str], command: list[str],
     console.print("(the run dir above does not exist until launch: paste these instead)",
                   markup=False)
     console.print(f"  {again}", markup=False, highlight=False, soft_wrap=True)
-    if spec.cluster.kind == "slurm":
+    per_node = backend_for(spec.cluster).rank_commands(spec, RUN_DIR_MARK)
+    if per_node is None:  # a scheduler starts the ranks
         return
     prepare = shlex.join([*meshrun, "run", "--prepare-only", *config_dirs, *overrides])
-    per_node = node_commands(spec, RUN_DIR_MARK) if spec.cluster.kind == "nodes" else [command]
     console.print("or, to start the ranks yourself (the first line creates the run dir):",
                   markup=False)
     console.print(f"  RUN_DIR=$({prepare})", markup=False, highlight=False, soft_wrap=True)
     for cmd in per_node:
-        line = shlex.join(RUN_DIR_MARK if p == RUN_DIR_PLACEHOLDER else p for p in cmd)
+        line = shlex.join(cmd)
         line = line.replace(f"={RUN_DIR_MARK}", '="$(basename "$RUN_DIR")"')
         console.print("  " + line.replace(RUN_DIR_MARK, '"$RUN_DIR"'), markup=False,
                       highlight=False, soft_wrap=True)
@@ -167,25 +144,15 @@ def meshrun_command() -> list[str]:
 
 def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
             preflight_only: bool = False, lock: RunLock | None = None,
-            warm: WarmTorchrun | None = None) -> int:
-    if warm is not None and spec.cluster.kind != "local":
+            warm: WarmTorchrun | None = None, resume: bool = False) -> int:
+    backend = backend_for(spec.cluster)
+    if warm is not None and not backend.on_this_machine:
         warm.discard()  # not for Slurm or other nodes: do not hold it while a job runs
-    if spec.cluster.kind == "nodes":
-        print_launch(spec, run_dir, [], console)
-        console.print("start each command on its node (node_rank 0 on cluster.rdzv_host)",
-                      markup=False)
+    start = backend.resume if resume else backend.launch
+    status = start(spec, run_dir, console=console, show_progress=spec.logging.progress,
+                   wait=wait, preflight_only=preflight_only, lock=lock, warm=warm)
+    if status is None:  # started elsewhere; nothing to follow here
         return 0
-    if spec.cluster.kind == "slurm":
-        job_id = submit(spec, run_dir, preflight_only=preflight_only)
-        console.print(f"submitted Slurm job {job_id}; follow it with: meshrun status {run_dir}",
-                      markup=False)
-        if not (wait or preflight_only):
-            return 0
-        job = SlurmJobHandle(job_id)
-        status = watch_run(job, run_dir=run_dir, spec=spec, show_progress=spec.logging.progress)
-    else:
-        status = launch_local(spec, run_dir, show_progress=spec.logging.progress,
-                              preflight_only=preflight_only, lock=lock, warm=warm)
     if status == 0 and preflight_only:
         note_preflight_passed(run_dir)
         print_preflight(run_dir, console)
@@ -279,7 +246,7 @@ def _resume_locked(run_dir: Path, spec: RunSpec, effective: list[str], overrides
     rd.append_resume(time=time.strftime("%Y-%m-%dT%H:%M:%S"), overrides=overrides,
                      effective=effective)
     console.print(f"resuming {run_dir}", markup=False)
-    return _launch(spec, run_dir, console=console, wait=wait, lock=lock, warm=warm)
+    return _launch(spec, run_dir, console=console, wait=wait, lock=lock, warm=warm, resume=True)
 
 
 def _stored_overrides(run_dir: Path) -> list[str]:

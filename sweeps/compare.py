@@ -1,9 +1,8 @@
 """Compare runs: collect run dirs (from a sweep's points.json or given), diff their configs, rank them.
 
 Torch-free. The numbers come from each run's summary.json, or, for a run that has not finished,
-from its metrics.jsonl through `conf.run_dir.outcomes.outcomes_from_rows`, the same numbers
-summary.json is written from. A run's state is a `conf.run_dir.run_states.RunState` word, as
-`meshrun status` says it.
+from its metrics.jsonl through `conf.run_dir.outcomes.outcomes_from_rows`, the same numbers summary.json
+is written from. A run's state is a `conf.run_dir.run_states.RunState` word, as `meshrun status` says it.
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from conf.errors import ConfigError, ProblemList
 from conf.run_dir.outcomes import outcomes_from_rows
 from conf.run_dir.paths import RunDir
 from conf.run_dir.run_states import RunState
-from launcher.status import run_status
+from launcher.views.run_status import run_status
 from sweeps.state import POINTS_FILE
 IGNORED_KEYS = ("name", "runs_dir", "data.train_files", "data.val_files", "data.cache_dir",
                 "checkpoint.resume_from")

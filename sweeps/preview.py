@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.spec import RunSpec
-from launcher.view import gib, human
+from launcher.backends.choose import backend_for
+from launcher.views.plan_view import gib, human
 from parallel.cost.devices import gpu_memory_bytes
 from parallel.cost.fit import Verdict
 from parallel.cost.plan import make_plan
@@ -43,7 +44,8 @@ class Cost:
 
 def point_cost(spec: RunSpec) -> Cost:
     cuda = spec.training.device == "cuda"
-    device_mem = (device_memory(spec.host.gpu_name, local=spec.cluster.kind == "local")
+    device_mem = (device_memory(spec.host.gpu_name,
+                                local=backend_for(spec.cluster).on_this_machine)
                   if cuda else None)
     plan = make_plan(spec, device_bytes=device_mem)
     estimate = estimate_time(spec, plan)

@@ -1,9 +1,10 @@
 """Run a sweep's points on this machine: one after another, or several at once (--parallel N)
 when they fit (CPU cores, or whole GPUs per point). One point failing never stops the others.
 
-Each point is launched by launcher.local.launch_local, exactly as `meshrun run` would; with
---parallel each launch happens in a worker process (launch_local installs signal handlers,
-which only a main thread may do), its progress lines going to logs/launcher.log.
+Each point is launched by its launch backend (launcher.backends: torchrun on this machine),
+exactly as `meshrun run` would; with --parallel each launch happens in a worker process (the
+local launch installs signal handlers, which only a main thread may do), its progress lines
+going to logs/launcher.log.
 
 What the sweep shows meanwhile is sweeps.watch.SweepWatch: a live table of the points on a
 terminal (each point's own progress then goes to its logs/launcher.log), plain lines elsewhere.
@@ -76,8 +77,6 @@ def concurrency_note(host: HostSpec, *, parallel: int, specs: list[RunSpec]) -> 
 
 def _sequential(state: SweepState, make_run_dir, todo: list,
                 watch: SweepWatch) -> dict[int, int]:
-    from launcher.local import launch_local
-
     results = {}
     for n, item in enumerate(todo, 1):
         prepared = make_run_dir(item)
@@ -85,8 +84,8 @@ def _sequential(state: SweepState, make_run_dir, todo: list,
         if watch.live:  # the table shows the progress; the point's own lines go to its log
             status = run_point(str(prepared.run_dir), {})
         else:
-            status = launch_local(prepared.spec, prepared.run_dir,
-                                  show_progress=prepared.spec.logging.progress)
+            status = launch_here(prepared.spec, prepared.run_dir, console=watch.console,
+                                 show_progress=prepared.spec.logging.progress)
         results[prepared.index] = status
         state.finish_attempt(prepared.index, exit_status=status)
         watch.ended(index=prepared.index, status=status)
@@ -209,10 +208,17 @@ class Slots:
             self.free_cpus += spec.world_size
 
 
+def launch_here(spec: RunSpec, run_dir: Path, *, console: Console, show_progress: bool) -> int:
+    """Launch one point that runs on this machine through its launch backend, to its end."""
+    from launcher.backends.choose import backend_for
+
+    return backend_for(spec.cluster).launch(spec, run_dir, console=console,
+                                            show_progress=show_progress)
+
+
 def run_point(run_dir: str, env: dict[str, str]) -> int:
-    """In a worker process: launch one run dir with launch_local; progress goes to its log."""
+    """In a worker process: launch one run dir (launch_here); progress goes to its log."""
     from conf.run_dir.paths import RunDir
-    from launcher.local import launch_local
 
     os.environ.update(env)
     path = Path(run_dir)
@@ -220,7 +226,7 @@ def run_point(run_dir: str, env: dict[str, str]) -> int:
     with open(RunDir(path).launcher_log, "a") as log:
         before, sys.stderr = sys.stderr, log
         try:
-            return launch_local(spec, path, show_progress=False)
+            return launch_here(spec, path, console=Console(file=log), show_progress=False)
         except KeyboardInterrupt:
             return INTERRUPTED
         finally:

@@ -5,7 +5,7 @@
                                  group, tags, run_overrides, run_dir (the latest attempt's),
                                  attempts: [{run_dir, backend, started, job_id, exit_status,
                                  error}]}]}
-    <sweep_dir>/runs/<name>-<timestamp>/   each point's run dir (made by launcher.rundir)
+    <sweep_dir>/runs/<name>-<timestamp>/   each point's run dir (made by launcher.run_dir_writer)
     <sweep_dir>/arrays/                    submitit folders of the Slurm job arrays
 
 A point is known by its overrides: running the same sweep into the same dir again finds its

@@ -13,6 +13,8 @@ from rich.console import Console
 
 from conf.compose import config_yaml, quote_value
 from conf.errors import ConfigError, Problem
+from launcher.backends.choose import backend_for
+from launcher.backends.interface import LaunchBackend
 from launcher.hardware import probe_host
 from sweeps.expand import MAX_POINTS, Point, expand
 from sweeps.preview import confirm, not_fitting, preview_table
@@ -58,12 +60,10 @@ def run_sweep(sweep: SweepDef, opts: Options, console: Console, *,
                                 f"{'s' if len(todo) != 1 else ''} to run",
                                 max_rows=opts.max_rows))
     _warn_not_fitting(todo, console)
-    on_slurm = [c.spec for c in todo if c.spec.cluster.kind == "slurm"]
-    if on_slurm:
-        from sweeps.run_slurm import describe_arrays
-
-        for line in describe_arrays(on_slurm, array_parallelism=sweep.array_parallelism):
-            console.print(f"slurm: {line}", markup=False)
+    for backend, points in by_backend(todo):
+        for line in backend.describe_points([c.spec for c in points],
+                                            array_parallelism=sweep.array_parallelism):
+            console.print(line, markup=False)
     if opts.dry_run:
         console.print("dry run: nothing was written or submitted", markup=False)
         return 0
@@ -125,14 +125,24 @@ def _warn_not_fitting(todo: list[Checked], console: Console) -> None:
                       soft_wrap=True)
 
 
+def by_backend(todo: list[Checked]) -> list[tuple[LaunchBackend, list[Checked]]]:
+    """The points grouped by launch backend: those a scheduler takes (submitting returns at
+    once) first, then those that run here; each group in the points' order."""
+    groups: dict[str, tuple[LaunchBackend, list[Checked]]] = {}
+    for c in todo:
+        backend = backend_for(c.spec.cluster)
+        groups.setdefault(backend.kind, (backend, []))[1].append(c)
+    return sorted(groups.values(), key=lambda group: (not group[0].detached, group[0].kind))
+
+
 def _backends(todo: list[Checked]) -> str:
-    kinds = sorted({c.spec.cluster.kind for c in todo})
-    return " and ".join("on Slurm" if k == "slurm" else "on this machine" for k in kinds)
+    backends = sorted((backend for backend, _ in by_backend(todo)), key=lambda b: b.kind)
+    return " and ".join(backend.where for backend in backends)
 
 
 def make_run_dir(state: SweepState, checked: Checked, *, backend: str) -> Prepared:
-    """Create the point's run dir under <sweep_dir>/runs (launcher.rundir) and record it."""
-    from launcher.rundir import create_run_dir
+    """Create the point's run dir under <sweep_dir>/runs (launcher.run_dir_writer) and record it."""
+    from launcher.run_dir_writer import create_run_dir
     from launcher.commands import launch_command, with_prepared_data
 
     runs_dir = str(state.runs_dir)
@@ -164,33 +174,42 @@ def _launch(state: SweepState, sweep: SweepDef, todo: list[Checked], opts: Optio
 
 def _launch_all(state: SweepState, sweep: SweepDef, todo: list[Checked], opts: Options,
                 console: Console) -> tuple[bool, bool]:
-    """Launch every point; return (all launches went well, every point has ended)."""
-    resumable = [c for c in todo if _checkpointed_run_dir(state, c) is not None]
-    fresh = [c for c in todo if c not in resumable]
-    slurm = [c for c in fresh if c.spec.cluster.kind == "slurm"]
-    local = [c for c in fresh if c.spec.cluster.kind == "local"]
-    # Slurm first (submitting returns at once), then the local points, which take this machine.
-    ok = _resume(state, [c for c in resumable if c.spec.cluster.kind == "slurm"], console)
-    if slurm:
-        from sweeps.run_slurm import submit_arrays
-
-        prepared = [make_run_dir(state, c, backend="slurm") for c in slurm]
-        ids = submit_arrays(state, prepared, array_parallelism=sweep.array_parallelism,
-                            sweep_name=sweep.name, console=console)
-        ok = ok and len(ids) == len(prepared)
-    ok = _resume(state, [c for c in resumable if c.spec.cluster.kind == "local"], console) and ok
-    if local:
-        from sweeps.run_local import run_local
-
-        results = run_local(state, lambda c: make_run_dir(state, c, backend="local"), local,
-                            parallel=sweep.parallel, host=probe_host(), console=console)
-        ok = ok and len(results) == len(local) and not any(results.values())
-    if opts.wait and (slurm or resumable):
+    """Launch every point, backend by backend (Slurm first: submitting returns at once; then
+    the points that take this machine); return (all launches went well, every point has
+    ended)."""
+    ok, submitted, resumed, detached = True, False, False, False
+    for backend, points in by_backend(todo):
+        resumable = [c for c in points if _checkpointed_run_dir(state, c) is not None]
+        fresh = [c for c in points if c not in resumable]
+        ok = _resume(state, backend, resumable, console) and ok
+        if fresh:
+            ok = _launch_fresh(state, sweep, backend, fresh, console) and ok
+        submitted = submitted or (backend.detached and bool(fresh))
+        resumed = resumed or bool(resumable)
+        detached = detached or backend.detached
+    if opts.wait and (submitted or resumed):
         from sweeps.run_slurm import wait_for_points
 
         wait_for_points(state, [c.point.index for c in todo], console=console)
-    on_slurm = slurm or any(c.spec.cluster.kind == "slurm" for c in resumable)
-    return ok, opts.wait or not on_slurm
+    return ok, opts.wait or not detached
+
+
+def _launch_fresh(state: SweepState, sweep: SweepDef, backend: LaunchBackend,
+                  fresh: list[Checked], console: Console) -> bool:
+    """Points never started: submitted as job arrays, or run here (`--parallel`)."""
+    if backend.detached:
+        from sweeps.run_slurm import submit_arrays
+
+        prepared = [make_run_dir(state, c, backend=backend.kind) for c in fresh]
+        ids = submit_arrays(state, prepared, backend=backend,
+                            array_parallelism=sweep.array_parallelism, sweep_name=sweep.name,
+                            console=console)
+        return len(ids) == len(prepared)
+    from sweeps.run_local import run_local
+
+    results = run_local(state, lambda c: make_run_dir(state, c, backend=backend.kind), fresh,
+                        parallel=sweep.parallel, host=probe_host(), console=console)
+    return len(results) == len(fresh) and not any(results.values())
 
 
 def _checkpointed_run_dir(state: SweepState, checked: Checked) -> Path | None:
@@ -202,7 +221,8 @@ def _checkpointed_run_dir(state: SweepState, checked: Checked) -> Path | None:
     return run_dir if RunDir(run_dir).latest_checkpoint() is not None else None
 
 
-def _resume(state: SweepState, resumable: list[Checked], console: Console) -> bool:
+def _resume(state: SweepState, backend: LaunchBackend, resumable: list[Checked],
+            console: Console) -> bool:
     """Points whose last run left a checkpoint continue it (same run dir, same W&B run)."""
     from launcher import commands
 
@@ -211,7 +231,7 @@ def _resume(state: SweepState, resumable: list[Checked], console: Console) -> bo
         run_dir = _checkpointed_run_dir(state, c)
         console.print(f"point {c.point.index} [{point_label(c.point)}]: resuming from its "
                       "checkpoint", markup=False)
-        state.add_attempt(c.point.index, run_dir, backend=c.spec.cluster.kind)
+        state.add_attempt(c.point.index, run_dir, backend=backend.kind)
         try:
             status = commands.resume(run_dir, [], console=console)
         except ConfigError as err:
@@ -219,7 +239,7 @@ def _resume(state: SweepState, resumable: list[Checked], console: Console) -> bo
             state.finish_attempt(c.point.index, error=str(err).splitlines()[0])
             ok = False
             continue
-        if c.spec.cluster.kind == "local":
+        if not backend.detached:  # it ran to its end here
             state.finish_attempt(c.point.index, exit_status=status)
         ok = ok and status == 0
     return ok

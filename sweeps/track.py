@@ -1,10 +1,10 @@
 """`meshrun sweep status <dir>`: where each point of a sweep stands.
 
-A point's state is a `conf.run_dir.run_states.RunState` word (the vocabulary `meshrun status`
-and `meshrun compare` use too). It comes from its latest run dir (launcher.status.run_status: the
-scheduler's word for Slurm jobs) and, for local runs, from points.json (the exit status of the
-attempt, whether the local sweep runner is still alive) through
-`conf.run_dir.run_states.state_after_exit`.
+A point's state is a `conf.run_dir.run_states.RunState` word (the vocabulary `meshrun status` and
+`meshrun compare` use too). It comes from its latest run dir
+(launcher.views.run_status.run_status: the scheduler's word for Slurm jobs) and, for local runs,
+from points.json (the exit status of the attempt, whether the local sweep runner is still alive)
+through `conf.run_dir.run_states.state_after_exit`.
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def sweep_status(state: SweepState) -> list[dict]:
 def scheduler_states(state: SweepState, indices: list[int]) -> dict:
     """The Slurm states of the points' latest jobs, from one sacct call for all of them ({} for
     a local sweep: no sacct call at all)."""
-    from launcher.slurm import recorded_jobs
-    from launcher.slurm_state import job_states
+    from launcher.backends.slurm_submit import recorded_jobs
+    from launcher.backends.slurm_state import job_states
 
     job_ids = []
     for index in indices:
@@ -71,7 +71,7 @@ def point_status(state: SweepState, record: dict, *, runner_alive: bool,
     if not RunDir(run_dir).is_run_dir:
         return {**row, "state": RunState.missing}
     try:
-        from launcher.status import run_status
+        from launcher.views.run_status import run_status
 
         status = run_status(run_dir, scheduler=scheduler)
     except (ConfigError, RuntimeError, OSError, ValueError) as err:

@@ -13,10 +13,10 @@ from conf.hf_model_config import explicit_model_keys
 from conf.resolve import resolve
 from conf.schema import RunConfig
 from conf.spec import HostSpec, RunSpec
+from launcher.backends.choose import backend_for
 from sweeps.expand import Point
 
 LIST_EACH_POINT_UP_TO = 20
-LAUNCHABLE = ("local", "slurm")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,7 +52,7 @@ def _check(point: Point, config: RunConfig | ConfigError, host: HostSpec) -> Che
 
 
 def _sweep_rules(spec: RunSpec) -> list[Problem]:
-    if spec.cluster.kind not in LAUNCHABLE:
+    if not backend_for(spec.cluster).sweepable:
         return [Problem("cluster", spec.cluster.kind,
                         "sweeps run their points locally or on Slurm",
                         "use cluster=local or cluster=slurm")]

@@ -7,8 +7,8 @@ so far (all points' steps, over the sweep's elapsed time), so it covers points r
 side. Elsewhere (a pipe, a file, a test) it prints the same plain lines as before: one when a
 point starts (`[k/n] point ...`), one when it ends.
 
-Step and loss come from each running point's metrics.jsonl (launcher.progress.MetricsTail), read
-when the table is redrawn (twice a second).
+Step and loss come from each running point's metrics.jsonl
+(launcher.views.progress.MetricsTail), read when the table is redrawn (twice a second).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from launcher.progress import MetricsTail
+from launcher.views.progress import MetricsTail
 from sweeps.track import STYLES
 
 PENDING, RUNNING, COMPLETED, FAILED, STOPPED = "pending", "running", "completed", "failed", "stopped"

@@ -1,7 +1,7 @@
 import os
 import sys
 
-if os.environ.get("MESHRUN_RANK_DIES_WITH_PARENT"):  # set by launcher.local (see launcher.lifetime)
+if os.environ.get("MESHRUN_RANK_DIES_WITH_PARENT"):  # see launcher.backends.process_lifetime
     from training.preemption import die_with_parent
 
     die_with_parent()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conf.run_dir.paths import RunDir
-from launcher.warm_agent import WARM_MARK
+from launcher.backends.warm_agent import WARM_MARK
 from tests.support.wandb_reader import read_runs
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
@@ -65,7 +65,7 @@ def test_resumed_run_repeats_the_uninterrupted_losses_exactly(runs):
 
 def test_run_and_resume_start_torchrun_warm(runs):
     """`meshrun run` and `meshrun resume` hand the launch to the torchrun agent they started
-    before composing (launcher/warm_torchrun.py), not to a cold one."""
+    before composing (launcher/backends/warm_torchrun.py), not to a cold one."""
     assert RunDir(runs["a"]).torchrun_log.read_text().startswith(WARM_MARK)
     assert RunDir(runs["b"]).torchrun_log.read_text().count(WARM_MARK) == 2  # run, resume
 

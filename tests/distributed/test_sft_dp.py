@@ -18,8 +18,8 @@ WORDS = "alpha beta gamma delta tokens shards loss falls over the lazy dog".spli
 
 
 def _prepare(tmp_path) -> str:
-    from launcher.hf_tokenizer import train_bpe
-    from launcher.sft_prepare import SftOptions, prepare_sft
+    from launcher.data.hf_tokenizer import train_bpe
+    from launcher.data.sft_prepare import SftOptions, prepare_sft
 
     rnd = random.Random(5)
     (tmp_path / "c.txt").write_text(" ".join(rnd.choices(WORDS, k=2000)))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.slurm_state import POLL_MOST_ENV
+from launcher.backends.slurm_state import POLL_MOST_ENV
 from tests.slurm.cluster import INSTALL_HINT, SlurmCluster, missing_binaries
 
 SACCT_POLL_MOST_S = 1  # sacct on the test cluster answers in milliseconds

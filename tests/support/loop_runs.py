@@ -21,7 +21,7 @@ from conf.spec import RunSpec
 
 def prepare_run_dir(spec: RunSpec) -> Path:
     """A run dir for `spec` under spec.runs_dir, written as the launcher writes it."""
-    from launcher.rundir import create_run_dir
+    from launcher.run_dir_writer import create_run_dir
 
     return create_run_dir(spec, overrides=[], config_yaml="", command=["spawned-ranks"])
 

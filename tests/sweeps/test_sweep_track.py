@@ -11,14 +11,14 @@ import pytest
 
 from conf.run_dir.run_states import state_after_exit, state_from_files
 from conf.spec import HostSpec
-from launcher.slurm_state import state_from_scheduler
+from launcher.backends.slurm_state import state_from_scheduler
 from sweeps.expand import expand
 from sweeps.run_local import Slots
 from sweeps.spec_file import inline_sweep
 from sweeps.validate import validate
 
 REPO = Path(__file__).resolve().parents[2]
-MINE = ("cli", "expand", "naming", "preview", "run_local", "run_slurm",
+MINE = ("sweep_command", "expand", "naming", "preview", "run_local", "run_slurm",
         "spec_file", "state", "submit", "track", "validate", "watch")
 TORCH_FREE_TRAINING = ("training.slurm_entry",)
 TORCH_FREE_PARALLEL = "parallel.cost"  # the cost model; the rest of parallel needs torch

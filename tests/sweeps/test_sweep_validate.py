@@ -146,7 +146,7 @@ def test_points_with_the_same_resources_share_an_array():
     from pathlib import Path
 
     from sweeps.run_local import Prepared
-    from sweeps.run_slurm import group_by_resources
+    from launcher.backends.slurm_arrays import group_by_resources
 
     sweep = inline_sweep(["cluster=slurm", "cluster.gpus_per_node=0", "cluster.procs_per_node=2",
                           "cluster.nodes=1,2", "optim.lr=1e-3,3e-3,1e-2"])

@@ -1,4 +1,4 @@
-"""Corpus preparation (launcher/data_prep.py) and rank-side batches (training/data/batches.py)."""
+"""Corpus preparation (launcher/data/stdlib_corpus.py) and rank-side batches (training/data/batches.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -13,11 +13,11 @@ import torch
 
 from conf.schema import DataKind, DeviceKind
 from conf.spec import TOKEN_DTYPES, DataSpec, TrainingSpec
-from launcher import data_prep
+from launcher.data import stdlib_corpus as data_prep
 from training.data.batches import SyntheticBatches, TrainBatches, val_batches
 from training.data.build import build_train_batches, build_val_batches
 from training.data.token_windows import TokenDataset, check_token_ids
-from launcher.data_prep import expand_token_files, prepare_stdlib_corpus, stdlib_corpus_dir
+from launcher.data.stdlib_corpus import expand_token_files, prepare_stdlib_corpus, stdlib_corpus_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,7 +109,7 @@ def test_small_source_split_and_rebuild_of_broken_copy(tmp_path):
 
 def test_concurrent_preparers_agree(tmp_path):
     source = _small_source(tmp_path)
-    code = ("import sys; from pathlib import Path; from launcher.data_prep import "
+    code = ("import sys; from pathlib import Path; from launcher.data.stdlib_corpus import "
             "prepare_stdlib_corpus as p; c = p(cache_dir=Path(sys.argv[1]), val_every_nth_file=3, "
             "source_dir=Path(sys.argv[2])); print(c.directory)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "c"), str(source)],
@@ -121,7 +121,7 @@ def test_concurrent_preparers_agree(tmp_path):
 
 
 def test_data_prep_imports_neither_torch_nor_numpy():
-    code = ("import sys, launcher.data_prep; "
+    code = ("import sys, launcher.data.stdlib_corpus; "
             "assert not {'torch', 'numpy', 'hydra', 'omegaconf'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from conf.errors import ConfigError
-from launcher.hf_tokenizer import train_bpe
-from launcher.shards import PrepareOptions, prepare
-from launcher.sft_prepare import SftOptions, prepare_sft
+from launcher.data.hf_tokenizer import train_bpe
+from launcher.data.token_shards import PrepareOptions, prepare
+from launcher.data.sft_prepare import SftOptions, prepare_sft
 from training.data.token_windows import TokenDataset
 from training.data.mixture import MixtureBatches
 

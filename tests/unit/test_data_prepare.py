@@ -18,9 +18,9 @@ from conf.errors import ConfigError
 from conf.data_contract.prepared_corpus import MANIFEST, read_manifest
 from conf.resolve import resolve
 from conf.spec import HostSpec
-from launcher import shards
-from launcher.shards import PrepareOptions, prepare, token_dtype
-from launcher.hf_tokenizer import load_tokenizer, train_bpe
+from launcher.data import token_shards
+from launcher.data.token_shards import PrepareOptions, prepare, token_dtype
+from launcher.data.hf_tokenizer import load_tokenizer, train_bpe
 
 CPU = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=8)
 REPO = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ def _resolve(*overrides: str):
 
 def test_torn_shard_is_never_read_as_complete(made, monkeypatch):
     out = made["root"] / "torn"
-    real_write, calls = shards.ShardWriter._write, []
+    real_write, calls = token_shards.ShardWriter._write, []
 
     def dies_on_third(self, tokens):
         calls.append(1)
@@ -142,13 +142,13 @@ def test_torn_shard_is_never_read_as_complete(made, monkeypatch):
             raise KeyboardInterrupt
         real_write(self, tokens)
 
-    monkeypatch.setattr(shards.ShardWriter, "_write", dies_on_third)
+    monkeypatch.setattr(token_shards.ShardWriter, "_write", dies_on_third)
     with pytest.raises(KeyboardInterrupt):
         _prepare(made, out)
     assert not (out / MANIFEST).exists() and list(out.glob("*.tmp"))
     with pytest.raises(ConfigError, match="did not finish"):
         _resolve(f"data.prepared={out}", "model.vocab_size=320")
-    monkeypatch.setattr(shards.ShardWriter, "_write", real_write)
+    monkeypatch.setattr(token_shards.ShardWriter, "_write", real_write)
     result = _prepare(made, out)  # the rerun continues from the finished shards and finishes
     assert not result.skipped and not list(out.glob("*.tmp"))
     # a listed shard cut short (disk full, copied half-way) is refused, then rebuilt

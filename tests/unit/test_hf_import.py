@@ -212,7 +212,7 @@ def test_load_from_an_hf_dir_must_match_the_model(saved_llama):
 
 
 def test_export_writes_a_tokenizer_automodel_and_autotokenizer_load(tmp_path):
-    from launcher.hf_tokenizer import train_bpe
+    from launcher.data.hf_tokenizer import train_bpe
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 50)

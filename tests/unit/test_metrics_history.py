@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from conf.run_dir.metrics_rows import read_metrics_rows
-from launcher.progress import MetricsTail
+from launcher.views.progress import MetricsTail
 from training.loggers import MetricsFile
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from rich.console import Console
 
 from conf.run_dir.paths import RunDir
-from launcher.status import print_status, run_status
-from launcher.summary import print_summary
+from launcher.views.run_status import print_status, run_status
+from launcher.views.run_summary import print_summary
 
 
 def run_dir_with(tmp_path: Path, *rows: dict) -> Path:

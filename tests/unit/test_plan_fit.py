@@ -1,5 +1,5 @@
 """The fits / does-not-fit verdict (parallel.cost.fit), the re-planned suggestions
-(launcher.advice) and `meshrun plan --json` (launcher.plan_json)."""
+(launcher.plan.fit_advice) and `meshrun plan --json` (launcher.plan.plan_json)."""
 from __future__ import annotations
 
 import json
@@ -82,7 +82,7 @@ def test_a_plan_that_fits_has_a_margin_and_no_suggestions():
 
 
 def test_suggestions_are_re_planned():
-    from launcher.advice import suggestions
+    from launcher.plan.fit_advice import suggestions
 
     spec = cpu_spec(*EIGHT_B)
     found = suggestions(spec, EIGHT_B)

@@ -1,4 +1,4 @@
-"""`meshrun plan --search` (parallel/cost/search*.py, launcher/plan_search.py): the candidates
+"""`meshrun plan --search` (parallel/cost/search*.py, launcher/plan/plan_search.py): the candidates
 are exactly the layouts resolve() accepts in the search's domain, each costed as `meshrun
 plan` costs it, ranked by predicted tokens/s; the sweep file it writes validates with its
 best point first; bad input exits 2; no torch."""
@@ -21,7 +21,7 @@ from conf.schema import RecomputeConfig, RecomputeMode
 from conf.degrees import DEGREES
 from conf.spec import HostSpec, RecomputeSpec, spec_from_config
 from launcher.cli import main
-from launcher.plan_search import neutral_layout, recompute_policies
+from launcher.plan.plan_search import neutral_layout, recompute_policies
 from parallel.cost.memory import estimate_memory
 from parallel.cost.search import FALLBACK_BASIS, search
 from parallel.cost.search_memory import MemoryTable

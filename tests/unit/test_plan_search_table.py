@@ -11,7 +11,7 @@ from rich.console import Console
 from conf.compose import compose_config
 from conf.resolve import resolve
 from conf.spec import HostSpec
-from launcher.plan_search import layout_text, neutral_layout, print_search, recompute_policies
+from launcher.plan.plan_search import layout_text, neutral_layout, print_search, recompute_policies
 from parallel.cost.search import search
 
 HOST = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=2)

@@ -7,7 +7,7 @@ import json
 from conf.run_dir.metrics_rows import PREFLIGHT_EVENT
 from conf.run_dir.run_states import (ACTIVE_STATES, RETRYABLE_STATES, RunState, state_after_exit,
                                      state_from_files)
-from launcher.slurm_state import state_from_scheduler
+from launcher.backends.slurm_state import state_from_scheduler
 
 
 def preflight_dir(tmp_path, *, passed: bool):

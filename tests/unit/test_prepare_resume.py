@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import shards
-from launcher.shards import PROGRESS, PrepareOptions, prepare
-from launcher.hf_tokenizer import train_bpe
+from launcher.data import token_shards
+from launcher.data.token_shards import PROGRESS, PrepareOptions, prepare
+from launcher.data.hf_tokenizer import train_bpe
 from tests.unit.test_data_prepare import _corpus
 
 OPTS = PrepareOptions(text_field="body", val_fraction=0.2, shard_tokens=1500)
@@ -31,7 +31,7 @@ def _files(out):
 
 
 def _interrupt_after_shards(made, out, monkeypatch, n: int) -> None:
-    real_write, calls = shards.ShardWriter._write, []
+    real_write, calls = token_shards.ShardWriter._write, []
 
     def dies(self, tokens):
         if len(calls) == n:
@@ -39,20 +39,21 @@ def _interrupt_after_shards(made, out, monkeypatch, n: int) -> None:
         calls.append(1)
         real_write(self, tokens)
 
-    monkeypatch.setattr(shards.ShardWriter, "_write", dies)
+    monkeypatch.setattr(token_shards.ShardWriter, "_write", dies)
     with pytest.raises(KeyboardInterrupt):
         _run(made, out)
-    monkeypatch.setattr(shards.ShardWriter, "_write", real_write)
+    monkeypatch.setattr(token_shards.ShardWriter, "_write", real_write)
 
 
 def _counting_chunks(monkeypatch) -> list:
-    real, seen = shards._encode_chunk, []
-    monkeypatch.setattr(shards, "_encode_chunk", lambda task: seen.append(task[0]) or real(task))
+    real, seen = token_shards._encode_chunk, []
+    monkeypatch.setattr(token_shards, "_encode_chunk",
+                        lambda task: seen.append(task[0]) or real(task))
     return seen
 
 
 def test_killed_prepare_resumes_and_matches_an_uninterrupted_run(made, monkeypatch):
-    monkeypatch.setattr(shards, "CHUNK_DOCS", 2)  # 20 documents: 10 chunks
+    monkeypatch.setattr(token_shards, "CHUNK_DOCS", 2)  # 20 documents: 10 chunks
     reference = _run(made, made["root"] / "whole")
     assert len(reference.manifest["splits"]["train"]["shards"]) >= 4
     out = made["root"] / "killed"
@@ -67,7 +68,7 @@ def test_killed_prepare_resumes_and_matches_an_uninterrupted_run(made, monkeypat
 
 
 def test_progress_is_not_trusted_when_a_shard_is_gone_or_inputs_changed(made, monkeypatch):
-    monkeypatch.setattr(shards, "CHUNK_DOCS", 2)
+    monkeypatch.setattr(token_shards, "CHUNK_DOCS", 2)
     reference = _run(made, made["root"] / "whole2")
     out = made["root"] / "gone"
     _interrupt_after_shards(made, out, monkeypatch, 3)

@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 from rich.progress import Progress
 
-from launcher.progress import BAR_WIDTH, BAR_WIDTH_NARROW, describe, progress_columns
+from launcher.views.progress import BAR_WIDTH, BAR_WIDTH_NARROW, describe, progress_columns
 
 ROW = {"loss": 3.2123, "val_loss": 3.1999, "tokens_per_s": 123456.0, "mfu": 0.423}
 

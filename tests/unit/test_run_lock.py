@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from conf.errors import ConfigError
-from launcher.runlock import acquire_run_lock
+from launcher.backends.run_lock import acquire_run_lock
 
 REPO = Path(__file__).resolve().parents[2]
 HOLDER = textwrap.dedent("""
     import sys, time
-    from launcher.runlock import acquire_run_lock
+    from launcher.backends.run_lock import acquire_run_lock
     lock = acquire_run_lock(sys.argv[1], action="run")
     print("held", flush=True)
     time.sleep(120)

@@ -5,18 +5,20 @@ import json
 
 import pytest
 
-from launcher import rundir
+from launcher import run_dir_writer
 from tests.support.specs import cpu_spec
 
 
 def make(spec, **kwargs):
-    return rundir.create_run_dir(spec, overrides=["model=tiny"], config_yaml="a: 1\n",
-                                 command=["python", "-m", "training", "<run_dir>"], **kwargs)
+    return run_dir_writer.create_run_dir(spec, overrides=["model=tiny"], config_yaml="a: 1\n",
+                                         command=["python", "-m", "training", "<run_dir>"],
+                                         **kwargs)
 
 
 def test_two_runs_in_the_same_second_get_two_dirs(tmp_path, monkeypatch):
     spec = cpu_spec(f"runs_dir={tmp_path}", "name=same")
-    monkeypatch.setattr(rundir.time, "localtime", lambda *_: rundir.time.gmtime(0))
+    monkeypatch.setattr(run_dir_writer.time, "localtime",
+                        lambda *_: run_dir_writer.time.gmtime(0))
     first, second = make(spec), make(spec)
     assert first != second and first.is_dir() and second.is_dir()
     assert second.name == first.name + "-2"
@@ -31,7 +33,7 @@ def test_a_failure_while_writing_leaves_no_run_dir(tmp_path, monkeypatch):
     def broken() -> dict:
         raise OSError("disk full")
 
-    monkeypatch.setattr(rundir, "environment_record", broken)
+    monkeypatch.setattr(run_dir_writer, "environment_record", broken)
     with pytest.raises(OSError):
         make(spec)
     assert list(tmp_path.iterdir()) == []

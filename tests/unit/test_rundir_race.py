@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import multiprocessing
 
-from launcher import rundir
+from launcher import run_dir_writer
 from tests.support.specs import cpu_spec
 
 N = 12
@@ -11,10 +11,12 @@ N = 12
 
 def _create(args) -> str:
     spec, barrier = args
-    rundir.time.localtime = lambda *_: rundir.time.gmtime(0)  # all in the same second
+    # all in the same second
+    run_dir_writer.time.localtime = lambda *_: run_dir_writer.time.gmtime(0)
     barrier.wait()
-    return str(rundir.create_run_dir(spec, overrides=[], config_yaml="a: 1\n",
-                                     command=["python", "-m", "training", "<run_dir>"]))
+    return str(run_dir_writer.create_run_dir(spec, overrides=[], config_yaml="a: 1\n",
+                                             command=["python", "-m", "training",
+                                                      "<run_dir>"]))
 
 
 def test_twelve_processes_creating_one_name_get_twelve_dirs(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.slurm import render_sbatch, sbatch_parameters
+from launcher.backends.slurm_submit import render_sbatch, sbatch_parameters
 from tests.support.specs import cpu_spec
 
 GOLDEN_DIR = Path(__file__).parent / "golden"

@@ -19,7 +19,7 @@ from conf.compose import compose_config
 from conf.resolve import resolve
 from conf.schema import RecomputeConfig, RecomputeMode
 from conf.spec import HostSpec
-from launcher.plan_search import neutral_layout, recompute_policies
+from launcher.plan.plan_search import neutral_layout, recompute_policies
 from parallel.cost.memory import estimate_memory, representative_ranks
 from parallel.cost.search_memory import MemoryTable
 from parallel.cost.search_space import enumerate_candidates

@@ -12,7 +12,7 @@ from collections import Counter
 from conf.compose import compose_config
 from conf.resolve import resolve
 from conf.spec import HostSpec
-from launcher.plan_search import neutral_layout, recompute_policies
+from launcher.plan.plan_search import neutral_layout, recompute_policies
 from parallel.cost.fit import memory_verdict
 from parallel.cost.plan import make_plan
 from parallel.cost.search import predict, search

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from conf.data_contract.prepared_corpus import MANIFEST
-from launcher.hf_tokenizer import load_tokenizer, train_bpe
-from launcher.sft_pack import first_fit_decreasing, packing_efficiency
-from launcher.sft_prepare import SftOptions, encode_conversation, prepare_sft
-from launcher.sft_template import ChatTemplate, DEFAULT_CHAT_TEMPLATE, load_chat_template
+from launcher.data.hf_tokenizer import load_tokenizer, train_bpe
+from launcher.data.sft_pack import first_fit_decreasing, packing_efficiency
+from launcher.data.sft_prepare import SftOptions, encode_conversation, prepare_sft
+from launcher.data.sft_template import ChatTemplate, DEFAULT_CHAT_TEMPLATE, load_chat_template
 from training.loss import IGNORE_INDEX
 
 REPO = Path(__file__).resolve().parents[2]

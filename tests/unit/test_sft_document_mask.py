@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from conf.errors import ConfigError
-from launcher.hf_tokenizer import load_tokenizer
-from launcher.sft_prepare import SftOptions, encode_conversation, prepare_sft
-from launcher.sft_template import load_chat_template
+from launcher.data.hf_tokenizer import load_tokenizer
+from launcher.data.sft_prepare import SftOptions, encode_conversation, prepare_sft
+from launcher.data.sft_template import load_chat_template
 from parallel.document_masking import document_ids_and_positions
 from tests.support.specs import cpu_spec
 from tests.unit.test_sft_data import TWO_TURNS, trained_tokenizer

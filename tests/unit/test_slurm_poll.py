@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from conf.errors import ConfigError
-from launcher.slurm_state import POLL_MOST_ENV, parse_sacct, poll_intervals, sacct_command
+from launcher.backends.slurm_state import POLL_MOST_ENV, parse_sacct, poll_intervals, sacct_command
 
 SACCT = """\
 101|COMPLETED|0:0|00:00:12|n1

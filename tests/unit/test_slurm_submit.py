@@ -47,7 +47,8 @@ def test_refused_sbatch_is_one_message_exit_2_and_no_run_dir(tmp_path, monkeypat
 
 
 def test_the_private_submitit_calls_of_the_dry_run_still_exist():
-    """launcher.slurm.submitit_sbatch_text uses these; if this fails after a submitit upgrade,
+    """launcher.backends.slurm_submit.submitit_sbatch_text uses these; if this fails after a
+    submitit upgrade,
     look for a public renderer there (or the new private names) and update that one function."""
     executor = submitit.SlurmExecutor
     assert callable(getattr(executor, "_make_submission_file_text", None))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conf.data_contract.tokenizer_info import LLAMA3_SPECIALS, read_tokenizer_info, tokenizer_file
-from launcher.hf_tokenizer import load_tokenizer
+from launcher.data.hf_tokenizer import load_tokenizer
 
 tiktoken = pytest.importorskip("tiktoken")
 from tiktoken._educational import SimpleBytePairEncoding, bpe_train  # noqa: E402
@@ -89,7 +89,7 @@ def test_ids_equal_tiktokens_and_text_round_trips(tok_dir, ranks):
 
 
 def test_data_prepare_shards_documents_with_bos_and_eos(tok_dir, tmp_path):
-    from launcher.shards import PrepareOptions, prepare
+    from launcher.data.token_shards import PrepareOptions, prepare
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in SAMPLES[:3]))
@@ -143,7 +143,7 @@ def test_prepare_sft_with_a_tiktoken_instruct_tokenizer(tok_dir, tmp_path):
     """SFT prepare with a tiktoken rank file and an instruct config (EOS = <|eot_id|>, which
     ends every turn): the template's markers become special ids, and conversations are
     separated by a token none of them holds (not the EOS)."""
-    from launcher.sft_prepare import SftOptions, prepare_sft
+    from launcher.data.sft_prepare import SftOptions, prepare_sft
 
     (tok_dir / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": LLAMA3_CHAT, "bos_token": "<|begin_of_text|>",

@@ -107,7 +107,7 @@ def test_a_file_path_as_option_says_to_use_config_dir(user_dir, capsys):
 
 def test_resume_reuses_the_config_dirs_the_run_was_made_with(user_dir, tmp_path, monkeypatch):
     from launcher.commands import _reuse_config_dirs
-    from launcher.rundir import environment_record
+    from launcher.run_dir_writer import environment_record
 
     monkeypatch.setenv(ENV_VAR, str(user_dir))
     record = environment_record()

@@ -1,7 +1,7 @@
-"""The warm torchrun agent (launcher/warm_torchrun.py): started before the config is composed,
-it runs the torchrun command it is handed, with the given environment, writing to the given
-log and holding the run dir's lock; a dead agent falls back to a cold torchrun; a discarded
-one is gone at once. Real processes: the agent, torchrun and a 1-rank script (no torch)."""
+"""The warm torchrun agent (launcher/backends/warm_torchrun.py): started before the config is
+composed, it runs the torchrun command it is handed, with the given environment, writing to the
+given log and holding the run dir's lock; a dead agent falls back to a cold torchrun; a
+discarded one is gone at once. Real processes: the agent, torchrun and a 1-rank script (no torch)."""
 from __future__ import annotations
 
 import os
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from conf.run_dir.paths import RunDir
-from launcher.local import TORCHRUN, start_torchrun
-from launcher.runlock import acquire_run_lock
-from launcher.warm_agent import WARM_MARK
-from launcher.warm_torchrun import WarmTorchrun, launches_locally, warm_torchrun
+from launcher.backends.local_torchrun import TORCHRUN, start_torchrun
+from launcher.backends.run_lock import acquire_run_lock
+from launcher.backends.warm_agent import WARM_MARK
+from launcher.backends.warm_torchrun import WarmTorchrun, launches_locally, warm_torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_SCRIPT = textwrap.dedent("""
@@ -34,7 +34,7 @@ RANK_SCRIPT = textwrap.dedent("""
 @pytest.fixture
 def launch_parts(tmp_path, monkeypatch):
     """(torchrun command for a 1-rank script, environment, run dir) in tmp_path."""
-    monkeypatch.chdir(REPO)  # the agent is `python -m launcher.warm_agent`
+    monkeypatch.chdir(REPO)  # the agent is `python -m launcher.backends.warm_agent`
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     command = [*TORCHRUN, "--standalone", "--nnodes=1", "--nproc_per_node=1", str(script),

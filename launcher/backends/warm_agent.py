@@ -1,9 +1,10 @@
-"""The torchrun agent of a local run, started warm: `python -m launcher.warm_agent FD for ...`
+"""The torchrun agent of a local run, started warm:
+`python -m launcher.backends.warm_agent FD for ...`
 (the words after FD, the CLI's own command line, only tell `ps` readers whose agent it is).
 
 `meshrun run` and `meshrun resume` start this process before they compose the config, so
 its Python start-up and `import torch` (about a second) overlap the CLI's own work instead
-of following it. It then waits on the socket FD for the launch (launcher/warm_torchrun.py):
+of following it. It then waits on the socket FD for the launch (launcher/backends/warm_torchrun.py):
 one message with torchrun's arguments and the ranks' environment, carrying the run log and
 the run dir's lock as file descriptors. It points stdout and stderr at the log, keeps the
 lock open (as torchrun does when started cold with the lock fd passed on), and runs torchrun

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -124,3 +125,36 @@ def pid_alive(pid) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def lock_holder(run_dir: Path) -> dict | None:
+    """Who holds `run_dir`'s lock now (its record), or None when nobody does."""
+    path = RunDir(run_dir).lock_file
+    if not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_record(fd) or {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def stop_lock_holder(run_dir: Path) -> str:
+    """SIGTERM to the launcher that holds `run_dir` on this host: as Ctrl-C, its ranks
+    checkpoint and stop. ConfigError when nobody holds it, or a launcher on another host."""
+    holder = lock_holder(run_dir)
+    if holder is None:
+        raise ConfigError([Problem("run_dir", str(run_dir), "is not running (no launcher holds "
+                                   "its lock)", "nothing to stop")], "Cannot stop")
+    pid, host = holder.get("pid", "?"), holder.get("host", "?")
+    if host != socket.gethostname() or not pid_alive(pid):
+        raise ConfigError([Problem("run_dir", str(run_dir),
+                                   f"is driven by meshrun pid {pid} on host {host}",
+                                   f"stop it there: kill {pid}")], "Cannot stop")
+    os.kill(pid, signal.SIGTERM)
+    return f"asked meshrun pid {pid} to stop {run_dir} (its ranks checkpoint first)"

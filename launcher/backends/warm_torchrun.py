@@ -1,4 +1,5 @@
-"""A local run's torchrun agent, started before the config is composed (launcher/warm_agent.py).
+"""A local run's torchrun agent, started before the config is composed
+(launcher/backends/warm_agent.py).
 
 `WarmTorchrun.start()` spawns the agent at once, so its Python and `import torch` run on another
 core while the CLI imports its own modules, composes, resolves and writes the run dir (`meshrun`
@@ -19,7 +20,7 @@ import socket
 import subprocess
 import sys
 
-from launcher.lifetime import parent_death_preexec
+from launcher.backends.process_lifetime import parent_death_preexec
 
 NO_LAUNCH_FLAGS = frozenset({"--dry-run", "--prepare-only", "-h", "--help", "--cfg", "--info",
                              "-m", "--multirun"})
@@ -48,7 +49,7 @@ class WarmTorchrun:
         ours, theirs = socket.socketpair()
         with theirs:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "launcher.warm_agent", str(theirs.fileno()),
+                [sys.executable, "-m", "launcher.backends.warm_agent", str(theirs.fileno()),
                  "for", *sys.argv],  # the words after FD only say, in `ps`, whose agent it is
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,

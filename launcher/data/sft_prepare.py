@@ -1,25 +1,25 @@
 """`meshrun data prepare-sft`: chat JSONL -> packed bins of seq_len+1 tokens + a loss mask.
 
 A conversation is one JSONL line holding a list of {"role", "content"} messages (field
---messages-field, default "messages"). It is rendered by the chat template (launcher/sft_template),
-each segment tokenized on its own (no special tokens added), and becomes
+--messages-field, default "messages"). It is rendered by the chat template
+(launcher/data/sft_template), each segment tokenized on its own (no special tokens added), and
+becomes
     [BOS, only with the default template] segments... EOS
 with a mask byte per token: 1 on assistant content + turn end marker, 0 elsewhere (the EOS that
 separates conversations included). Conversation i goes to validation when
 floor((i+1)*f) > floor(i*f), as in `data prepare`. A conversation longer than a bin is dropped
 (--too-long drop, the default) or cut to the bin (--too-long truncate; cut ones with nothing left
 to learn are dropped); conversations without an assistant token are dropped; all are counted.
-Each split is packed first-fit-decreasing (launcher/sft_pack) into bins of seq_len+1 tokens,
+Each split is packed first-fit-decreasing (launcher/data/sft_pack) into bins of seq_len+1 tokens,
 padded with the pad id (EOS when the tokenizer has none) under mask 0. Bin b of a split is
 window b of its shards: SPLIT_NNNNN.bin (tokens) and SPLIT_NNNNN.mask (uint8), whole bins per
-shard. The manifest (conf/data_contract/prepared_corpus.py, kind "sft") records bins,
-conversations, truncated and
+shard. The manifest (conf/data_contract/prepared_corpus.py, kind "sft") records bins, conversations, truncated and
 dropped counts, the packing efficiency (real tokens / bin capacity), and how many EOS tokens
 sit INSIDE conversations (a template whose turn end is the EOS token, as Qwen2.5's and
 Llama 3.1's instruct tokenizers are configured).
 
 Conversations are delimited by a separator token, recorded in the manifest as
-`document_separator_id` (conf/rules/document_rules.py makes it the boundary of data.document_mask):
+`document_separator_id` (conf/document_rules.py makes it the boundary of data.document_mask):
 the EOS when no conversation holds one, else the first of the pad, BOS and the tokenizer's other
 special tokens that no conversation holds (`choose_separator`), so document masking never cuts
 a conversation into turns. The separator is never learned and, under document masking, nothing
@@ -39,11 +39,11 @@ from pathlib import Path
 import numpy as np
 
 from conf.data_contract.prepared_corpus import FORMAT, MANIFEST, SFT_KIND, SPLITS
-from launcher.documents import expand_inputs
-from launcher.hf_tokenizer import Tokenizer, load_tokenizer
-from launcher.sft_pack import first_fit_decreasing, packing_efficiency
-from launcher.sft_template import ChatTemplate, load_chat_template
-from launcher.shards import _clear, _fingerprint, _finished, _write_atomic, token_dtype
+from launcher.data.document_inputs import expand_inputs
+from launcher.data.hf_tokenizer import Tokenizer, load_tokenizer
+from launcher.data.sft_pack import first_fit_decreasing, packing_efficiency
+from launcher.data.sft_template import ChatTemplate, load_chat_template
+from launcher.data.token_shards import _clear, _fingerprint, _finished, _write_atomic, token_dtype
 
 TOO_LONG = ("drop", "truncate")
 MASK_DTYPE = "uint8"

@@ -17,7 +17,7 @@ from conf.run_dir.failure_diagnosis import failure_tail
 from conf.run_dir.metrics_rows import parse_metrics_line
 from conf.run_dir.paths import RunDir
 from conf.spec import RunSpec
-from launcher.lifetime import kill_tree, output_gone
+from launcher.backends.process_lifetime import kill_tree, output_gone
 
 POLL_S = 0.5
 PLAIN_LINES = 10  # progress lines printed when the output is not a terminal

@@ -38,7 +38,7 @@ from conf.schema import RecomputeConfig, RecomputeMode, RunConfig
 from conf.search_path import option_sources
 from conf.degrees import DEGREES
 from launcher.hardware import probe_host
-from launcher.view import gib
+from launcher.views.plan_view import gib
 from parallel.cost.search import Ranked, SearchResult, search
 from parallel.cost.search_space import Candidate
 

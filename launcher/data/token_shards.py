@@ -6,8 +6,7 @@ deterministic, and exactly round(n*f) documents. Documents are tokenized in chun
 pool (imap keeps their order), and the token streams are cut into shards of exactly
 shard_tokens (the last one shorter), so the shards depend on the inputs, tokenizer and options,
 never on the number of workers. Each shard is written as NAME.tmp, fsynced and renamed; the
-manifest (conf/data_contract/prepared_corpus.py) is written last, the same way. A second call
-whose fingerprint
+manifest (conf/data_contract/prepared_corpus.py) is written last, the same way. A second call whose fingerprint
 (inputs' sha256, tokenizer's sha256, options) matches the manifest, with every shard in place,
 does nothing. An interrupted call leaves no manifest, but whenever a shard is finished it
 records its progress (PROGRESS: chunks done, shards, document counts, and each split's
@@ -30,10 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from conf.data_contract.prepared_corpus import (FORMAT, MANIFEST, SPLITS, incomplete_shards,
-                                               read_manifest)
-from launcher.documents import expand_inputs, read_documents
-from launcher.hf_tokenizer import encode_batch, load_tokenizer
+from conf.data_contract.prepared_corpus import FORMAT, MANIFEST, SPLITS, incomplete_shards, read_manifest
+from launcher.data.document_inputs import expand_inputs, read_documents
+from launcher.data.hf_tokenizer import encode_batch, load_tokenizer
 
 PROGRESS = "progress.json"
 CHUNK_DOCS = 512
@@ -267,7 +265,7 @@ _WORKER: dict = {}
 def _init_worker(info, val_fraction: float, threads: bool) -> None:
     if not threads:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from launcher.hf_tokenizer import load_backend
+    from launcher.data.hf_tokenizer import load_backend
 
     _WORKER.update(backend=load_backend(info), kind=info.kind, bos=info.bos_id, eos=info.eos_id,
                    f=val_fraction)

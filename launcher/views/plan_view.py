@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.spec import RunSpec
-from launcher.rank_view import layout_line, rank_table
+from launcher.views.rank_view import layout_line, rank_table
 from parallel.cost.devices import GIB
 from parallel.cost.plan import Plan
 from parallel.cost.step_time import estimate_time
@@ -121,7 +121,7 @@ def time_rows(e) -> list[tuple[str, str]]:
 
 
 def suggestion_table(suggestions: list) -> Table:
-    """launcher.advice suggestions, each re-planned: its overrides, memory and verdict."""
+    """launcher.plan.fit_advice suggestions, each re-planned: its overrides, memory and verdict."""
     table = Table(title="Does not fit: what would (each re-planned)", title_justify="left")
     for column in ("change", "overrides", "memory per rank", "verdict"):
         table.add_column(column)

@@ -1,4 +1,5 @@
-"""Launch a run dir on this machine: `torchrun --standalone` with one process per rank."""
+"""Launch a run dir on this machine: `torchrun --standalone` with one process per rank
+(LocalBackend, the launch backend of cluster=local)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,12 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rich.console import Console
+
 from conf.run_dir.paths import RunDir
 from conf.spec import RunSpec
-from launcher.lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
-from launcher.progress import watch_run
-from launcher.runlock import RunLock, acquire_run_lock
-from launcher.warm_torchrun import WarmTorchrun
+from launcher.backends.interface import LaunchBackend
+from launcher.backends.process_lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
+from launcher.views.progress import watch_run
+from launcher.backends.run_lock import RunLock, acquire_run_lock, stop_lock_holder
+from launcher.backends.warm_torchrun import WarmTorchrun
+from launcher.run_dir_writer import render_command
 
 RUN_DIR_PLACEHOLDER = "<run_dir>"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -44,7 +49,8 @@ def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
     """Run torchrun for `run_dir`, show progress from metrics.jsonl; return its exit status.
 
     Holds the run dir's lock (`lock`, or one taken here) and hands it on to torchrun, which
-    dies with this process (SIGTERM: its ranks checkpoint and stop; see launcher.lifetime).
+    dies with this process (SIGTERM: its ranks checkpoint and stop; see
+    launcher.backends.process_lifetime).
     torchrun is the `warm` agent when one was started and is still alive, else a new process.
     """
     command = [str(run_dir) if part == RUN_DIR_PLACEHOLDER else part
@@ -81,17 +87,40 @@ def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt
 
 
-DEFAULT_NODES_PORT = 29500
+
+def print_rank_commands(commands: list[list[str]], run_dir: Path, console: Console, *,
+                        title: str) -> None:
+    """The dry run's launch section of a torchrun backend: `title`, then each command."""
+    console.print(title, markup=False)
+    for cmd in commands:
+        console.print("  " + render_command(cmd, run_dir=run_dir), markup=False,
+                      highlight=False, soft_wrap=True)
 
 
-def node_commands(spec: RunSpec, run_dir: str) -> list[list[str]]:
-    """One torchrun command per node (cluster=nodes): c10d rendezvous on cluster.rdzv_host."""
-    c = spec.cluster
-    python = c.python or sys.executable
-    endpoint = f"{c.rdzv_host}:{c.rdzv_port or DEFAULT_NODES_PORT}"
-    run_id = Path(run_dir).name
-    return [[python, "-m", "torch.distributed.run", f"--nnodes={c.nodes}",
-             f"--nproc_per_node={c.procs_per_node}", f"--node_rank={node}",
-             "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}",
-             "-m", "training", run_dir]
-            for node in range(c.nodes)]
+class LocalBackend(LaunchBackend):
+    """cluster=local: `torchrun --standalone` on this machine, followed to its end."""
+
+    kind = "local"
+    where = "on this machine"
+    on_this_machine = True
+    detached = False
+    sweepable = True
+
+    def launch_command(self, spec: RunSpec) -> list[str]:
+        return torchrun_command(spec)
+
+    def render(self, spec: RunSpec, run_dir: Path, command: list[str], console: Console) -> None:
+        print_rank_commands([command], run_dir, console, title="launch command:")
+
+    def rank_commands(self, spec: RunSpec, run_dir: str) -> list[list[str]]:
+        return [[run_dir if part == RUN_DIR_PLACEHOLDER else part
+                 for part in torchrun_command(spec)]]
+
+    def launch(self, spec: RunSpec, run_dir: Path, *, console: Console, show_progress: bool,
+               wait: bool = False, preflight_only: bool = False, lock: RunLock | None = None,
+               warm: WarmTorchrun | None = None) -> int:
+        return launch_local(spec, run_dir, show_progress=show_progress,
+                            preflight_only=preflight_only, lock=lock, warm=warm)
+
+    def stop(self, run_dir: Path) -> str:
+        return stop_lock_holder(run_dir)

@@ -153,7 +153,7 @@ def state_from_scheduler(slurm_state: str, run_dir: Path) -> RunState:
 
 
 class SlurmJobHandle:
-    """Quacks like subprocess.Popen for launcher.progress: poll() is None while active. Asks
+    """Quacks like subprocess.Popen for launcher.views.progress: poll() is None while active. Asks
     sacct at most once per `poll_intervals()` step, however often poll() is called."""
 
     def __init__(self, job_id: str) -> None:

@@ -11,12 +11,13 @@ from conf.errors import ConfigError, Problem
 from conf.run_dir.failure_diagnosis import failure_tail
 from conf.run_dir.paths import RunDir
 from conf.run_dir.run_states import FAILED_STATES, RunState, state_from_files
-from launcher.slurm import recorded_jobs
-from launcher.slurm_state import JobState, job_state, state_from_scheduler
+from launcher.backends.choose import backend_of_run_dir
+from launcher.backends.slurm_state import JobState
 
 
 def run_status(run_dir: Path, *, scheduler: dict[str, JobState] | None = None) -> dict:
-    """State, step reached, latest metrics and requeues of a run dir (local or Slurm).
+    """State, step reached, latest metrics and requeues of a run dir, and what its launch
+    backend adds (`LaunchBackend.state`: a Slurm job's id, elapsed time and own word).
 
     `state` is a `conf.run_dir.run_states.RunState` word; a Slurm job's own word is kept as
     `scheduler_state`. `scheduler`: job states already asked of sacct (`job_states`, one call
@@ -32,13 +33,9 @@ def run_status(run_dir: Path, *, scheduler: dict[str, JobState] | None = None) -
               "latest": train[-1] if train else {}, "val_loss": evals[-1]["val_loss"] if evals else None,
               "requeues": sum(1 for e in events if e.get("event") == "requeued"),
               "state": state_from_files(run_dir), "legs": _legs(RunDir(run_dir))}
-    jobs = recorded_jobs(run_dir)
-    if jobs:
-        job_id = jobs[-1]["job_id"]
-        job = (scheduler or {}).get(job_id) or job_state(job_id)
-        status.update(job_id=job.job_id, state=state_from_scheduler(job.state, run_dir),
-                      scheduler_state=job.state, elapsed=job.elapsed, nodes=job.nodes,
-                      submissions=len(jobs))
+    backend = backend_of_run_dir(run_dir)
+    if backend is not None:
+        status.update(backend.state(run_dir, scheduler=scheduler))
     if status["state"] in FAILED_STATES:
         status["log_tail"] = failure_tail(run_dir)
     return status

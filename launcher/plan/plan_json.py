@@ -22,7 +22,7 @@ times seconds. Keys (schema "meshrun.plan/1"):
   collectives: [{axis, op, group, size_bytes, calls, link, seconds}], sources: {constant:
   cluster | calibration | catalogue | default}}
 - suggestions: when it does not fit, [{what, overrides, memory_bytes (peak), fits,
-  margin_bytes}], each re-planned (launcher.advice); else []
+  margin_bytes}], each re-planned (launcher.plan.fit_advice); else []
 """
 from __future__ import annotations
 

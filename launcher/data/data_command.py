@@ -75,7 +75,7 @@ def _register_sft(verbs) -> None:
 
 
 def train_tokenizer(args: argparse.Namespace, console: Console) -> int:
-    from launcher.hf_tokenizer import load_tokenizer, train_bpe
+    from launcher.data.hf_tokenizer import load_tokenizer, train_bpe
 
     try:
         path = train_bpe(args.files, vocab_size=args.vocab_size, out_dir=args.out,
@@ -89,7 +89,7 @@ def train_tokenizer(args: argparse.Namespace, console: Console) -> int:
 
 
 def prepare(args: argparse.Namespace, console: Console) -> int:
-    from launcher.shards import PrepareOptions, prepare as run_prepare
+    from launcher.data.token_shards import PrepareOptions, prepare as run_prepare
 
     options = PrepareOptions(text_field=args.text_field, column=args.column,
                              val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
@@ -117,7 +117,7 @@ def prepare(args: argparse.Namespace, console: Console) -> int:
 
 
 def prepare_sft(args: argparse.Namespace, console: Console) -> int:
-    from launcher.sft_prepare import SftOptions, prepare_sft as run_prepare_sft
+    from launcher.data.sft_prepare import SftOptions, prepare_sft as run_prepare_sft
 
     options = SftOptions(seq_len=args.seq_len, messages_field=args.messages_field,
                          val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
