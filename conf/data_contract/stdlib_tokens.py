@@ -1,5 +1,5 @@
 """The prepared stdlib corpus, as both sides see it: the launcher builds it
-(`launcher.data_prep`), the ranks read its token files (`training.data`)."""
+(`launcher.data.stdlib_corpus`), the ranks read its token files (`training.data`)."""
 from __future__ import annotations
 
 STDLIB_TOKEN_DTYPE = "uint8"
