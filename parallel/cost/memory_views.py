@@ -1,0 +1,141 @@
+"""The views of a run spec that the memory terms read, each a small frozen dataclass. Torch-free.
+
+The memory model (memory.py, memory_static.py, kept_activations.py, peak.py,
+step_memory_terms.py) is one code path for the plan, the dry run, the sweep preview, the fit
+check and `meshrun plan --search`. Each of its terms takes, keyword-only, the spec sections
+and views it reads and nothing else, and is memoised on them (functools.lru_cache): a term
+cannot read what it is not keyed by, so no cache key is written by hand. The views make those
+arguments narrow, so that thousands of candidate layouts share what they have in common:
+- `Stages`: the pipeline's shape (what blocks each pipeline rank holds, the chunks in flight);
+- `Sharding`: how parameters and optimizer state are split (tp, FSDP shards, ZeRO-1 owners);
+- `Regime`: one micro-batch's activations (tokens, dtypes, tp / cp split, device).
+A rank is named by its `Place`: pipeline rank, FSDP shard index, ZeRO-1 owner index.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from conf.split_rules import stage_split
+from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
+from parallel.cost.activations import ActivationDtypes, ActivationSplit, activation_dtypes
+from parallel.dims import ParallelDims
+
+CACHE = 1 << 14
+"""Entries each memoised term keeps (a search of 1,024 GPUs asks a few thousand layouts)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stages:
+    """The pipeline: its degree, virtual stages, schedule, micro-batches and blocks per stage
+    (the field names are ParallelSpec's, so activations.pipeline_in_flight reads it too)."""
+
+    pp: int
+    pp_virtual_stages: int
+    pp_schedule: str
+    pp_microbatches: int
+    split: tuple[int, ...]
+    """Blocks per stage (conf.split_rules.stage_split)."""
+
+    @property
+    def n_stages(self) -> int:
+        return self.pp * self.pp_virtual_stages
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """How a rank's parameters, gradients and optimizer state are split."""
+
+    tp: int
+    fsdp: bool
+    zero: int
+    ddp: bool
+    shards: int
+    """FSDP shards (dp_shard x cp), 1 without FSDP."""
+    owners: int
+    """ZeRO-1 owners of the optimizer state (dp_shard), 1 without ZeRO-1."""
+
+    @property
+    def zero1(self) -> bool:
+        return self.zero == 1 and self.ddp
+
+
+@dataclass(frozen=True, slots=True)
+class Regime:
+    """One micro-batch's activations on a rank: its tokens (its pipeline micro-batch, its cp
+    share), sequences, device, dtypes and tp / cp split."""
+
+    tokens: int
+    micro_batch: int
+    device: str
+    split: ActivationSplit
+    dtypes: ActivationDtypes
+
+    def kwargs(self) -> dict:
+        """activations.activation_bytes' arguments (besides the model, layers, policy)."""
+        return dict(tokens=self.tokens, micro_batch=self.micro_batch, device_type=self.device,
+                    split=self.split, dtypes=self.dtypes)
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A rank, as the memory terms tell ranks apart."""
+
+    pp_rank: int
+    shard: int = 0
+    """FSDP shard index (dp_shard x cp + cp); 0 without FSDP."""
+    owner: int = 0
+    """ZeRO-1 owner index (dp_shard); 0 without ZeRO-1."""
+
+
+@dataclass(frozen=True, slots=True)
+class Views:
+    """Every view of one spec (`views_of`)."""
+
+    stages: Stages
+    sharding: Sharding
+    kept: Regime
+    """The kept activations' regime (with data.document_mask)."""
+    phase: Regime
+    """The step phases' regime: as `kept`, without the document mask (peak.py's terms)."""
+    accumulates: bool
+    """training.grad_accum_steps > 1."""
+
+
+@lru_cache(maxsize=CACHE)
+def views_of(*, model: ModelSpec, parallel: ParallelSpec, training: TrainingSpec,
+             precision: PrecisionSpec, document_mask: bool) -> Views:
+    p, t = parallel, training
+    stages = Stages(p.pp, p.pp_virtual_stages, p.pp_schedule, p.pp_microbatches,
+                    tuple(stage_split(p, model.n_layers)))
+    fsdp, zero1 = p.uses_fsdp, p.zero == 1 and p.uses_ddp
+    sharding = Sharding(tp=p.tp, fsdp=fsdp, zero=p.zero, ddp=p.uses_ddp,
+                        shards=p.dp_shard * p.cp if fsdp else 1,
+                        owners=p.dp_shard if zero1 else 1)
+    micro_batch = t.micro_batch_size // p.pp_microbatches
+    dtypes = activation_dtypes(precision, uses_fsdp=fsdp)
+    phase = Regime(micro_batch * t.seq_len // p.cp, micro_batch, t.device,
+                   ActivationSplit.of(p, loss_chunks=t.loss_chunks), dtypes)
+    kept = phase if not document_mask else Regime(
+        phase.tokens, micro_batch, t.device,
+        ActivationSplit.of(p, document_mask=True, loss_chunks=t.loss_chunks), dtypes)
+    return Views(stages=stages, sharding=sharding, kept=kept, phase=phase,
+                 accumulates=t.grad_accum_steps > 1)
+
+
+def spec_views(spec) -> Views:
+    """views_of a RunSpec."""
+    return views_of(model=spec.model, parallel=spec.parallel, training=spec.training,
+                    precision=spec.precision, document_mask=spec.data.document_mask)
+
+
+def place_of(parallel: ParallelSpec, coords: dict[str, int]) -> Place:
+    """The Place of the rank at mesh coordinates `coords` (parallel.dims.ParallelDims)."""
+    shard = coords["dp_shard"] * parallel.cp + coords["cp"] if parallel.uses_fsdp else 0
+    owner = coords["dp_shard"] if parallel.zero == 1 and parallel.uses_ddp else 0
+    return Place(coords["pp"], shard, owner)
+
+
+def rank_place(spec, rank: int) -> Place:
+    """The Place of `rank` of a RunSpec's mesh."""
+    return place_of(spec.parallel, ParallelDims.from_spec(spec.parallel).coordinates(rank))
