@@ -35,11 +35,21 @@ NO_RECOMPUTE = RecomputeSpec(mode=RecomputeMode.none)
 
 
 @lru_cache(maxsize=CACHE)
+def activation_rows(*, model: ModelSpec, stages: Stages, kept: Regime, phase: Regime,
+                    recompute: RecomputeSpec) -> tuple[tuple[int, int], ...]:
+    """(kept activations, the loss's transient: on the last rank, in the `phase` regime) of
+    each pipeline rank."""
+    loss = loss_transient_bytes(model=model, regime=phase)
+    return tuple((kept_activation_bytes(model=model, stages=stages, regime=kept,
+                                        recompute=recompute, pp_rank=pp_rank),
+                  loss if pp_rank == stages.pp - 1 else 0) for pp_rank in range(stages.pp))
+
+
 def kept_activation_bytes(*, model: ModelSpec, stages: Stages, regime: Regime,
                           recompute: RecomputeSpec, pp_rank: int) -> int:
     """Activation bytes pipeline rank `pp_rank` keeps at its fullest (module docstring)."""
     s = stages
-    layers = holding(model=model, stages=s, tp=regime.split.tp, pp_rank=pp_rank).layers
+    layers = holding(model=model, holds=s.holds, tp=regime.split.tp, pp_rank=pp_rank).layers
     blocks = blocks_kept_bytes(model=model, layers=layers, regime=regime, recompute=recompute)
     chunks = pipeline_in_flight(s, pp_rank)
     gpipe = s.pp > 1 and s.pp_schedule == "gpipe"

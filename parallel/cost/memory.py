@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, RecomputeSpec, RunSpec
 from conf.spec import TrainingSpec
 from parallel.cost.activations import DTYPE_BYTES
-from parallel.cost.kept_activations import kept_activation_bytes, loss_transient_bytes
+from parallel.cost.kept_activations import activation_rows
 from parallel.cost.memory_static import (
     StaticBytes,
     representative_places,
     static_of,
+    static_rows,
     weight_copies,
 )
 from parallel.cost.memory_views import Place, Views, rank_place, spec_views, views_of
@@ -69,10 +70,10 @@ def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate
     rank in tests/distributed). Activations: the per-block counts measured on one process,
     for this rank's tokens (micro-batch / pipeline micro-batches / cp), its blocks, and the
     pipeline chunks in flight, in the run's dtype regime and tp/sp/cp split."""
-    sections = _sections(spec)
     if rank is None:
-        return fullest_memory(**sections)
-    return _Rank(**sections).memory(rank_place(spec, rank))
+        return fullest_memory(**_sections(spec))
+    ranks, place = _ranks(spec), rank_place(spec, rank)
+    return ranks.memory(place, ranks.static(place))
 
 
 def fullest_memory(*, model: ModelSpec, parallel: ParallelSpec, training: TrainingSpec,
@@ -81,14 +82,17 @@ def fullest_memory(*, model: ModelSpec, parallel: ParallelSpec, training: Traini
     """estimate_memory of the rank that holds the most, from the spec's sections: of the
     representative ranks (memory_static.representative_places, in rank order) the first
     with the largest total."""
-    ranks = _Rank(model=model, parallel=parallel, training=training, precision=precision,
-                  recompute=recompute, document_mask=document_mask)
-    best = None
-    for place in ranks.places():
-        memory = ranks.memory(place)
-        if best is None or memory.total > best.total:
-            best = memory
-    return best
+    ranks = _Ranks(model, views_of(model=model, parallel=parallel, training=training,
+                                   precision=precision, document_mask=document_mask),
+                   precision, recompute)
+    copies, kept = ranks.copies(), ranks.activations()
+    best, most = None, -1
+    for place, static in ranks.statics():
+        in_step = ranks.in_step(place, static, *kept[place.pp_rank])
+        total = static.params + static.optimizer + copies[place.pp_rank] + in_step
+        if total > most:
+            best, most = (place, static, in_step), total
+    return ranks.memory(*best)
 
 
 def memory_floor(*, model: ModelSpec, parallel: ParallelSpec, training: TrainingSpec,
@@ -99,65 +103,74 @@ def memory_floor(*, model: ModelSpec, parallel: ParallelSpec, training: Training
     larger of the kept activations with the loss's transient and the gradients (the loss's
     and the optimizer step's phases hold at least those: peak.PhaseTerms.phases). A search
     skips a layout whose floor already exceeds what it can use."""
-    ranks = _Rank(model=model, parallel=parallel, training=training, precision=precision,
-                  recompute=recompute, document_mask=document_mask)
+    ranks = _Ranks(model, views_of(model=model, parallel=parallel, training=training,
+                                   precision=precision, document_mask=document_mask),
+                   precision, recompute)
+    copies, kept = ranks.copies(), ranks.activations()
     tables = rope_table_bytes(model, parallel)  # resident in every phase
-    floor = 0
-    for place in ranks.places():
-        static = ranks.static(place)
-        activations, loss_peak = ranks.activations(place.pp_rank)
-        floor = max(floor, static.params + static.optimizer + ranks.copies(place.pp_rank)
-                    + tables + max(activations + loss_peak, static.params))
-    return floor
+    return max(static.params + static.optimizer + copies[place.pp_rank] + tables
+               + max(sum(kept[place.pp_rank]), static.params)
+               for place, static in ranks.statics())
 
 
-class _Rank:
-    """The memory terms of one spec's ranks (each memoised on the views it reads)."""
+class _Ranks:
+    """The memory terms of one spec's ranks, each memoised on the views it reads (its
+    pipeline ranks' rows at once: a layout's ranks are asked together)."""
 
     __slots__ = ("model", "views", "precision", "recompute")
 
-    def __init__(self, *, model: ModelSpec, parallel: ParallelSpec, training: TrainingSpec,
-                 precision: PrecisionSpec, recompute: RecomputeSpec,
-                 document_mask: bool) -> None:
-        self.model, self.precision, self.recompute = model, precision, recompute
-        self.views: Views = views_of(model=model, parallel=parallel, training=training,
-                                     precision=precision, document_mask=document_mask)
+    def __init__(self, model: ModelSpec, views: Views, precision: PrecisionSpec,
+                 recompute: RecomputeSpec) -> None:
+        self.model, self.views, self.precision, self.recompute = \
+            model, views, precision, recompute
 
-    def places(self) -> tuple[Place, ...]:
-        return representative_places(model=self.model, stages=self.views.stages,
-                                     sharding=self.views.sharding)
+    def statics(self) -> tuple[tuple[Place, StaticBytes], ...]:
+        """(place, static bytes) of each representative rank."""
+        return static_rows(model=self.model, holds=self.views.stages.holds,
+                           sharding=self.views.sharding, moment_bytes=self._moment())
 
     def static(self, place: Place) -> StaticBytes:
-        moment = 2 if self.precision.optimizer_state_dtype.value == "bf16" else 4
-        return static_of(model=self.model, stages=self.views.stages,
-                         sharding=self.views.sharding, moment_bytes=moment, place=place)
+        return static_of(model=self.model, holds=self.views.stages.holds,
+                         sharding=self.views.sharding, moment_bytes=self._moment(),
+                         place=place)
 
-    def copies(self, pp_rank: int) -> int:
+    def _moment(self) -> int:
+        return 2 if self.precision.optimizer_state_dtype.value == "bf16" else 4
+
+    def copies(self) -> tuple[int, ...]:
+        """Weight copy bytes of each pipeline rank."""
         v = self.views
         return weight_copies(model=self.model, stages=v.stages, sharding=v.sharding,
                              compute_bytes=DTYPE_BYTES[self.precision.compute_dtype.value],
                              recompute=self.recompute, device_type=v.phase.device,
-                             loss_chunks=v.phase.split.loss_chunks, pp_rank=pp_rank)
+                             loss_chunks=v.phase.split.loss_chunks)
 
-    def activations(self, pp_rank: int) -> tuple[int, int]:
-        """(kept activations, the loss's transient on the last pipeline rank)."""
+    def activations(self) -> tuple[tuple[int, int], ...]:
+        """(kept activations, the loss's transient) of each pipeline rank."""
         v = self.views
-        kept = kept_activation_bytes(model=self.model, stages=v.stages, regime=v.kept,
-                                     recompute=self.recompute, pp_rank=pp_rank)
-        last = pp_rank == v.stages.pp - 1
-        return kept, loss_transient_bytes(model=self.model, regime=v.phase) if last else 0
+        return activation_rows(model=self.model, stages=v.stages, kept=v.kept, phase=v.phase,
+                               recompute=self.recompute)
 
-    def memory(self, place: Place) -> MemoryEstimate:
-        static = self.static(place)
-        activations, loss_peak = self.activations(place.pp_rank)
+    def in_step(self, place: Place, static: StaticBytes, activations: int,
+                loss_peak: int) -> int:
         terms = phase_terms_of(model=self.model, views=self.views, precision=self.precision,
                                recompute=self.recompute, place=place)
-        in_step = terms.peak(grads=static.grads, optimizer=static.optimizer,
-                             activations=activations, loss_peak=loss_peak)
+        return terms.peak(grads=static.grads, optimizer=static.optimizer,
+                          activations=activations, loss_peak=loss_peak)
+
+    def memory(self, place: Place, static: StaticBytes, in_step: int | None = None
+               ) -> MemoryEstimate:
+        activations, loss_peak = self.activations()[place.pp_rank]
+        if in_step is None:
+            in_step = self.in_step(place, static, activations, loss_peak)
         return MemoryEstimate(params=static.params, grads=static.grads,
                               optimizer=static.optimizer, master_weights=0,
-                              weight_copies=self.copies(place.pp_rank),
+                              weight_copies=self.copies()[place.pp_rank],
                               activations=activations, loss_peak=loss_peak, in_step=in_step)
+
+
+def _ranks(spec: RunSpec) -> _Ranks:
+    return _Ranks(spec.model, spec_views(spec), spec.precision, spec.recompute)
 
 
 def _sections(spec: RunSpec) -> dict:
@@ -169,7 +182,7 @@ def _sections(spec: RunSpec) -> dict:
 def representative_ranks(spec: RunSpec) -> list[int]:
     """Ranks among which the fullest is (memory_static.representative_places)."""
     views, dims = spec_views(spec), ParallelDims.from_spec(spec.parallel)
-    places = representative_places(model=spec.model, stages=views.stages,
+    places = representative_places(model=spec.model, holds=views.stages.holds,
                                    sharding=views.sharding)
     return sorted(dims.rank_of({"pp": place.pp_rank, "dp_replicate": 0,
                                 "dp_shard": place.owner, "cp": 0, "tp": 0})
@@ -180,20 +193,20 @@ def representative_ranks(spec: RunSpec) -> list[int]:
 
 def static_bytes(spec: RunSpec, rank: int) -> StaticBytes:
     """Parameters, gradients and optimizer state `rank` holds after an optimizer step."""
-    return _Rank(**_sections(spec)).static(rank_place(spec, rank))
+    return _ranks(spec).static(rank_place(spec, rank))
 
 
 def weight_copy_bytes(spec: RunSpec, rank: int) -> int:
     """Bytes of compute-dtype weight copies `rank` holds from forward to backward
     (memory_static.weight_copies)."""
-    return _Rank(**_sections(spec)).copies(rank_place(spec, rank).pp_rank)
+    return _ranks(spec).copies()[rank_place(spec, rank).pp_rank]
 
 
 def layout_activation_bytes(spec: RunSpec, rank: int) -> int:
     """Activation bytes `rank` keeps at its fullest (kept_activations.py)."""
-    return _Rank(**_sections(spec)).activations(rank_place(spec, rank).pp_rank)[0]
+    return _ranks(spec).activations()[rank_place(spec, rank).pp_rank][0]
 
 
 def loss_peak_bytes_of(spec: RunSpec, rank: int) -> int:
     """The transient at the loss (activations.loss_peak_bytes) on the last pipeline rank."""
-    return _Rank(**_sections(spec)).activations(rank_place(spec, rank).pp_rank)[1]
+    return _ranks(spec).activations()[rank_place(spec, rank).pp_rank][1]

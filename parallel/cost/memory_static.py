@@ -29,7 +29,7 @@ from conf.parallel_rules import SPLIT_BACKWARD_SCHEDULES
 from conf.schema import RecomputeMode
 from conf.spec import ModelSpec, RecomputeSpec
 from parallel.cost.activations import selective_targets
-from parallel.cost.memory_views import CACHE, Place, Sharding, Stages
+from parallel.cost.memory_views import CACHE, Holds, Place, Sharding, Stages
 from parallel.cost.params import (
     EMBEDDING,
     _parameter_shapes,
@@ -66,12 +66,12 @@ class Holding:
 
 
 @lru_cache(maxsize=CACHE)
-def holding(*, model: ModelSpec, stages: Stages, tp: int, pp_rank: int) -> Holding:
+def holding(*, model: ModelSpec, holds: Holds, tp: int, pp_rank: int) -> Holding:
     """The full-size parameters pipeline rank `pp_rank` holds (params.held_parameters)."""
-    if stages.pp == 1:
+    if holds.pp == 1:
         tensors = _parameter_shapes(model)
     else:
-        tensors = _stage_parameters(model, stages.pp, stages.pp_virtual_stages, stages.split,
+        tensors = _stage_parameters(model, holds.pp, holds.pp_virtual_stages, holds.split,
                                     pp_rank)
     layers = tuple(sorted({int(n.split(".")[1]) for n, _ in tensors if n.startswith("layers.")}))
     root = tuple((n, s, tp_local_shape(n, s, tp)) for n, s in tensors
@@ -82,13 +82,13 @@ def holding(*, model: ModelSpec, stages: Stages, tp: int, pp_rank: int) -> Holdi
 
 
 @lru_cache(maxsize=CACHE)
-def static_of(*, model: ModelSpec, stages: Stages, sharding: Sharding, moment_bytes: int,
+def static_of(*, model: ModelSpec, holds: Holds, sharding: Sharding, moment_bytes: int,
               place: Place) -> StaticBytes:
     """Parameters, gradients and optimizer state the rank at `place` holds after an optimizer
     step. `moment_bytes`: 2 with bf16 AdamW moments, else 4."""
-    held = holding(model=model, stages=stages, tp=sharding.tp, pp_rank=place.pp_rank)
+    held = holding(model=model, holds=holds, tp=sharding.tp, pp_rank=place.pp_rank)
     if sharding.zero1:
-        sizes = zero1_sizes(model=model, stages=stages, tp=sharding.tp, pp_rank=place.pp_rank)
+        sizes = zero1_sizes(model=model, holds=holds, tp=sharding.tp, pp_rank=place.pp_rank)
         elements = sum(sizes)
         optimized, tensors = zero1_shares(sizes, sharding.owners)[place.owner]
     else:
@@ -104,11 +104,11 @@ def static_of(*, model: ModelSpec, stages: Stages, sharding: Sharding, moment_by
 
 
 @lru_cache(maxsize=CACHE)
-def zero1_sizes(*, model: ModelSpec, stages: Stages, tp: int, pp_rank: int
+def zero1_sizes(*, model: ModelSpec, holds: Holds, tp: int, pp_rank: int
                 ) -> tuple[int, ...]:
     """Elements of each tensor a pipeline rank holds, tp-local, in order (ZeRO-1's owners
     depend on the order)."""
-    held = holding(model=model, stages=stages, tp=tp, pp_rank=pp_rank)
+    held = holding(model=model, holds=holds, tp=tp, pp_rank=pp_rank)
     return tuple(numel(tp_local_shape(n, s, tp)) for n, s in held.tensors)
 
 
@@ -124,16 +124,16 @@ def zero1_shares(sizes: tuple[int, ...], n: int) -> tuple[tuple[int, int], ...]:
 
 
 @lru_cache(maxsize=CACHE)
-def representative_places(*, model: ModelSpec, stages: Stages, sharding: Sharding
+def representative_places(*, model: ModelSpec, holds: Holds, sharding: Sharding
                           ) -> tuple[Place, ...]:
     """Places among which the fullest rank is, in rank order: every pipeline rank; shard 0
     of FSDP (its chunks are the ceil-sized ones); under ZeRO-1 one owner per distinct share
     (the first with it), as ranks with equal shares hold equal bytes."""
     places = []
-    for pp_rank in range(stages.pp):
+    for pp_rank in range(holds.pp):
         owners = [0]
         if sharding.zero1:
-            sizes = zero1_sizes(model=model, stages=stages, tp=sharding.tp, pp_rank=pp_rank)
+            sizes = zero1_sizes(model=model, holds=holds, tp=sharding.tp, pp_rank=pp_rank)
             first: dict[tuple[int, int], int] = {}
             for owner, share in enumerate(zero1_shares(sizes, sharding.owners)):
                 first.setdefault(share, owner)
@@ -142,26 +142,41 @@ def representative_places(*, model: ModelSpec, stages: Stages, sharding: Shardin
     return tuple(places)
 
 
+@lru_cache(maxsize=CACHE)
+def static_rows(*, model: ModelSpec, holds: Holds, sharding: Sharding, moment_bytes: int
+                ) -> tuple[tuple[Place, StaticBytes], ...]:
+    """static_of each representative place, in rank order."""
+    return tuple((place, static_of(model=model, holds=holds, sharding=sharding,
+                                   moment_bytes=moment_bytes, place=place))
+                 for place in representative_places(model=model, holds=holds,
+                                                    sharding=sharding))
+
+
 def weight_copies(*, model: ModelSpec, stages: Stages, sharding: Sharding, compute_bytes: int,
-                  recompute: RecomputeSpec, device_type: str, loss_chunks: int,
-                  pp_rank: int) -> int:
-    """Bytes of compute-dtype weight copies a pipeline rank holds from forward to backward
-    (module docstring)."""
+                  recompute: RecomputeSpec, device_type: str, loss_chunks: int
+                  ) -> tuple[int, ...]:
+    """Bytes of compute-dtype weight copies each pipeline rank holds from forward to
+    backward (module docstring)."""
     if sharding.fsdp:
-        return compute_bytes * fsdp_copied_elements(model=model, stages=stages,
-                                                    sharding=sharding, pp_rank=pp_rank)
+        return fsdp_copy_bytes(model=model, stages=stages, sharding=sharding,
+                               compute_bytes=compute_bytes)
     if compute_bytes >= PARAM_BYTES:
-        return 0  # fp32 compute: autocast casts nothing
-    return compute_bytes * autocast_copied_elements(
-        model=model, stages=stages, tp=sharding.tp, recompute=recompute,
-        device_type=device_type, loss_chunks=loss_chunks, pp_rank=pp_rank)
+        return (0,) * stages.pp  # fp32 compute: autocast casts nothing
+    return autocast_copy_bytes(model=model, holds=stages.holds, tp=sharding.tp,
+                               compute_bytes=compute_bytes, recompute=recompute,
+                               device_type=device_type, loss_chunks=loss_chunks)
 
 
 @lru_cache(maxsize=CACHE)
-def fsdp_copied_elements(*, model: ModelSpec, stages: Stages, sharding: Sharding,
-                         pp_rank: int) -> int:
-    """Elements of the units FSDP keeps gathered on a pipeline rank (module docstring)."""
-    held = holding(model=model, stages=stages, tp=sharding.tp, pp_rank=pp_rank)
+def fsdp_copy_bytes(*, model: ModelSpec, stages: Stages, sharding: Sharding,
+                    compute_bytes: int) -> tuple[int, ...]:
+    """The units FSDP keeps gathered on each pipeline rank (module docstring)."""
+    return tuple(compute_bytes * _fsdp_gathered(model, stages, sharding, pp_rank)
+                 for pp_rank in range(stages.pp))
+
+
+def _fsdp_gathered(model: ModelSpec, stages: Stages, sharding: Sharding, pp_rank: int) -> int:
+    held = holding(model=model, holds=stages.holds, tp=sharding.tp, pp_rank=pp_rank)
     block = sum(numel(local) for _, _, local in held.block)
     if sharding.zero == 2 or stages.pp > 1 and stages.pp_schedule in SPLIT_BACKWARD_SCHEDULES:
         return sum(numel(local) for _, _, local in held.root) + len(held.layers) * block
@@ -171,14 +186,19 @@ def fsdp_copied_elements(*, model: ModelSpec, stages: Stages, sharding: Sharding
 
 
 @lru_cache(maxsize=CACHE)
-def autocast_copied_elements(*, model: ModelSpec, stages: Stages, tp: int,
-                             recompute: RecomputeSpec, device_type: str, loss_chunks: int,
-                             pp_rank: int) -> int:
-    """Elements of the weights whose autocast copies a pipeline rank keeps (its blocks the
-    policy covers alike, the others alike)."""
-    held = holding(model=model, stages=stages, tp=tp, pp_rank=pp_rank)
-    recompute = autocast_cache_policy(recompute, pp=stages.pp)
+def autocast_copy_bytes(*, model: ModelSpec, holds: Holds, tp: int, compute_bytes: int,
+                        recompute: RecomputeSpec, device_type: str, loss_chunks: int
+                        ) -> tuple[int, ...]:
+    """Autocast's copies of the weights each pipeline rank keeps (its blocks the policy
+    covers alike, the others alike)."""
+    recompute = autocast_cache_policy(recompute, pp=holds.pp)
+    return tuple(compute_bytes * _autocast_copied(model, holding(
+        model=model, holds=holds, tp=tp, pp_rank=pp_rank), recompute, device_type,
+        loss_chunks) for pp_rank in range(holds.pp))
 
+
+def _autocast_copied(model: ModelSpec, held: Holding, recompute: RecomputeSpec,
+                     device_type: str, loss_chunks: int) -> int:
     def keeps(name: str, shape: Shape) -> bool:
         return autocast_keeps_copy(name, shape, model, recompute, device_type=device_type,
                                    loss_chunks=loss_chunks)

@@ -68,7 +68,8 @@ def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:
     """Bytes of collective buffers alive during one unit's backward
     (step_memory_terms.collective_buffers)."""
     views = spec_views(spec)
-    return collective_buffers(model=spec.model, stages=views.stages, sharding=views.sharding,
+    return collective_buffers(model=spec.model, stages=views.stages, tp=views.sharding.tp,
+                              fsdp=views.sharding.fsdp, zero=views.sharding.zero,
                               precision=spec.precision, pp_rank=rank_place(spec, rank).pp_rank)
 
 
@@ -184,35 +185,46 @@ def phase_terms(spec: RunSpec, rank: int) -> PhaseTerms:
                           recompute=spec.recompute, place=rank_place(spec, rank))
 
 
-@lru_cache(maxsize=CACHE)
 def phase_terms_of(*, model: ModelSpec, views: Views, precision: PrecisionSpec,
                    recompute: RecomputeSpec, place: Place) -> PhaseTerms:
-    """PhaseTerms of the rank at `place` (module docstring)."""
-    stages, sharding, regime, pp_rank = views.stages, views.sharding, views.phase, place.pp_rank
+    """PhaseTerms of the rank at `place` (module docstring). What it reads of the rank's
+    FSDP shard and ZeRO-1 owner (its blocks' gradients, AdamW's temporaries) is summed
+    first, so the rest is memoised without them."""
+    stages, sharding = views.stages, views.sharding
+    block_grads = 0 if stages.pp > 1 else GRAD_BYTES * block_elements(
+        model=model, tp=sharding.tp, shards=sharding.shards, index=place.shard)
+    transient = optimizer_transient(model=model, stages=stages, sharding=sharding,
+                                    regime=views.phase, precision=precision, place=place)
+    return _phase_terms(model=model, stages=stages, regime=views.phase, tp=sharding.tp,
+                        fsdp=sharding.fsdp, zero=sharding.zero, ddp=sharding.ddp,
+                        accumulates=views.accumulates, precision=precision,
+                        recompute=recompute, pp_rank=place.pp_rank, block_grads=block_grads,
+                        optimizer_transient=transient)
+
+
+@lru_cache(maxsize=CACHE)
+def _phase_terms(*, model: ModelSpec, stages: Stages, regime: Regime, tp: int, fsdp: bool,
+                 zero: int, ddp: bool, accumulates: bool, precision: PrecisionSpec,
+                 recompute: RecomputeSpec, pp_rank: int, block_grads: int,
+                 optimizer_transient: int) -> PhaseTerms:
+    """`block_grads`: one block's gradient bytes on the rank (0 with pp)."""
     pipeline = stages.pp > 1
     steady = not pipeline or pipeline_steady(stages, pp_rank)
-    held = _outlive(sharding, stages, views.accumulates) if steady else (
-        sharding.ddp or views.accumulates)
-    layers = holding(model=model, stages=stages, tp=sharding.tp, pp_rank=pp_rank).layers
-    block_grads = 0 if pipeline else GRAD_BYTES * block_elements(
-        model=model, tp=sharding.tp, shards=sharding.shards, index=place.shard)
+    held = (ddp or pipeline or accumulates) if steady else (ddp or accumulates)
+    layers = holding(model=model, holds=stages.holds, tp=tp, pp_rank=pp_rank).layers
     walk = _walk(model, recompute, layers, None if pipeline else 0 if held else block_grads,
                  regime)
     resident = (rope_table_bytes(model, stages)
                 + pipeline_buffers(model=model, stages=stages, regime=regime, pp_rank=pp_rank))
     return PhaseTerms(
-        grads_held=held,
-        optimizer_transient=optimizer_transient(model=model, stages=stages, sharding=sharding,
-                                                regime=regime, precision=precision,
-                                                place=place),
-        pipeline=pipeline,
-        buffers=collective_buffers(model=model, stages=stages, sharding=sharding,
+        grads_held=held, optimizer_transient=optimizer_transient, pipeline=pipeline,
+        buffers=collective_buffers(model=model, stages=stages, tp=tp, fsdp=fsdp, zero=zero,
                                    precision=precision, pp_rank=pp_rank),
         head=0 if pipeline else end_kept_bytes(model=model, regime=regime, recompute=recompute,
                                                head=True),
         block_grads=block_grads * len(layers), walk=walk, resident=resident,
-        chunks=pipeline_in_flight(stages, pp_rank), steady=steady or sharding.fsdp,
-        embedding_grad=embedding_grad_transient(model=model, sharding=sharding,
+        chunks=pipeline_in_flight(stages, pp_rank), steady=steady or fsdp,
+        embedding_grad=embedding_grad_transient(model=model, tp=tp, fsdp=fsdp,
                                                 precision=precision, pp_rank=pp_rank))
 
 

@@ -16,7 +16,7 @@ from parallel.cost.activations import DTYPE_BYTES, pipeline_in_flight
 from parallel.cost.kept_activations import stage_output_bytes
 from parallel.cost.memory_static import holding
 from parallel.cost.memory_views import (
-    CACHE, Place, Regime, Sharding, Stages, rank_place, spec_views,
+    CACHE, Holds, Place, Regime, Sharding, Stages, rank_place, spec_views,
 )
 from parallel.cost.params import fsdp_local_numel, tp_local_shape
 from parallel.dims import pipeline_stage_ids, zero1_owners
@@ -53,7 +53,7 @@ def pipeline_buffers(*, model: ModelSpec, stages: Stages, regime: Regime, pp_ran
     return per_buffer * (m * (receiving + sending) - held_inputs)
 
 
-def collective_buffers(*, model: ModelSpec, stages: Stages, sharding: Sharding,
+def collective_buffers(*, model: ModelSpec, stages: Stages, tp: int, fsdp: bool, zero: int,
                        precision: PrecisionSpec, pp_rank: int) -> int:
     """Bytes of collective buffers alive during one unit's backward.
     FSDP: the reduce-scatter's input, the unit's whole gradient in the reduce dtype, and
@@ -64,13 +64,13 @@ def collective_buffers(*, model: ModelSpec, stages: Stages, sharding: Sharding,
     the weight copies (memory_static.weight_copies). DDP: none beyond the gradients (its
     buckets are the gradients, gradient_as_bucket_view). TP: none beyond the activations
     (its gathers are what the matmuls keep, counted there)."""
-    if not sharding.fsdp:
+    if not fsdp:
         return 0
-    largest = block_elements(model=model, tp=sharding.tp, shards=1, index=0)
+    largest = block_elements(model=model, tp=tp, shards=1, index=0)
     reduce = DTYPE_BYTES[precision.reduce_dtype.value] * largest
     gather = DTYPE_BYTES[precision.compute_dtype.value] * largest
-    layers = holding(model=model, stages=stages, tp=sharding.tp, pp_rank=pp_rank).layers
-    return reduce + (gather if sharding.zero == 3 and len(layers) > 1 else 0)  # a next block
+    layers = holding(model=model, holds=stages.holds, tp=tp, pp_rank=pp_rank).layers
+    return reduce + (gather if zero == 3 and len(layers) > 1 else 0)  # a next block
 
 
 @lru_cache(maxsize=CACHE)
@@ -82,20 +82,20 @@ def block_elements(*, model: ModelSpec, tp: int, shards: int, index: int) -> int
 
 
 def _one_block(model: ModelSpec, tp: int) -> tuple:
-    whole = Stages(1, 1, "", 1, (model.n_layers,))
-    return holding(model=model, stages=whole, tp=tp, pp_rank=0).block
+    whole = Holds(1, 1, (model.n_layers,))
+    return holding(model=model, holds=whole, tp=tp, pp_rank=0).block
 
 
-def embedding_grad_transient(*, model: ModelSpec, sharding: Sharding,
+def embedding_grad_transient(*, model: ModelSpec, tp: int, fsdp: bool,
                              precision: PrecisionSpec, pp_rank: int) -> int:
     """The embedding's backward under tp, on the rank that holds it: a dense gradient over
     the whole vocabulary (`embedding_dense_backward`, [vocab, dim], in the weight's dtype),
     of which the rank's vocabulary shard is then copied out as its gradient (measured on
     gloo ranks); it is the last op of the backward. Without tp the dense gradient is the
     gradient itself."""
-    if sharding.tp == 1 or pp_rank != 0:
+    if tp == 1 or pp_rank != 0:
         return 0
-    weight = DTYPE_BYTES[precision.compute_dtype.value] if sharding.fsdp else GRAD_BYTES
+    weight = DTYPE_BYTES[precision.compute_dtype.value] if fsdp else GRAD_BYTES
     return weight * model.vocab_size * model.dim
 
 
@@ -113,16 +113,16 @@ def optimizer_transient(*, model: ModelSpec, stages: Stages, sharding: Sharding,
     if not _cpu_adamw(regime.device, precision):
         return 0
     foreach = _foreach(sharding.tp, regime.split.sequence_parallel)
-    return GRAD_BYTES * _adamw_peak(model=model, stages=stages, sharding=sharding,
+    return GRAD_BYTES * _adamw_peak(model=model, holds=stages.holds, sharding=sharding,
                                     place=place, foreach=foreach)
 
 
 @lru_cache(maxsize=CACHE)
-def _adamw_peak(*, model: ModelSpec, stages: Stages, sharding: Sharding, place: Place,
+def _adamw_peak(*, model: ModelSpec, holds: Holds, sharding: Sharding, place: Place,
                 foreach: bool) -> int:
     """The rank steps only what it owns under ZeRO-1 (parallel.dims.zero1_owners over the
     held tensors' tp-local sizes, as memory_static.zero1_shares)."""
-    held = holding(model=model, stages=stages, tp=sharding.tp, pp_rank=place.pp_rank).tensors
+    held = holding(model=model, holds=holds, tp=sharding.tp, pp_rank=place.pp_rank).tensors
     sizes = [(len(shape), fsdp_local_numel(tp_local_shape(name, shape, sharding.tp),
                                            shards=sharding.shards, index=place.shard))
              for name, shape in held]
@@ -178,7 +178,8 @@ def pipeline_buffer_bytes(spec: RunSpec, rank: int) -> int:
 
 
 def embedding_grad_transient_bytes(spec: RunSpec, rank: int) -> int:
-    return embedding_grad_transient(model=spec.model, sharding=spec_views(spec).sharding,
+    sharding = spec_views(spec).sharding
+    return embedding_grad_transient(model=spec.model, tp=sharding.tp, fsdp=sharding.fsdp,
                                     precision=spec.precision,
                                     pp_rank=rank_place(spec, rank).pp_rank)
 
