@@ -2,7 +2,7 @@
 copies, activations and the step's fullest phase. Torch-free.
 
 The one memory model: the plan, the dry run, the sweep preview, the fit check and
-`meshrun plan --search` all ask `estimate_memory` (or `fullest_memory`, the same for spec
+`meshrun plan --search` all ask `estimate_memory` (or `LayoutMemory`, the same for spec
 sections the search has not put together into a RunSpec). Its terms are in
 memory_static.py (parameters, gradients, AdamW state, weight copies), kept_activations.py,
 peak.py and step_memory_terms.py (the step's phases); each takes the views of the spec it
@@ -27,7 +27,7 @@ from parallel.cost.memory_static import (
     weight_copies,
 )
 from parallel.cost.memory_views import Place, Views, rank_place, spec_views, views_of
-from parallel.cost.peak import phase_terms_of
+from parallel.cost.peak import phase_rows, phase_terms_of
 from parallel.cost.step_memory_terms import rope_table_bytes
 from parallel.dims import ParallelDims
 
@@ -70,113 +70,96 @@ def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate
     rank in tests/distributed). Activations: the per-block counts measured on one process,
     for this rank's tokens (micro-batch / pipeline micro-batches / cp), its blocks, and the
     pipeline chunks in flight, in the run's dtype regime and tp/sp/cp split."""
-    if rank is None:
-        return fullest_memory(**_sections(spec))
-    ranks, place = _ranks(spec), rank_place(spec, rank)
-    return ranks.memory(place, ranks.static(place))
+    layout = layout_memory(spec)
+    return layout.fullest() if rank is None else layout.at(rank_place(spec, rank))
 
 
-def fullest_memory(*, model: ModelSpec, parallel: ParallelSpec, training: TrainingSpec,
-                   precision: PrecisionSpec, recompute: RecomputeSpec,
-                   document_mask: bool) -> MemoryEstimate:
-    """estimate_memory of the rank that holds the most, from the spec's sections: of the
-    representative ranks (memory_static.representative_places, in rank order) the first
-    with the largest total."""
-    ranks = _Ranks(model, views_of(model=model, parallel=parallel, training=training,
-                                   precision=precision, document_mask=document_mask),
-                   precision, recompute)
-    copies, kept = ranks.copies(), ranks.activations()
-    best, most = None, -1
-    for place, static in ranks.statics():
-        in_step = ranks.in_step(place, static, *kept[place.pp_rank])
-        total = static.params + static.optimizer + copies[place.pp_rank] + in_step
-        if total > most:
-            best, most = (place, static, in_step), total
-    return ranks.memory(*best)
+class LayoutMemory:
+    """The memory of one spec's ranks, from its sections (a search asks thousands of layouts
+    without putting each into a RunSpec): every term memoised on the views it reads; the
+    rows of a layout's representative ranks are read once, for `floor` and `fullest`."""
 
+    __slots__ = ("model", "views", "precision", "recompute", "statics", "copies", "kept")
 
-def memory_floor(*, model: ModelSpec, parallel: ParallelSpec, training: TrainingSpec,
+    def __init__(self, *, model: ModelSpec, parallel: ParallelSpec, training: TrainingSpec,
                  precision: PrecisionSpec, recompute: RecomputeSpec,
-                 document_mask: bool) -> int:
-    """A lower bound of fullest_memory(...).total without the step's phases: on each
-    representative rank parameters, optimizer state, weight copies and RoPE tables, plus the
-    larger of the kept activations with the loss's transient and the gradients (the loss's
-    and the optimizer step's phases hold at least those: peak.PhaseTerms.phases). A search
-    skips a layout whose floor already exceeds what it can use."""
-    ranks = _Ranks(model, views_of(model=model, parallel=parallel, training=training,
-                                   precision=precision, document_mask=document_mask),
-                   precision, recompute)
-    copies, kept = ranks.copies(), ranks.activations()
-    tables = rope_table_bytes(model, parallel)  # resident in every phase
-    return max(static.params + static.optimizer + copies[place.pp_rank] + tables
-               + max(sum(kept[place.pp_rank]), static.params)
-               for place, static in ranks.statics())
-
-
-class _Ranks:
-    """The memory terms of one spec's ranks, each memoised on the views it reads (its
-    pipeline ranks' rows at once: a layout's ranks are asked together)."""
-
-    __slots__ = ("model", "views", "precision", "recompute")
-
-    def __init__(self, model: ModelSpec, views: Views, precision: PrecisionSpec,
-                 recompute: RecomputeSpec) -> None:
-        self.model, self.views, self.precision, self.recompute = \
-            model, views, precision, recompute
-
-    def statics(self) -> tuple[tuple[Place, StaticBytes], ...]:
-        """(place, static bytes) of each representative rank."""
-        return static_rows(model=self.model, holds=self.views.stages.holds,
-                           sharding=self.views.sharding, moment_bytes=self._moment())
-
-    def static(self, place: Place) -> StaticBytes:
-        return static_of(model=self.model, holds=self.views.stages.holds,
-                         sharding=self.views.sharding, moment_bytes=self._moment(),
-                         place=place)
-
-    def _moment(self) -> int:
-        return 2 if self.precision.optimizer_state_dtype.value == "bf16" else 4
-
-    def copies(self) -> tuple[int, ...]:
+                 document_mask: bool) -> None:
+        self.model, self.precision, self.recompute = model, precision, recompute
+        v = self.views = views_of(n_layers=model.n_layers, parallel=parallel, training=training,
+                                  precision=precision, document_mask=document_mask)
+        moment = 2 if precision.optimizer_state_dtype.value == "bf16" else 4
+        self.statics: tuple[tuple[Place, StaticBytes], ...] = static_rows(
+            model=model, holds=v.stages.holds, sharding=v.sharding, moment_bytes=moment)
+        """(place, static bytes) of each representative rank, in rank order."""
+        self.copies: tuple[int, ...] = weight_copies(
+            model=model, stages=v.stages, sharding=v.sharding,
+            compute_bytes=DTYPE_BYTES[precision.compute_dtype.value], recompute=recompute,
+            device_type=v.phase.device, loss_chunks=v.phase.split.loss_chunks)
         """Weight copy bytes of each pipeline rank."""
-        v = self.views
-        return weight_copies(model=self.model, stages=v.stages, sharding=v.sharding,
-                             compute_bytes=DTYPE_BYTES[self.precision.compute_dtype.value],
-                             recompute=self.recompute, device_type=v.phase.device,
-                             loss_chunks=v.phase.split.loss_chunks)
-
-    def activations(self) -> tuple[tuple[int, int], ...]:
+        self.kept: tuple[tuple[int, int], ...] = activation_rows(
+            model=model, stages=v.stages, kept=v.kept, phase=v.phase, recompute=recompute)
         """(kept activations, the loss's transient) of each pipeline rank."""
-        v = self.views
-        return activation_rows(model=self.model, stages=v.stages, kept=v.kept, phase=v.phase,
-                               recompute=self.recompute)
 
-    def in_step(self, place: Place, static: StaticBytes, activations: int,
-                loss_peak: int) -> int:
+    def fullest(self) -> MemoryEstimate:
+        """The rank that holds the most: of the representative ranks (memory_static.
+        representative_places, in rank order) the first with the largest total."""
+        best, most = None, -1
+        terms = phase_rows(model=self.model, views=self.views, precision=self.precision,
+                           recompute=self.recompute,
+                           places=tuple(place for place, _ in self.statics))
+        for (place, static), phases in zip(self.statics, terms):
+            activations, loss_peak = self.kept[place.pp_rank]
+            in_step = phases.peak(grads=static.grads, optimizer=static.optimizer,
+                                  activations=activations, loss_peak=loss_peak)
+            total = static.params + static.optimizer + self.copies[place.pp_rank] + in_step
+            if total > most:
+                best, most = (place, static, in_step), total
+        return self.at(*best)
+
+    def floor(self) -> int:
+        """A lower bound of fullest().total without the step's phases: on each
+        representative rank parameters, optimizer state, weight copies and RoPE tables, plus
+        the larger of the kept activations with the loss's transient and the gradients (the
+        loss's and the optimizer step's phases hold at least those: peak.PhaseTerms.phases).
+        A search skips a layout whose floor already exceeds what it can use."""
+        tables = rope_table_bytes(self.model, self.views.stages)  # resident in every phase
+        return max(static.params + static.optimizer + self.copies[place.pp_rank] + tables
+                   + max(sum(self.kept[place.pp_rank]), static.params)
+                   for place, static in self.statics)
+
+    def in_step(self, place: Place, static: StaticBytes) -> int:
+        """The fullest phase of the rank's step beyond parameters, optimizer state and
+        weight copies (peak.py)."""
         terms = phase_terms_of(model=self.model, views=self.views, precision=self.precision,
                                recompute=self.recompute, place=place)
+        activations, loss_peak = self.kept[place.pp_rank]
         return terms.peak(grads=static.grads, optimizer=static.optimizer,
                           activations=activations, loss_peak=loss_peak)
 
-    def memory(self, place: Place, static: StaticBytes, in_step: int | None = None
-               ) -> MemoryEstimate:
-        activations, loss_peak = self.activations()[place.pp_rank]
+    def at(self, place: Place, static: StaticBytes | None = None,
+           in_step: int | None = None) -> MemoryEstimate:
+        """The rank at `place`."""
+        if static is None:
+            static = self.static(place)
         if in_step is None:
-            in_step = self.in_step(place, static, activations, loss_peak)
+            in_step = self.in_step(place, static)
+        activations, loss_peak = self.kept[place.pp_rank]
         return MemoryEstimate(params=static.params, grads=static.grads,
                               optimizer=static.optimizer, master_weights=0,
-                              weight_copies=self.copies()[place.pp_rank],
+                              weight_copies=self.copies[place.pp_rank],
                               activations=activations, loss_peak=loss_peak, in_step=in_step)
 
+    def static(self, place: Place) -> StaticBytes:
+        moment = 2 if self.precision.optimizer_state_dtype.value == "bf16" else 4
+        return static_of(model=self.model, holds=self.views.stages.holds,
+                         sharding=self.views.sharding, moment_bytes=moment, place=place)
 
-def _ranks(spec: RunSpec) -> _Ranks:
-    return _Ranks(spec.model, spec_views(spec), spec.precision, spec.recompute)
 
-
-def _sections(spec: RunSpec) -> dict:
-    return dict(model=spec.model, parallel=spec.parallel, training=spec.training,
-                precision=spec.precision, recompute=spec.recompute,
-                document_mask=spec.data.document_mask)
+def layout_memory(spec: RunSpec) -> LayoutMemory:
+    """The LayoutMemory of a RunSpec."""
+    return LayoutMemory(model=spec.model, parallel=spec.parallel, training=spec.training,
+                        precision=spec.precision, recompute=spec.recompute,
+                        document_mask=spec.data.document_mask)
 
 
 def representative_ranks(spec: RunSpec) -> list[int]:
@@ -193,20 +176,20 @@ def representative_ranks(spec: RunSpec) -> list[int]:
 
 def static_bytes(spec: RunSpec, rank: int) -> StaticBytes:
     """Parameters, gradients and optimizer state `rank` holds after an optimizer step."""
-    return _ranks(spec).static(rank_place(spec, rank))
+    return layout_memory(spec).static(rank_place(spec, rank))
 
 
 def weight_copy_bytes(spec: RunSpec, rank: int) -> int:
     """Bytes of compute-dtype weight copies `rank` holds from forward to backward
     (memory_static.weight_copies)."""
-    return _ranks(spec).copies()[rank_place(spec, rank).pp_rank]
+    return layout_memory(spec).copies[rank_place(spec, rank).pp_rank]
 
 
 def layout_activation_bytes(spec: RunSpec, rank: int) -> int:
     """Activation bytes `rank` keeps at its fullest (kept_activations.py)."""
-    return _ranks(spec).activations()[rank_place(spec, rank).pp_rank][0]
+    return layout_memory(spec).kept[rank_place(spec, rank).pp_rank][0]
 
 
 def loss_peak_bytes_of(spec: RunSpec, rank: int) -> int:
     """The transient at the loss (activations.loss_peak_bytes) on the last pipeline rank."""
-    return _ranks(spec).activations()[rank_place(spec, rank).pp_rank][1]
+    return layout_memory(spec).kept[rank_place(spec, rank).pp_rank][1]

@@ -158,8 +158,8 @@ def weight_copies(*, model: ModelSpec, stages: Stages, sharding: Sharding, compu
     """Bytes of compute-dtype weight copies each pipeline rank holds from forward to
     backward (module docstring)."""
     if sharding.fsdp:
-        return fsdp_copy_bytes(model=model, stages=stages, sharding=sharding,
-                               compute_bytes=compute_bytes)
+        return fsdp_copy_bytes(model=model, holds=stages.holds, schedule=stages.pp_schedule,
+                               tp=sharding.tp, zero=sharding.zero, compute_bytes=compute_bytes)
     if compute_bytes >= PARAM_BYTES:
         return (0,) * stages.pp  # fp32 compute: autocast casts nothing
     return autocast_copy_bytes(model=model, holds=stages.holds, tp=sharding.tp,
@@ -168,17 +168,18 @@ def weight_copies(*, model: ModelSpec, stages: Stages, sharding: Sharding, compu
 
 
 @lru_cache(maxsize=CACHE)
-def fsdp_copy_bytes(*, model: ModelSpec, stages: Stages, sharding: Sharding,
+def fsdp_copy_bytes(*, model: ModelSpec, holds: Holds, schedule: str, tp: int, zero: int,
                     compute_bytes: int) -> tuple[int, ...]:
     """The units FSDP keeps gathered on each pipeline rank (module docstring)."""
-    return tuple(compute_bytes * _fsdp_gathered(model, stages, sharding, pp_rank)
-                 for pp_rank in range(stages.pp))
+    every_unit = zero == 2 or holds.pp > 1 and schedule in SPLIT_BACKWARD_SCHEDULES
+    return tuple(compute_bytes * _fsdp_gathered(model, holding(
+        model=model, holds=holds, tp=tp, pp_rank=pp_rank), every_unit)
+        for pp_rank in range(holds.pp))
 
 
-def _fsdp_gathered(model: ModelSpec, stages: Stages, sharding: Sharding, pp_rank: int) -> int:
-    held = holding(model=model, holds=stages.holds, tp=sharding.tp, pp_rank=pp_rank)
+def _fsdp_gathered(model: ModelSpec, held: Holding, every_unit: bool) -> int:
     block = sum(numel(local) for _, _, local in held.block)
-    if sharding.zero == 2 or stages.pp > 1 and stages.pp_schedule in SPLIT_BACKWARD_SCHEDULES:
+    if every_unit:
         return sum(numel(local) for _, _, local in held.root) + len(held.layers) * block
     head_unit = sum(numel(local) for name, _, local in held.root
                     if name != EMBEDDING or model.tie_embeddings)

@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from conf.split_rules import stage_split
-from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
+from conf.spec import ParallelSpec, PrecisionSpec, TrainingSpec
 from parallel.cost.activations import ActivationDtypes, ActivationSplit, activation_dtypes
 from parallel.dims import ParallelDims
 
@@ -132,11 +132,12 @@ class Views(NamedTuple):
 
 
 @lru_cache(maxsize=CACHE)
-def views_of(*, model: ModelSpec, parallel: ParallelSpec, training: TrainingSpec,
+def views_of(*, n_layers: int, parallel: ParallelSpec, training: TrainingSpec,
              precision: PrecisionSpec, document_mask: bool) -> Views:
+    """The views of a spec whose model has `n_layers` blocks."""
     p, t = parallel, training
     stages, sharding, kept_split, phase_split, dtypes = _layout_views(
-        n_layers=model.n_layers, parallel=p, precision=precision,
+        n_layers=n_layers, parallel=p, precision=precision,
         document_mask=document_mask, loss_chunks=t.loss_chunks)
     micro_batch = t.micro_batch_size // p.pp_microbatches
     tokens = micro_batch * t.seq_len // p.cp
@@ -175,7 +176,7 @@ def _regime(tokens: int, micro_batch: int, device: str, split: ActivationSplit,
 
 def spec_views(spec) -> Views:
     """views_of a RunSpec."""
-    return views_of(model=spec.model, parallel=spec.parallel, training=spec.training,
+    return views_of(n_layers=spec.model.n_layers, parallel=spec.parallel, training=spec.training,
                     precision=spec.precision, document_mask=spec.data.document_mask)
 
 

@@ -187,19 +187,39 @@ def phase_terms(spec: RunSpec, rank: int) -> PhaseTerms:
 
 def phase_terms_of(*, model: ModelSpec, views: Views, precision: PrecisionSpec,
                    recompute: RecomputeSpec, place: Place) -> PhaseTerms:
-    """PhaseTerms of the rank at `place` (module docstring). What it reads of the rank's
-    FSDP shard and ZeRO-1 owner (its blocks' gradients, AdamW's temporaries) is summed
-    first, so the rest is memoised without them."""
+    """PhaseTerms of the rank at `place` (module docstring)."""
+    return phase_rows(model=model, views=views, precision=precision, recompute=recompute,
+                      places=(place,))[0]
+
+
+def phase_rows(*, model: ModelSpec, views: Views, precision: PrecisionSpec,
+               recompute: RecomputeSpec, places: tuple[Place, ...]) -> tuple[PhaseTerms, ...]:
+    """PhaseTerms of the ranks at `places`. What they read of a rank's FSDP shard and ZeRO-1
+    owner (its blocks' gradients, AdamW's temporaries) is summed first, so the rest is
+    memoised without them (layouts that split their data-parallel ranks otherwise share it)."""
     stages, sharding = views.stages, views.sharding
-    block_grads = 0 if stages.pp > 1 else GRAD_BYTES * block_elements(
-        model=model, tp=sharding.tp, shards=sharding.shards, index=place.shard)
-    transient = optimizer_transient(model=model, stages=stages, sharding=sharding,
-                                    regime=views.phase, precision=precision, place=place)
-    return _phase_terms(model=model, stages=stages, regime=views.phase, tp=sharding.tp,
-                        fsdp=sharding.fsdp, zero=sharding.zero, ddp=sharding.ddp,
-                        accumulates=views.accumulates, precision=precision,
-                        recompute=recompute, pp_rank=place.pp_rank, block_grads=block_grads,
-                        optimizer_transient=transient)
+    ranks = tuple((place.pp_rank, 0 if stages.pp > 1 else GRAD_BYTES * block_elements(
+        model=model, tp=sharding.tp, shards=sharding.shards, index=place.shard),
+        optimizer_transient(model=model, stages=stages, sharding=sharding,
+                            regime=views.phase, precision=precision, place=place))
+        for place in places)
+    return _phase_rows(model=model, stages=stages, regime=views.phase, tp=sharding.tp,
+                       fsdp=sharding.fsdp, zero=sharding.zero, ddp=sharding.ddp,
+                       accumulates=views.accumulates, precision=precision,
+                       recompute=recompute, ranks=ranks)
+
+
+@lru_cache(maxsize=CACHE)
+def _phase_rows(*, model: ModelSpec, stages: Stages, regime: Regime, tp: int, fsdp: bool,
+                zero: int, ddp: bool, accumulates: bool, precision: PrecisionSpec,
+                recompute: RecomputeSpec, ranks: tuple[tuple[int, int, int], ...]
+                ) -> tuple[PhaseTerms, ...]:
+    """`ranks`: (pipeline rank, one block's gradient bytes: 0 with pp, AdamW's temporaries)."""
+    return tuple(_phase_terms(model=model, stages=stages, regime=regime, tp=tp, fsdp=fsdp,
+                              zero=zero, ddp=ddp, accumulates=accumulates, precision=precision,
+                              recompute=recompute, pp_rank=pp_rank, block_grads=block_grads,
+                              optimizer_transient=transient)
+                 for pp_rank, block_grads, transient in ranks)
 
 
 @lru_cache(maxsize=CACHE)

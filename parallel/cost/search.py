@@ -2,9 +2,9 @@
 fit ranked by predicted tokens/s per device. Torch-free, no Hydra.
 
 The candidates come from parallel.cost.search_space (resolve()'s own rules). Each one's
-memory is the plan's own (parallel.cost.memory.fullest_memory of its spec sections, whose
-terms are memoised on what each reads; a layout whose memory_floor cannot fit is skipped
-before its step's phases are summed). Those that do not fit
+memory is the plan's own (parallel.cost.memory.LayoutMemory of its spec sections, whose
+terms are memoised on what each reads; a layout whose floor cannot fit is skipped before
+its step's phases are summed). Those that do not fit
 (fit.memory_verdict's rule) are dropped and counted; the rest are ranked by
 step_time.estimate_time through `predict` (one adapter: a changed signature is a one-line fix),
 and the top ones are re-planned with make_plan itself, so what is shown is what `meshrun plan`
@@ -24,7 +24,7 @@ from conf.schema import RecomputeConfig, RunConfig
 from conf.spec import RunSpec
 from parallel.cost.devices import GIB
 from parallel.cost.fit import memory_verdict
-from parallel.cost.memory import fullest_memory, memory_floor
+from parallel.cost.memory import LayoutMemory
 from parallel.cost.plan import Plan, make_plan
 from parallel.cost.search_space import Candidate, enumerate_candidates
 from parallel.cost.step_time import Hardware, estimate_time, hardware_of, step_floor_s
@@ -126,15 +126,15 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
     for candidate in enumerate_candidates(cfg, base, global_batch_size=global_batch_size,
                                           policies=policies, rejected=rejected):
         enumerated += 1
-        sections = dict(model=base.model, parallel=candidate.parallel,
-                        training=candidate.training(base, trainings),
-                        precision=base.precision, recompute=candidate.recompute,
-                        document_mask=base.data.document_mask)
-        if usable is not None and smallest is not None and memory_floor(**sections) >= max(
+        layout = LayoutMemory(model=base.model, parallel=candidate.parallel,
+                              training=candidate.training(base, trainings),
+                              precision=base.precision, recompute=candidate.recompute,
+                              document_mask=base.data.document_mask)
+        if usable is not None and smallest is not None and layout.floor() >= max(
                 smallest, usable + 1):  # does not fit, and cannot be the smallest misfit
             misfits += 1
             continue
-        memory = fullest_memory(**sections)
+        memory = layout.fullest()
         if usable is not None and memory.total > usable:  # memory_verdict's rule
             misfits += 1
             smallest = memory.total if smallest is None else min(smallest, memory.total)
