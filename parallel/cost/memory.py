@@ -193,3 +193,16 @@ def layout_activation_bytes(spec: RunSpec, rank: int) -> int:
 def loss_peak_bytes_of(spec: RunSpec, rank: int) -> int:
     """The transient at the loss (activations.loss_peak_bytes) on the last pipeline rank."""
     return layout_memory(spec).kept[rank_place(spec, rank).pp_rank][1]
+
+
+def clear_memory_caches() -> None:
+    """Empty every memoised term of the memory model (and what they memoise beneath them:
+    parameter shapes and placements), as tests/unit/test_memory_cache.py does to compare
+    the memoised model with an evaluation from empty caches."""
+    from parallel.cost import kept_activations, memory_static, memory_views, params, peak
+    from parallel.cost import step_memory_terms
+    for module in (memory_views, memory_static, kept_activations, peak, step_memory_terms,
+                   params):
+        for value in vars(module).values():
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
