@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, RecomputeSpec, RunSpec
-from conf.spec import TrainingSpec
+from conf.spec import (
+    ModelSpec, ParallelSpec, PrecisionSpec, RecomputeSpec, RunSpec, TrainingSpec,
+)
+from parallel.cost import kept_activations, memory_static, memory_views, params, peak
+from parallel.cost import step_memory_terms
 from parallel.cost.activations import DTYPE_BYTES
 from parallel.cost.kept_activations import activation_rows
 from parallel.cost.memory_static import (
@@ -26,7 +29,7 @@ from parallel.cost.memory_static import (
     static_rows,
     weight_copies,
 )
-from parallel.cost.memory_views import Place, Views, rank_place, spec_views, views_of
+from parallel.cost.memory_views import Place, rank_place, spec_views, views_of
 from parallel.cost.peak import phase_rows, phase_terms_of
 from parallel.cost.step_memory_terms import rope_table_bytes
 from parallel.dims import ParallelDims
@@ -199,8 +202,6 @@ def clear_memory_caches() -> None:
     """Empty every memoised term of the memory model (and what they memoise beneath them:
     parameter shapes and placements), as tests/unit/test_memory_cache.py does to compare
     the memoised model with an evaluation from empty caches."""
-    from parallel.cost import kept_activations, memory_static, memory_views, params, peak
-    from parallel.cost import step_memory_terms
     for module in (memory_views, memory_static, kept_activations, peak, step_memory_terms,
                    params):
         for value in vars(module).values():

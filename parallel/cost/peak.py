@@ -28,7 +28,7 @@ from conf.spec import ModelSpec, PrecisionSpec, RecomputeSpec, RunSpec
 from parallel.cost.activations import activation_bytes, pipeline_in_flight
 from parallel.cost.kept_activations import NO_RECOMPUTE, end_kept_bytes
 from parallel.cost.memory_static import holding
-from parallel.cost.memory_views import CACHE, Place, Regime, Sharding, Stages, Views
+from parallel.cost.memory_views import CACHE, Place, Regime, Stages, Views
 from parallel.cost.memory_views import rank_place, spec_views
 from parallel.cost.step_memory_terms import (
     GRAD_BYTES,
@@ -47,11 +47,12 @@ def grads_outlive_backward(spec: RunSpec) -> bool:
     (micro-batches' backwards interleave with later forwards) and with gradient
     accumulation (the second micro-batch's forward runs over the first's gradients)."""
     views = spec_views(spec)
-    return _outlive(views.sharding, views.stages, views.accumulates)
+    return _outlive(ddp=views.sharding.ddp, pipeline=views.stages.pp > 1,
+                    accumulates=views.accumulates)
 
 
-def _outlive(sharding: Sharding, stages: Stages, accumulates: bool) -> bool:
-    return sharding.ddp or stages.pp > 1 or accumulates
+def _outlive(*, ddp: bool, pipeline: bool, accumulates: bool) -> bool:
+    return ddp or pipeline or accumulates
 
 
 def block_numel(spec: RunSpec, rank: int, *, sharded: bool) -> int:
@@ -230,7 +231,7 @@ def _phase_terms(*, model: ModelSpec, stages: Stages, regime: Regime, tp: int, f
     """`block_grads`: one block's gradient bytes on the rank (0 with pp)."""
     pipeline = stages.pp > 1
     steady = not pipeline or pipeline_steady(stages, pp_rank)
-    held = (ddp or pipeline or accumulates) if steady else (ddp or accumulates)
+    held = _outlive(ddp=ddp, pipeline=pipeline and steady, accumulates=accumulates)
     layers = holding(model=model, holds=stages.holds, tp=tp, pp_rank=pp_rank).layers
     walk = _walk(model, recompute, layers, None if pipeline else 0 if held else block_grads,
                  regime)
