@@ -32,7 +32,6 @@ from parallel.cost.activations import selective_targets
 from parallel.cost.memory_views import CACHE, Holds, Place, Sharding, Stages
 from parallel.cost.params import (
     EMBEDDING,
-    _parameter_shapes,
     _stage_parameters,
     fsdp_local_numel,
     numel,
@@ -69,14 +68,14 @@ class Holding:
 def holding(*, model: ModelSpec, holds: Holds, tp: int, pp_rank: int) -> Holding:
     """The full-size parameters pipeline rank `pp_rank` holds (params.held_parameters)."""
     if holds.pp == 1:
-        tensors = _parameter_shapes(model)
+        tensors = tuple(parameter_shapes(model))
     else:
         tensors = _stage_parameters(model, holds.pp, holds.pp_virtual_stages, holds.split,
                                     pp_rank)
     layers = tuple(sorted({int(n.split(".")[1]) for n, _ in tensors if n.startswith("layers.")}))
     root = tuple((n, s, tp_local_shape(n, s, tp)) for n, s in tensors
                  if not n.startswith("layers."))
-    block = tuple((n, s, tp_local_shape(n, s, tp)) for n, s in _parameter_shapes(model)
+    block = tuple((n, s, tp_local_shape(n, s, tp)) for n, s in parameter_shapes(model)
                   if n.startswith("layers.0.")) if layers else ()
     return Holding(tensors=tensors, layers=layers, root=root, block=block)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -104,6 +105,18 @@ def test_memoised_memory_equals_memory_from_empty_caches_byte_for_byte(case):
              c.parallel.tp > 1, c.parallel.cp > 1) for c in checked}
     assert {z for z, *_ in seen} == {0, 1, 2, 3}, seen  # every ZeRO stage was compared
     assert len({c.recompute_name for c in checked}) >= 8
+
+
+def test_memoised_memory_with_a_document_mask_equals_memory_from_empty_caches():
+    """data.document_mask (RoPE rows per token, one dense mask per forward on a CPU device)
+    is read by the kept activations and not by the step's phases: both regimes memoised."""
+    base, candidates = _candidates(*CASES["debug-cpu-bf16"][:2])
+    base = replace(base, data=replace(base.data, document_mask=True))
+    clear_memory_caches()
+    memoised = [_layout(base, c).fullest() for c in candidates]
+    for candidate, memory in zip(candidates[::3], memoised[::3]):
+        clear_memory_caches()
+        assert memory == estimate_memory(candidate.spec(base)), candidate
 
 
 def test_the_cases_reach_every_branch():
