@@ -7,7 +7,7 @@ of 5; and whether torch was imported. Reports, asserts nothing (issue 10's goal:
 
 --profile N: instead, one run in this process under cProfile, its N costliest calls by
 cumulative time (where the time goes: imports and Hydra compose, enumeration, per-candidate
-memory in parallel/cost/search_memory.py, the time model per fitting layout).
+memory in parallel/cost/memory.py LayoutMemory, the time model per fitting layout).
 --against DIR: alternate each run with one of the same command in another checkout (DIR, e.g.
 `git worktree add /tmp/base main`), and give the ratio of the medians: on a shared machine
 the CPU-time ratio says what the wall times cannot.

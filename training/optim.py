@@ -24,7 +24,7 @@ def implementation(params: list[torch.Tensor]) -> dict:
     single-process references) where every parameter is a plain tensor or every one a DTensor
     of one mesh (FSDP's shards: the per-tensor loop pays DTensor's dispatch about ten times per
     parameter); torch's default otherwise (a mix that foreach cannot take as one list). The
-    memory plan restates this rule torch-free (parallel/cost/step_terms.py adamw_foreach):
+    memory plan restates this rule torch-free (parallel/cost/step_memory_terms.py adamw_foreach):
     change both together."""
     if not params or any(p.device.type == "meta" for p in params):
         return {}

@@ -1,160 +1,38 @@
-"""Bytes per rank under a parallel layout: parameters, gradients, optimizer state, activations.
+"""Bytes per rank under a parallel layout: parameters, gradients, optimizer state, weight
+copies, activations and the step's fullest phase. Torch-free.
 
-Torch-free: the plan and the dry run call it for every rank; tests/distributed compare the
-static bytes with what the ranks really hold. Beyond the placement rules (params.py):
-- FSDP (zero 2/3): gradients and AdamW moments follow the parameter shards;
-- ZeRO-1 keeps whole parameters and gradients, and AdamW moments only for the parameters
-  the rank owns (parallel.dims.zero1_owners);
-- AdamW keeps two moments per element (fp32, or bf16 with optimizer_state_dtype=bf16) and a
-  4-byte step count per parameter tensor. Parameters are fp32: they are the master weights.
-- weight copies, held from forward to backward (not in `static_bytes`: they are gone after
-  the step): FSDP's gathered compute-dtype weights (parallel/fsdp.py: zero=2 keeps every unit
-  gathered, reshard_after_forward=False, and so does a zero-bubble pipeline schedule;
-  zero=3 keeps the head unit - final norm and head, with the embedding when tied - gathered,
-  plus the block in use (the one prefetched in backward is a collective buffer,
-  peak.collective_buffer_bytes; at the loss no block is gathered yet but the prefetched last
-  one); the untied embedding is its own unit, re-sharded after forward); without FSDP, autocast's low-precision copies of every matmul weight
-  (nn.Linear weights and the tied head; saved for backward, 2 B/param in bf16/fp16).
+The one memory model: the plan, the dry run, the sweep preview, the fit check and
+`meshrun plan --search` all ask `estimate_memory` (or `LayoutMemory`, the same for spec
+sections the search has not put together into a RunSpec). Its terms are in
+memory_static.py (parameters, gradients, AdamW state, weight copies), kept_activations.py,
+peak.py and step_memory_terms.py (the step's phases); each takes the views of the spec it
+reads (memory_views.py) and is memoised on them, so thousands of layouts share what they
+have in common and no cache key is written by hand. tests/distributed compare the static
+bytes, the activations and the peak with what gloo ranks really hold;
+tests/unit/test_memory_cache.py compares the memoised model with itself uncached.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
-from conf.rules.parallel_rules import SPLIT_BACKWARD_SCHEDULES
-from conf.schema import RecomputeMode
-from conf.spec import ModelSpec, RecomputeSpec, RunSpec
-from parallel.cost.activations import (
-    DTYPE_BYTES,
-    ActivationSplit,
-    activation_bytes,
-    activation_dtypes,
-    loss_peak_bytes,
-    pipeline_in_flight,
-    selective_targets,
-    stage_output_bytes_per_token,
+from conf.spec import (
+    ModelSpec, ParallelSpec, PrecisionSpec, RecomputeSpec, RunSpec, TrainingSpec,
 )
-from parallel.cost.params import (
-    EMBEDDING,
-    fsdp_local_numel,
-    held_layers,
-    held_parameters,
-    numel,
-    parameter_shapes,
-    tp_local_shape,
+from parallel.cost import kept_activations, memory_static, memory_views, params, peak
+from parallel.cost import step_memory_terms
+from parallel.cost.activations import DTYPE_BYTES
+from parallel.cost.kept_activations import activation_rows
+from parallel.cost.memory_static import (
+    StaticBytes,
+    representative_places,
+    static_of,
+    static_rows,
+    weight_copies,
 )
-from parallel.cost.peak import step_peak_bytes
-from parallel.dims import ParallelDims, zero1_owners
-
-PARAM_BYTES = 4
-STEP_BYTES = 4
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StaticBytes:
-    params: int
-    grads: int
-    optimizer: int
-
-
-def static_bytes(spec: RunSpec, rank: int) -> StaticBytes:
-    """Parameters, gradients and optimizer state `rank` holds after an optimizer step."""
-    dims = ParallelDims.from_spec(spec.parallel)
-    coords = dims.coordinates(rank)
-    moment_bytes = 2 if spec.precision.optimizer_state_dtype.value == "bf16" else 4
-    local = _tp_local_shapes(spec, coords["pp"], dims.tp)
-    if dims.uses_fsdp:
-        shards, index = dims.dp_shard * dims.cp, coords["dp_shard"] * dims.cp + coords["cp"]
-        sizes = [fsdp_local_numel(s, shards=shards, index=index) for s in local]
-    else:
-        sizes = [numel(s) for s in local]
-    # AdamW keeps state for what it updates: everything held, except under ZeRO-1
-    optimized, tensors = sum(sizes), len(sizes)
-    if dims.zero == 1 and dims.uses_ddp:
-        optimized, tensors = zero1_shares(tuple(sizes), dims.dp_shard)[coords["dp_shard"]]
-    params = PARAM_BYTES * sum(sizes)
-    optimizer = 2 * moment_bytes * optimized + STEP_BYTES * tensors
-    return StaticBytes(params=params, grads=params, optimizer=optimizer)
-
-
-def _tp_local_shapes(spec: RunSpec, pp_rank: int, tp: int) -> list[tuple[int, ...]]:
-    return [tp_local_shape(n, s, tp) for n, s in held_parameters(spec, pp_rank)]
-
-
-@lru_cache(maxsize=64)
-def zero1_shares(sizes: tuple[int, ...], n: int) -> tuple[tuple[int, int], ...]:
-    """(elements, tensors) whose AdamW state each of the `n` ZeRO-1 owners keeps; owners
-    computed once per layout (parallel.dims.zero1_owners), not once per rank."""
-    shares = [[0, 0] for _ in range(n)]
-    for size, owner in zip(sizes, zero1_owners(list(sizes), n)):
-        shares[owner][0] += size
-        shares[owner][1] += 1
-    return tuple((elements, count) for elements, count in shares)
-
-
-def weight_copy_bytes(spec: RunSpec, rank: int) -> int:
-    """Bytes of compute-dtype weight copies `rank` holds from forward to backward (above)."""
-    dims = ParallelDims.from_spec(spec.parallel)
-    compute = DTYPE_BYTES[spec.precision.compute_dtype.value]
-    held = held_parameters(spec, dims.coordinates(rank)["pp"])
-    local = {name: numel(tp_local_shape(name, shape, dims.tp)) for name, shape in held}
-    if dims.uses_fsdp:
-        if dims.zero == 2 or dims.pp > 1 and spec.parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES:
-            return compute * sum(local.values())
-        blocks: dict[str, int] = {}
-        for name, size in local.items():
-            if name.startswith("layers."):
-                blocks[name.split(".")[1]] = blocks.get(name.split(".")[1], 0) + size
-        head_unit = sum(size for name, size in local.items()
-                        if not name.startswith("layers.")
-                        and (name != EMBEDDING or spec.model.tie_embeddings))
-        return compute * (head_unit + max(blocks.values(), default=0))
-    if compute >= PARAM_BYTES:
-        return 0  # fp32 compute: autocast casts nothing
-    recompute = autocast_cache_policy(spec.recompute, pp=dims.pp)
-    return compute * sum(size for (name, shape), size in zip(held, local.values())
-                         if autocast_keeps_copy(name, shape, spec.model, recompute,
-                                                device_type=spec.training.device,
-                                                loss_chunks=spec.training.loss_chunks))
-
-
-def autocast_cache_policy(recompute: RecomputeSpec, *, pp: int) -> RecomputeSpec:
-    """The policy whose weight copies autocast keeps. A pipeline runs its whole schedule,
-    backward included, in one autocast region (parallel/pipeline.py `_run`), so autocast's
-    cast cache keeps every matmul weight's copy until the step ends, whatever is
-    re-computed (measured on gloo ranks): as without recompute. Elsewhere autocast wraps
-    the forward only, and its cache goes with it."""
-    return recompute if pp == 1 else RecomputeSpec(mode=RecomputeMode.none)
-
-
-def autocast_keeps_copy(name: str, shape: tuple[int, ...], model: ModelSpec,
-                        recompute: RecomputeSpec, *, device_type: str,
-                        loss_chunks: int = 1) -> bool:
-    """Is autocast's compute-dtype copy of weight `name` saved from forward to backward?
-    Matmul weights only (the head, and the embedding when tied), and in a block only where
-    its matmul is not re-computed (a checkpointed region saves no cast) nor offloaded to host
-    memory (a GPU's offload hooks move the copies too, as they are not parameters). A head
-    run in row blocks (`loss_chunks` > 1) takes its gradients in forward and saves nothing."""
-    if len(shape) != 2:
-        return False
-    if not name.startswith("layers."):
-        return loss_chunks == 1 and (name != EMBEDDING or model.tie_embeddings)
-    policy = recompute if recompute.applies_to(int(name.split(".")[1])) else None
-    if policy is None or policy.mode is RecomputeMode.none:
-        return True
-    if policy.mode is RecomputeMode.offload:
-        return device_type == "cpu"
-    targets = selective_targets(policy)
-    if policy.mode is RecomputeMode.full or {"block", "ops"} & targets:
-        return False
-    return not ("ffn" in targets and ".feed_forward." in name)
-
-
-def autocast_copied_weights(model: ModelSpec, recompute: RecomputeSpec, *,
-                            device_type: str) -> list[int]:
-    """Elements of each weight whose autocast copy a whole model keeps (one process)."""
-    return [numel(shape) for name, shape in parameter_shapes(model)
-            if autocast_keeps_copy(name, shape, model, recompute, device_type=device_type)]
+from parallel.cost.memory_views import Place, rank_place, spec_views, views_of
+from parallel.cost.peak import phase_rows, phase_terms_of
+from parallel.cost.step_memory_terms import rope_table_bytes
+from parallel.dims import ParallelDims
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,90 +73,137 @@ def estimate_memory(spec: RunSpec, *, rank: int | None = None) -> MemoryEstimate
     rank in tests/distributed). Activations: the per-block counts measured on one process,
     for this rank's tokens (micro-batch / pipeline micro-batches / cp), its blocks, and the
     pipeline chunks in flight, in the run's dtype regime and tp/sp/cp split."""
-    if rank is None:
-        return max((estimate_memory(spec, rank=r) for r in representative_ranks(spec)),
-                   key=lambda m: m.total)
-    static = static_bytes(spec, rank)
-    activations, loss_peak = layout_activation_bytes(spec, rank), loss_peak_bytes_of(spec, rank)
-    return MemoryEstimate(params=static.params, grads=static.grads, optimizer=static.optimizer,
-                          master_weights=0, weight_copies=weight_copy_bytes(spec, rank),
-                          activations=activations, loss_peak=loss_peak,
-                          in_step=step_peak_bytes(spec, rank, grads=static.grads,
-                                                  optimizer=static.optimizer,
-                                                  activations=activations,
-                                                  loss_peak=loss_peak))
+    layout = layout_memory(spec)
+    return layout.fullest() if rank is None else layout.at(rank_place(spec, rank))
+
+
+class LayoutMemory:
+    """The memory of one spec's ranks, from its sections (a search asks thousands of layouts
+    without putting each into a RunSpec): every term memoised on the views it reads; the
+    rows of a layout's representative ranks are read once, for `floor` and `fullest`."""
+
+    __slots__ = ("model", "views", "precision", "recompute", "statics", "copies", "kept")
+
+    def __init__(self, *, model: ModelSpec, parallel: ParallelSpec, training: TrainingSpec,
+                 precision: PrecisionSpec, recompute: RecomputeSpec,
+                 document_mask: bool) -> None:
+        self.model, self.precision, self.recompute = model, precision, recompute
+        v = self.views = views_of(n_layers=model.n_layers, parallel=parallel, training=training,
+                                  precision=precision, document_mask=document_mask)
+        moment = 2 if precision.optimizer_state_dtype.value == "bf16" else 4
+        self.statics: tuple[tuple[Place, StaticBytes], ...] = static_rows(
+            model=model, holds=v.stages.holds, sharding=v.sharding, moment_bytes=moment)
+        """(place, static bytes) of each representative rank, in rank order."""
+        self.copies: tuple[int, ...] = weight_copies(
+            model=model, stages=v.stages, sharding=v.sharding,
+            compute_bytes=DTYPE_BYTES[precision.compute_dtype.value], recompute=recompute,
+            device_type=v.phase.device, loss_chunks=v.phase.split.loss_chunks)
+        """Weight copy bytes of each pipeline rank."""
+        self.kept: tuple[tuple[int, int], ...] = activation_rows(
+            model=model, stages=v.stages, kept=v.kept, phase=v.phase, recompute=recompute)
+        """(kept activations, the loss's transient) of each pipeline rank."""
+
+    def fullest(self) -> MemoryEstimate:
+        """The rank that holds the most: of the representative ranks (memory_static.
+        representative_places, in rank order) the first with the largest total."""
+        best, most = None, -1
+        terms = phase_rows(model=self.model, views=self.views, precision=self.precision,
+                           recompute=self.recompute,
+                           places=tuple(place for place, _ in self.statics))
+        for (place, static), phases in zip(self.statics, terms):
+            activations, loss_peak = self.kept[place.pp_rank]
+            in_step = phases.peak(grads=static.grads, optimizer=static.optimizer,
+                                  activations=activations, loss_peak=loss_peak)
+            total = static.params + static.optimizer + self.copies[place.pp_rank] + in_step
+            if total > most:
+                best, most = (place, static, in_step), total
+        return self.at(*best)
+
+    def floor(self) -> int:
+        """A lower bound of fullest().total without the step's phases: on each
+        representative rank parameters, optimizer state, weight copies and RoPE tables, plus
+        the larger of the kept activations with the loss's transient and the gradients (the
+        loss's and the optimizer step's phases hold at least those: peak.PhaseTerms.phases).
+        A search skips a layout whose floor already exceeds what it can use."""
+        tables = rope_table_bytes(self.model, self.views.stages)  # resident in every phase
+        return max(static.params + static.optimizer + self.copies[place.pp_rank] + tables
+                   + max(sum(self.kept[place.pp_rank]), static.params)
+                   for place, static in self.statics)
+
+    def in_step(self, place: Place, static: StaticBytes) -> int:
+        """The fullest phase of the rank's step beyond parameters, optimizer state and
+        weight copies (peak.py)."""
+        terms = phase_terms_of(model=self.model, views=self.views, precision=self.precision,
+                               recompute=self.recompute, place=place)
+        activations, loss_peak = self.kept[place.pp_rank]
+        return terms.peak(grads=static.grads, optimizer=static.optimizer,
+                          activations=activations, loss_peak=loss_peak)
+
+    def at(self, place: Place, static: StaticBytes | None = None,
+           in_step: int | None = None) -> MemoryEstimate:
+        """The rank at `place`."""
+        if static is None:
+            static = self.static(place)
+        if in_step is None:
+            in_step = self.in_step(place, static)
+        activations, loss_peak = self.kept[place.pp_rank]
+        return MemoryEstimate(params=static.params, grads=static.grads,
+                              optimizer=static.optimizer, master_weights=0,
+                              weight_copies=self.copies[place.pp_rank],
+                              activations=activations, loss_peak=loss_peak, in_step=in_step)
+
+    def static(self, place: Place) -> StaticBytes:
+        moment = 2 if self.precision.optimizer_state_dtype.value == "bf16" else 4
+        return static_of(model=self.model, holds=self.views.stages.holds,
+                         sharding=self.views.sharding, moment_bytes=moment, place=place)
+
+
+def layout_memory(spec: RunSpec) -> LayoutMemory:
+    """The LayoutMemory of a RunSpec."""
+    return LayoutMemory(model=spec.model, parallel=spec.parallel, training=spec.training,
+                        precision=spec.precision, recompute=spec.recompute,
+                        document_mask=spec.data.document_mask)
 
 
 def representative_ranks(spec: RunSpec) -> list[int]:
-    """Ranks among which the fullest is: every pipeline rank; shard 0 of FSDP (its chunks
-    are the ceil-sized ones); under ZeRO-1 one owner per distinct share (the first with it),
-    as ranks with equal shares hold equal bytes."""
-    dims = ParallelDims.from_spec(spec.parallel)
-    ranks = set()
-    for pp in range(dims.pp):
-        shards = [0]
-        if dims.zero == 1 and dims.uses_ddp:
-            sizes = tuple(numel(s) for s in _tp_local_shapes(spec, pp, dims.tp))
-            first: dict[tuple[int, int], int] = {}
-            for shard, share in enumerate(zero1_shares(sizes, dims.dp_shard)):
-                first.setdefault(share, shard)
-            shards = list(first.values())
-        ranks |= {dims.rank_of({"pp": pp, "dp_replicate": 0, "dp_shard": shard, "cp": 0,
-                                "tp": 0}) for shard in shards}
-    return sorted(ranks)
+    """Ranks among which the fullest is (memory_static.representative_places)."""
+    views, dims = spec_views(spec), ParallelDims.from_spec(spec.parallel)
+    places = representative_places(model=spec.model, holds=views.stages.holds,
+                                   sharding=views.sharding)
+    return sorted(dims.rank_of({"pp": place.pp_rank, "dp_replicate": 0,
+                                "dp_shard": place.owner, "cp": 0, "tp": 0})
+                  for place in places)
+
+
+# One rank's terms, as the plan's per-rank views and the distributed tests ask them.
+
+def static_bytes(spec: RunSpec, rank: int) -> StaticBytes:
+    """Parameters, gradients and optimizer state `rank` holds after an optimizer step."""
+    return layout_memory(spec).static(rank_place(spec, rank))
+
+
+def weight_copy_bytes(spec: RunSpec, rank: int) -> int:
+    """Bytes of compute-dtype weight copies `rank` holds from forward to backward
+    (memory_static.weight_copies)."""
+    return layout_memory(spec).copies[rank_place(spec, rank).pp_rank]
 
 
 def layout_activation_bytes(spec: RunSpec, rank: int) -> int:
-    """Activation bytes `rank` keeps at its fullest: the pipeline chunks in flight, each with
-    one virtual stage's blocks (this rank's blocks / virtual stages), in the run's dtype
-    regime and tp/sp/cp split (activations.py); the head on the last pipeline rank, for one
-    micro-batch (for all of them under GPipe)."""
-    p, t = spec.parallel, spec.training
-    dims = ParallelDims.from_spec(p)
-    pp_rank = dims.coordinates(rank)["pp"]
-    micro_batch = t.micro_batch_size // p.pp_microbatches
-    tokens = micro_batch * t.seq_len // p.cp
-    kwargs = dict(tokens=tokens, micro_batch=micro_batch, recompute=spec.recompute,
-                  device_type=t.device,
-                  split=ActivationSplit.of(p, document_mask=spec.data.document_mask,
-                                           loss_chunks=t.loss_chunks),
-                  dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))
-    layers = held_layers(spec, pp_rank)
-    blocks = activation_bytes(spec.model, layers=layers, with_head=False,
-                              with_embedding=False, **kwargs)
-    chunks = pipeline_in_flight(p, pp_rank)
-    total = blocks * chunks // p.pp_virtual_stages if p.pp > 1 else blocks
-    heads = 0
-    if pp_rank == p.pp - 1:
-        heads = p.pp_microbatches if p.pp > 1 and p.pp_schedule == "gpipe" else 1
-        total += heads * activation_bytes(spec.model, layers=[], with_embedding=False, **kwargs)
-    if pp_rank == 0:
-        first = p.pp_microbatches if p.pp > 1 and p.pp_schedule == "gpipe" else chunks
-        total += first * activation_bytes(spec.model, layers=[], with_head=False, **kwargs)
-    if p.pp > 1:
-        total += pipeline_output_bytes(spec.model, chunks=chunks, heads=heads, tokens=tokens,
-                                       dtypes=kwargs["dtypes"], split=kwargs["split"])
-    return total
-
-
-def pipeline_output_bytes(model: ModelSpec, *, chunks: int, heads: int, tokens: int,
-                          dtypes, split: ActivationSplit) -> int:
-    """The stage outputs a pipeline rank's schedule keeps (activations.stage_output_bytes_
-    per_token): of its `chunks` in flight, `heads` ran the last stage (logits), the others
-    send their output on."""
-    def per_chunk(last: bool) -> int:
-        return int(tokens * stage_output_bytes_per_token(model, last=last, dtypes=dtypes,
-                                                         split=split))
-    return heads * per_chunk(True) + (chunks - heads) * per_chunk(False)
+    """Activation bytes `rank` keeps at its fullest (kept_activations.py)."""
+    return layout_memory(spec).kept[rank_place(spec, rank).pp_rank][0]
 
 
 def loss_peak_bytes_of(spec: RunSpec, rank: int) -> int:
     """The transient at the loss (activations.loss_peak_bytes) on the last pipeline rank."""
-    p, t = spec.parallel, spec.training
-    dims = ParallelDims.from_spec(p)
-    if dims.coordinates(rank)["pp"] != p.pp - 1:
-        return 0
-    tokens = t.micro_batch_size // p.pp_microbatches * t.seq_len // p.cp
-    return loss_peak_bytes(spec.model, tokens=tokens,
-                           split=ActivationSplit.of(p, loss_chunks=t.loss_chunks),
-                           dtypes=activation_dtypes(spec.precision, uses_fsdp=dims.uses_fsdp))
+    return layout_memory(spec).kept[rank_place(spec, rank).pp_rank][1]
+
+
+def clear_memory_caches() -> None:
+    """Empty every memoised term of the memory model (and what they memoise beneath them:
+    parameter shapes and placements), as tests/unit/test_memory_cache.py does to compare
+    the memoised model with an evaluation from empty caches."""
+    for module in (memory_views, memory_static, kept_activations, peak, step_memory_terms,
+                   params):
+        for value in vars(module).values():
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()

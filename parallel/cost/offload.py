@@ -4,7 +4,7 @@ What moves: every tensor a covered block saves for backward that is not a parame
 (parallel/recompute.py `_SaveActivationsOnCpu`): the activations `none` keeps and offload
 does not keep on the device (parallel.cost.activations: on a GPU offload keeps nothing of a
 covered block), plus autocast's compute-dtype weight copies of those blocks (plain tensors,
-not parameters: parallel.cost.memory.autocast_keeps_copy). Per step that is one pass per
+not parameters: parallel.cost.memory_static.autocast_keeps_copy). Per step that is one pass per
 micro-batch (accumulation x pipeline micro-batches) through the rank's blocks, copied out to
 host memory in forward and back in backward: 2 x those bytes over the host link (PCIe, or
 NVLink-C2C on Grace superchips: parallel.cost.devices `host_link_gbps`).
@@ -25,7 +25,7 @@ from conf.schema import RecomputeMode
 from conf.spec import ModelSpec, RecomputeSpec, RunSpec
 from parallel.cost.activations import (ActivationSplit, activation_dtypes,
                                        block_bytes_per_micro_batch, block_bytes_per_token)
-from parallel.cost.memory import autocast_keeps_copy
+from parallel.cost.memory_static import autocast_keeps_copy
 from parallel.cost.params import held_layers, numel, parameter_shapes, tp_local_shape
 
 NONE = RecomputeSpec(mode=RecomputeMode.none)

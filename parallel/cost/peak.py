@@ -11,33 +11,34 @@ held from forward to backward), a step holds, at each of its moments:
 - the optimizer step: every gradient, and AdamW's temporaries (`optimizer_transient_bytes`);
 - the embedding's backward, under tp its dense whole-vocabulary gradient;
 - in every phase, what stays resident (`resident_bytes`: RoPE tables, pipeline buffers).
-The terms beside activations and gradients are in parallel/cost/step_terms.py. A pipeline
+The terms beside activations and gradients are in parallel/cost/step_memory_terms.py. A pipeline
 rank has no one order of backwards: its backward phase holds every chunk in flight and the
 gradients (less one chunk without a steady state, `pipeline_steady`) and the largest block
 working set.
 Measured against the ranks' real storages in tests/distributed/test_activation_memory.py.
-The function is pure in the spec sections it reads (model, parallel, precision, recompute,
-training) and the per-rank byte counts it is given, so a search may memoise it by them.
+`phase_terms_of` takes the views it reads (memory_views.py) and is memoised on them; the
+counts it is given are the rank's (memory.py adds them up).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 
-from conf.schema import RecomputeMode
-from conf.spec import ModelSpec, RecomputeSpec, RunSpec
-from parallel.cost.activations import DTYPE_BYTES, activation_bytes, pipeline_in_flight
-from parallel.cost.params import fsdp_local_numel, held_layers, parameter_shapes, tp_local_shape
-from parallel.cost.step_terms import (
+from conf.spec import ModelSpec, PrecisionSpec, RecomputeSpec, RunSpec
+from parallel.cost.activations import activation_bytes, pipeline_in_flight
+from parallel.cost.kept_activations import NO_RECOMPUTE, end_kept_bytes
+from parallel.cost.memory_static import holding
+from parallel.cost.memory_views import CACHE, Place, Regime, Stages, Views
+from parallel.cost.memory_views import rank_place, spec_views
+from parallel.cost.step_memory_terms import (
     GRAD_BYTES,
-    activation_kwargs,
-    embedding_grad_transient_bytes,
-    optimizer_transient_bytes,
-    resident_bytes,
+    block_elements,
+    collective_buffers,
+    embedding_grad_transient,
+    optimizer_transient,
+    pipeline_buffers,
+    rope_table_bytes,
 )
-from parallel.dims import ParallelDims
-
-NO_RECOMPUTE = RecomputeSpec(mode=RecomputeMode.none)
 
 
 def grads_outlive_backward(spec: RunSpec) -> bool:
@@ -45,76 +46,57 @@ def grads_outlive_backward(spec: RunSpec) -> bool:
     gradient_as_bucket_view, and the buckets stay between steps), with pipeline stages
     (micro-batches' backwards interleave with later forwards) and with gradient
     accumulation (the second micro-batch's forward runs over the first's gradients)."""
-    dims = ParallelDims.from_spec(spec.parallel)
-    return dims.uses_ddp or dims.pp > 1 or spec.training.grad_accum_steps > 1
+    views = spec_views(spec)
+    return _outlive(ddp=views.sharding.ddp, pipeline=views.stages.pp > 1,
+                    accumulates=views.accumulates)
+
+
+def _outlive(*, ddp: bool, pipeline: bool, accumulates: bool) -> bool:
+    return ddp or pipeline or accumulates
 
 
 def block_numel(spec: RunSpec, rank: int, *, sharded: bool) -> int:
     """Elements of one block's parameters on `rank` (every block is alike, an FSDP unit of
     its own): tp-local, and FSDP-sharded when `sharded`."""
-    dims = ParallelDims.from_spec(spec.parallel)
-    coords = dims.coordinates(rank)
-    if not (sharded and dims.uses_fsdp):
-        return _block_numel(spec.model, tp=dims.tp, shards=1, index=0)
-    return _block_numel(spec.model, tp=dims.tp, shards=dims.dp_shard * dims.cp,
-                        index=coords["dp_shard"] * dims.cp + coords["cp"])
-
-
-@lru_cache(maxsize=256)
-def _block_numel(model: ModelSpec, *, tp: int, shards: int, index: int) -> int:
-    return sum(fsdp_local_numel(tp_local_shape(name, shape, tp), shards=shards, index=index)
-               for name, shape in parameter_shapes(model) if name.startswith("layers.0."))
+    sharding, place = spec_views(spec).sharding, rank_place(spec, rank)
+    if not sharded:
+        return block_elements(model=spec.model, tp=sharding.tp, shards=1, index=0)
+    return block_elements(model=spec.model, tp=sharding.tp, shards=sharding.shards,
+                          index=place.shard)
 
 
 def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:
-    """Bytes of collective buffers alive during one unit's backward.
-    FSDP: the reduce-scatter's input, the unit's whole gradient in the reduce dtype, and
-    under zero=3 the all-gather output (compute dtype, whole over the shards) of the next
-    unit, prefetched while this one runs, where the rank holds a next block (measured on gloo ranks: the unit in use, the
-    prefetched unit's all-gather output and the head unit); the unit in use has been copied
-    out of its own buffer (freed) into its parameters, which are the weight copies
-    (memory.weight_copy_bytes). DDP: none beyond the gradients (its buckets are the
-    gradients, gradient_as_bucket_view). TP: none beyond the activations (its gathers are
-    what the matmuls keep, counted there)."""
-    dims = ParallelDims.from_spec(spec.parallel)
-    if not dims.uses_fsdp:
-        return 0
-    largest = block_numel(spec, rank, sharded=False)
-    reduce = DTYPE_BYTES[spec.precision.reduce_dtype.value] * largest
-    gather = DTYPE_BYTES[spec.precision.compute_dtype.value] * largest
-    prefetches = len(held_layers(spec, dims.coordinates(rank)["pp"])) > 1  # a next block
-    return reduce + (gather if dims.zero == 3 and prefetches else 0)
+    """Bytes of collective buffers alive during one unit's backward
+    (step_memory_terms.collective_buffers)."""
+    views = spec_views(spec)
+    return collective_buffers(model=spec.model, stages=views.stages, tp=views.sharding.tp,
+                              fsdp=views.sharding.fsdp, zero=views.sharding.zero,
+                              precision=spec.precision, pp_rank=rank_place(spec, rank).pp_rank)
 
 
 def recompute_working_set_bytes(spec: RunSpec, layer: int, kwargs: dict) -> int:
     """What block `layer`'s backward re-creates at once: the activations it keeps without
     recompute less those its policy keeps (one block's full activations under full
     recompute; nothing without recompute, or under offload on a CPU device)."""
-    return _block_bytes_of(spec.model, spec.recompute, [layer], kwargs)[layer][1]
+    return _one_block(spec.model, spec.recompute, layer, **kwargs)[1]
 
 
-def _block_bytes_of(model: ModelSpec, recompute: RecomputeSpec, layers, kwargs: dict
+def _block_bytes_of(model: ModelSpec, recompute: RecomputeSpec, layers, regime: Regime
                     ) -> dict[int, tuple[int, int]]:
     """(kept, recompute working set) of each block in `layers`; blocks differ only in whether
     the policy applies to them, so each kind is computed once."""
     first = {recompute.applies_to(layer): layer for layer in reversed(layers)}
-    by_policy = {applies: _one_block(model, recompute, layer, **kwargs)
+    by_policy = {applies: _one_block(model, recompute, layer, **regime.kwargs())
                  for applies, layer in first.items()}
     return {layer: by_policy[recompute.applies_to(layer)] for layer in layers}
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=CACHE)
 def _one_block(model: ModelSpec, recompute: RecomputeSpec, layer: int, **kwargs
                ) -> tuple[int, int]:
     one = dict(layers=[layer], with_head=False, with_embedding=False, **kwargs)
     kept = activation_bytes(model, recompute=recompute, **one)
     return kept, activation_bytes(model, recompute=NO_RECOMPUTE, **one) - kept
-
-
-@lru_cache(maxsize=1024)
-def _head_bytes(model: ModelSpec, recompute: RecomputeSpec, **kwargs) -> int:
-    return activation_bytes(model, recompute=recompute, layers=[], with_embedding=False,
-                            **kwargs)
 
 
 def step_phase_bytes(spec: RunSpec, rank: int, *, grads: int, optimizer: int,
@@ -194,31 +176,77 @@ def pipeline_steady(p, pp_rank: int) -> bool:
     """Does pipeline rank `pp_rank` reach a steady state, a forward after a backward while
     all its chunks are in flight (1F1B with more micro-batches than its warm-up)? If not
     (GPipe, or every chunk's forward in the warm-up), its fullest moment, the first
-    backward, comes before any gradient exists."""
+    backward, comes before any gradient exists. `p`: a ParallelSpec (or Stages)."""
     return pipeline_in_flight(p, pp_rank) < p.pp_microbatches * p.pp_virtual_stages
 
 
 def phase_terms(spec: RunSpec, rank: int) -> PhaseTerms:
     """PhaseTerms of `rank` (module docstring)."""
-    p = spec.parallel
-    pp_rank = ParallelDims.from_spec(p).coordinates(rank)["pp"]
-    pipeline = p.pp > 1
-    steady = not pipeline or pipeline_steady(p, pp_rank)
-    held = grads_outlive_backward(spec) if steady else (
-        ParallelDims.from_spec(p).uses_ddp or spec.training.grad_accum_steps > 1)
-    kwargs = activation_kwargs(spec, rank)
-    layers = tuple(held_layers(spec, pp_rank))
-    block_grads = 0 if pipeline else GRAD_BYTES * block_numel(spec, rank, sharded=True)
-    walk = _walk(spec.model, spec.recompute, layers,
-                 None if pipeline else 0 if held else block_grads,
-                 tuple(sorted(kwargs.items())))
+    return phase_terms_of(model=spec.model, views=spec_views(spec), precision=spec.precision,
+                          recompute=spec.recompute, place=rank_place(spec, rank))
+
+
+def phase_terms_of(*, model: ModelSpec, views: Views, precision: PrecisionSpec,
+                   recompute: RecomputeSpec, place: Place) -> PhaseTerms:
+    """PhaseTerms of the rank at `place` (module docstring)."""
+    return phase_rows(model=model, views=views, precision=precision, recompute=recompute,
+                      places=(place,))[0]
+
+
+def phase_rows(*, model: ModelSpec, views: Views, precision: PrecisionSpec,
+               recompute: RecomputeSpec, places: tuple[Place, ...]) -> tuple[PhaseTerms, ...]:
+    """PhaseTerms of the ranks at `places`. What they read of a rank's FSDP shard and ZeRO-1
+    owner (its blocks' gradients, AdamW's temporaries) is summed first, so the rest is
+    memoised without them (layouts that split their data-parallel ranks otherwise share it)."""
+    stages, sharding = views.stages, views.sharding
+    ranks = tuple((place.pp_rank, 0 if stages.pp > 1 else GRAD_BYTES * block_elements(
+        model=model, tp=sharding.tp, shards=sharding.shards, index=place.shard),
+        optimizer_transient(model=model, stages=stages, sharding=sharding,
+                            regime=views.phase, precision=precision, place=place))
+        for place in places)
+    return _phase_rows(model=model, stages=stages, regime=views.phase, tp=sharding.tp,
+                       fsdp=sharding.fsdp, zero=sharding.zero, ddp=sharding.ddp,
+                       accumulates=views.accumulates, precision=precision,
+                       recompute=recompute, ranks=ranks)
+
+
+@lru_cache(maxsize=CACHE)
+def _phase_rows(*, model: ModelSpec, stages: Stages, regime: Regime, tp: int, fsdp: bool,
+                zero: int, ddp: bool, accumulates: bool, precision: PrecisionSpec,
+                recompute: RecomputeSpec, ranks: tuple[tuple[int, int, int], ...]
+                ) -> tuple[PhaseTerms, ...]:
+    """`ranks`: (pipeline rank, one block's gradient bytes: 0 with pp, AdamW's temporaries)."""
+    return tuple(_phase_terms(model=model, stages=stages, regime=regime, tp=tp, fsdp=fsdp,
+                              zero=zero, ddp=ddp, accumulates=accumulates, precision=precision,
+                              recompute=recompute, pp_rank=pp_rank, block_grads=block_grads,
+                              optimizer_transient=transient)
+                 for pp_rank, block_grads, transient in ranks)
+
+
+@lru_cache(maxsize=CACHE)
+def _phase_terms(*, model: ModelSpec, stages: Stages, regime: Regime, tp: int, fsdp: bool,
+                 zero: int, ddp: bool, accumulates: bool, precision: PrecisionSpec,
+                 recompute: RecomputeSpec, pp_rank: int, block_grads: int,
+                 optimizer_transient: int) -> PhaseTerms:
+    """`block_grads`: one block's gradient bytes on the rank (0 with pp)."""
+    pipeline = stages.pp > 1
+    steady = not pipeline or pipeline_steady(stages, pp_rank)
+    held = _outlive(ddp=ddp, pipeline=pipeline and steady, accumulates=accumulates)
+    layers = holding(model=model, holds=stages.holds, tp=tp, pp_rank=pp_rank).layers
+    walk = _walk(model, recompute, layers, None if pipeline else 0 if held else block_grads,
+                 regime)
+    resident = (rope_table_bytes(model, stages)
+                + pipeline_buffers(model=model, stages=stages, regime=regime, pp_rank=pp_rank))
     return PhaseTerms(
-        grads_held=held, optimizer_transient=optimizer_transient_bytes(spec, rank),
-        pipeline=pipeline, buffers=collective_buffer_bytes(spec, rank),
-        head=0 if pipeline else _head_bytes(spec.model, spec.recompute, **kwargs),
-        block_grads=block_grads * len(layers), walk=walk,
-        resident=resident_bytes(spec, rank), chunks=pipeline_in_flight(p, pp_rank),
-        steady=steady or ParallelDims.from_spec(p).uses_fsdp, embedding_grad=embedding_grad_transient_bytes(spec, rank))
+        grads_held=held, optimizer_transient=optimizer_transient, pipeline=pipeline,
+        buffers=collective_buffers(model=model, stages=stages, tp=tp, fsdp=fsdp, zero=zero,
+                                   precision=precision, pp_rank=pp_rank),
+        head=0 if pipeline else end_kept_bytes(model=model, regime=regime, recompute=recompute,
+                                               head=True),
+        block_grads=block_grads * len(layers), walk=walk, resident=resident,
+        chunks=pipeline_in_flight(stages, pp_rank), steady=steady or fsdp,
+        embedding_grad=embedding_grad_transient(model=model, tp=tp, fsdp=fsdp,
+                                                precision=precision, pp_rank=pp_rank))
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,14 +256,14 @@ class _Walk:
     peak: int
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=CACHE)
 def _walk(model: ModelSpec, recompute: RecomputeSpec, layers: tuple[int, ...],
-          grad_step: int | None, kwargs: tuple) -> _Walk:
+          grad_step: int | None, regime: Regime) -> _Walk:
     """Backward, the last block first: block i's backward holds its recompute working set,
     less the kept activations of the later blocks (freed), plus the gradients those made
     (`grad_step` per block; 0 when the gradients are held all along). `grad_step` None: a
     pipeline stage, with no one order - the largest working set."""
-    spec_blocks = _block_bytes_of(model, recompute, layers, dict(kwargs))
+    spec_blocks = _block_bytes_of(model, recompute, layers, regime)
     if grad_step is None:
         peak = max((w for _, w in spec_blocks.values()), default=0)
         return _Walk(by_layer=(), peak=peak)

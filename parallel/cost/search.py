@@ -2,9 +2,9 @@
 fit ranked by predicted tokens/s per device. Torch-free, no Hydra.
 
 The candidates come from parallel.cost.search_space (resolve()'s own rules). Each one's
-memory is parallel.cost.search_memory.MemoryTable's: what estimate_memory returns for its
-spec, byte for byte (tests/unit/test_search_memory.py), from one block's tensors x the blocks
-each pipeline rank holds, memoised by what each term reads. Those that do not fit
+memory is the plan's own (parallel.cost.memory.LayoutMemory of its spec sections, whose
+terms are memoised on what each reads; a layout whose floor cannot fit is skipped before
+its step's phases are summed). Those that do not fit
 (fit.memory_verdict's rule) are dropped and counted; the rest are ranked by
 step_time.estimate_time through `predict` (one adapter: a changed signature is a one-line fix),
 and the top ones are re-planned with make_plan itself, so what is shown is what `meshrun plan`
@@ -24,8 +24,8 @@ from conf.schema import RecomputeConfig, RunConfig
 from conf.spec import RunSpec
 from parallel.cost.devices import GIB
 from parallel.cost.fit import memory_verdict
+from parallel.cost.memory import LayoutMemory
 from parallel.cost.plan import Plan, make_plan
-from parallel.cost.search_memory import MemoryTable
 from parallel.cost.search_space import Candidate, enumerate_candidates
 from parallel.cost.step_time import Hardware, estimate_time, hardware_of, step_floor_s
 
@@ -119,7 +119,6 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
     """The `top` fitting layouts for `cfg`'s model and cluster (resolved into `base`) at
     `global_batch_size` sequences per step, best predicted tokens/s per device first."""
     rejected: Counter = Counter()
-    table = MemoryTable(base)
     base_plan = make_plan(base)
     hardware = hardware_of(base)  # the cluster's constants: the same for every candidate
     usable = memory_verdict(base, 0).usable_bytes  # reads only the device: the base's
@@ -127,11 +126,15 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
     for candidate in enumerate_candidates(cfg, base, global_batch_size=global_batch_size,
                                           policies=policies, rejected=rejected):
         enumerated += 1
-        if usable is not None and smallest is not None and table.floor(candidate) >= max(
+        layout = LayoutMemory(model=base.model, parallel=candidate.parallel,
+                              training=candidate.training(base, trainings),
+                              precision=base.precision, recompute=candidate.recompute,
+                              document_mask=base.data.document_mask)
+        if usable is not None and smallest is not None and layout.floor() >= max(
                 smallest, usable + 1):  # does not fit, and cannot be the smallest misfit
             misfits += 1
             continue
-        memory = table.peak(candidate)
+        memory = layout.fullest()
         if usable is not None and memory.total > usable:  # memory_verdict's rule
             misfits += 1
             smallest = memory.total if smallest is None else min(smallest, memory.total)

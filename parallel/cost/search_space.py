@@ -35,7 +35,7 @@ from conf.rules.field_rules import divisors
 from conf.rules.training_rules import resolve_batch
 from conf.schema import RecomputeConfig, RunConfig
 from conf.degrees import DEGREES
-from conf.spec import ParallelSpec, RecomputeSpec, RunSpec, spec_from_config
+from conf.spec import ParallelSpec, RecomputeSpec, RunSpec, TrainingSpec, spec_from_config
 from conf.rules.split_rules import check_model_split, check_pipeline_split, check_recompute
 
 MIN_CP_TOKENS = 2048
@@ -60,14 +60,18 @@ class Candidate:
         """The run spec of this candidate: the base spec with its sections replaced.
         `trainings`: training sections already built from `base`, by batch (the search builds
         thousands of specs from a few batches)."""
+        return replace(base, parallel=self.parallel, training=self.training(base, trainings),
+                       recompute=self.recompute)
+
+    def training(self, base: RunSpec, trainings: dict | None = None) -> TrainingSpec:
+        """The training section of `spec`: the base's with this candidate's batch."""
         batch = (self.micro_batch_size, self.grad_accum_steps,
                  self.micro_batch_size * self.grad_accum_steps * self.parallel.dp)
         trainings = {} if trainings is None else trainings
         if batch not in trainings:
             trainings[batch] = replace(base.training, micro_batch_size=batch[0],
                                        grad_accum_steps=batch[1], global_batch_size=batch[2])
-        return replace(base, parallel=self.parallel, training=trainings[batch],
-                       recompute=self.recompute)
+        return trainings[batch]
 
 
 def factorizations(n: int, parts: int) -> list[tuple[int, ...]]:

@@ -40,7 +40,7 @@ from parallel.cost.comm import Collective, Link, exposed_s, step_collectives
 from parallel.cost.devices import CPU_KEY, DEVICES, PeakFlops, device_facts, gpu_peak
 from parallel.cost.flops import ATTENTION_TERMS
 from parallel.cost.offload import offload_s
-from parallel.cost.memory import zero1_shares
+from parallel.cost.memory_static import zero1_shares
 from parallel.cost.params import held_parameters, numel, param_counts, tp_local_shape
 from parallel.cost.plan import Plan
 

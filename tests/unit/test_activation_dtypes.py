@@ -17,7 +17,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from parallel.cost.activations import ActivationDtypes, activation_bytes
-from parallel.cost.memory import autocast_copied_weights
+from parallel.cost.memory_static import autocast_copied_weights
 from tests.unit._specs import tiny_model_spec
 from tests.unit.test_recompute import BATCH, POLICIES, SEQ, _batch, _model, _NewStorages
 from training.loss import token_cross_entropy_sum

@@ -205,14 +205,15 @@ def test_zero1_fullest_rank_is_found_without_walking_every_rank(overrides, fulle
     """The fullest ZeRO-1 rank (not always shard 0) from one owner assignment per layout:
     the same answer as estimating every rank."""
     import parallel.cost.memory as memory
+    import parallel.cost.memory_static as memory_static
 
     spec = cpu_spec("parallel=zero1", *overrides)
     every = [memory.estimate_memory(spec, rank=r) for r in range(spec.world_size)]
     assert max(range(len(every)), key=lambda r: every[r].total) == fullest
     calls = []
-    monkeypatch.setattr(memory, "zero1_owners", lambda *a: calls.append(a) or
+    monkeypatch.setattr(memory_static, "zero1_owners", lambda *a: calls.append(a) or
                         __import__("parallel.dims").dims.zero1_owners(*a))
-    memory.zero1_shares.cache_clear()
+    memory.clear_memory_caches()
     assert memory.estimate_memory(spec) == every[fullest]
     assert len(calls) == 1  # owners computed once for the layout, not once per rank
 

@@ -1,4 +1,4 @@
-"""`meshrun plan --search` (parallel/cost/search*.py, launcher/plan/plan_search.py): the candidates
+"""`meshrun plan --search` (parallel/cost/search*.py, launcher/plan_search.py): the candidates
 are exactly the layouts resolve() accepts in the search's domain, each costed as `meshrun
 plan` costs it, ranked by predicted tokens/s; the sweep file it writes validates with its
 best point first; bad input exits 2; no torch."""
@@ -22,9 +22,8 @@ from conf.degrees import DEGREES
 from conf.spec import HostSpec, RecomputeSpec, spec_from_config
 from launcher.cli import main
 from launcher.plan.plan_search import neutral_layout, recompute_policies
-from parallel.cost.memory import estimate_memory
+from parallel.cost.memory import LayoutMemory, estimate_memory
 from parallel.cost.search import FALLBACK_BASIS, search
-from parallel.cost.search_memory import MemoryTable
 from parallel.cost.search_space import (
     MIN_CP_TOKENS, enumerate_candidates, factorizations, pipeline_shapes,
 )
@@ -96,13 +95,16 @@ def test_candidates_are_exactly_what_resolve_accepts_and_resolve_to_the_same_spe
 
 def test_memory_of_every_candidate_is_what_the_plan_estimates():
     cfg, base = _base(["model=llama3_1b", "training.seq_len=2048", *CLUSTER])
-    table = MemoryTable(base)
     candidates = list(enumerate_candidates(cfg, base, global_batch_size=32,
                                            policies=POLICIES, rejected=Counter()))
     assert len(candidates) > 50
     for candidate in candidates[::3]:
         spec = candidate.spec(base)
-        assert table.peak(candidate) == estimate_memory(spec), candidate
+        layout = LayoutMemory(model=base.model, parallel=candidate.parallel,
+                              training=spec.training, precision=base.precision,
+                              recompute=candidate.recompute,
+                              document_mask=base.data.document_mask)  # as search() asks it
+        assert layout.fullest() == estimate_memory(spec), candidate
 
 
 def test_ranking_drops_what_does_not_fit_and_orders_by_predicted_tokens_per_s():

@@ -11,13 +11,13 @@ from parallel.cost.activations import activation_bytes
 from parallel.cost.memory import estimate_memory, layout_activation_bytes, static_bytes
 from parallel.cost.params import numel, parameter_shapes
 from parallel.cost.peak import (
-    activation_kwargs,
     collective_buffer_bytes,
     grads_outlive_backward,
     recompute_working_set_bytes,
     step_phase_bytes,
 )
-from parallel.cost.step_terms import (
+from parallel.cost.step_memory_terms import (
+    activation_kwargs,
     embedding_grad_transient_bytes,
     optimizer_transient_bytes,
     pipeline_buffer_bytes,

@@ -1,6 +1,10 @@
-"""The search's fast memory path (parallel.cost.search_memory.MemoryTable) is the plan's memory, byte
-for byte: for every sampled candidate, every field of MemoryEstimate (and so the peak, and which
-rank holds it) equals parallel.cost.memory.estimate_memory of the candidate's spec.
+"""The memory model's caches change nothing, byte for byte: every term of parallel.cost.memory is
+memoised on the spec views it reads (memory_views.py), and thousands of layouts share the
+entries. For every sampled candidate of a search, every field of MemoryEstimate (and so the
+peak, and which rank holds it) as `meshrun plan --search` computes it - LayoutMemory of the
+candidate's sections, with the caches the candidates before it filled - equals
+estimate_memory of the candidate's spec evaluated from empty caches (a term that read
+something it is not keyed by would return another layout's bytes here).
 
 The cases cover what the per-rank terms branch on: untied and tied embeddings, a Qwen-type
 model with q/k/v biases, zero 0-3 (FSDP, DDP, ZeRO-1 owners), tp with sequence parallel,
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -20,8 +25,9 @@ from conf.resolve import resolve
 from conf.schema import RecomputeConfig, RecomputeMode
 from conf.spec import HostSpec
 from launcher.plan.plan_search import neutral_layout, recompute_policies
-from parallel.cost.memory import estimate_memory, representative_ranks
-from parallel.cost.search_memory import MemoryTable
+from parallel.cost.memory import (
+    LayoutMemory, clear_memory_caches, estimate_memory, representative_ranks,
+)
 from parallel.cost.search_space import enumerate_candidates
 from parallel.dims import zero1_owners
 
@@ -74,22 +80,43 @@ def _candidates(overrides, global_batch_size):
                                            policies=policies, rejected=Counter()))
 
 
+def _layout(base, candidate) -> LayoutMemory:
+    """The candidate's memory as parallel.cost.search.search asks it (no RunSpec made)."""
+    return LayoutMemory(model=base.model, parallel=candidate.parallel,
+                        training=candidate.training(base), precision=base.precision,
+                        recompute=candidate.recompute, document_mask=base.data.document_mask)
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_fast_memory_equals_estimate_memory_byte_for_byte(case):
+def test_memoised_memory_equals_memory_from_empty_caches_byte_for_byte(case):
     overrides, global_batch_size, stride = CASES[case]
     base, candidates = _candidates(overrides, global_batch_size)
-    table = MemoryTable(base)
     checked = candidates[::stride]
-    for candidate in checked:
+    clear_memory_caches()
+    memoised = [(_layout(base, c).fullest(), _layout(base, c).floor()) for c in checked]
+    for candidate, (memory, floor) in zip(checked, memoised):
+        clear_memory_caches()
         expected = estimate_memory(candidate.spec(base))
-        assert table.peak(candidate) == expected, (case, candidate)
+        assert memory == expected, (case, candidate)
         # the search skips a misfit whose floor cannot beat the smallest misfit: a true floor
-        assert table.floor(candidate) <= expected.total, (case, candidate)
-    assert any(table.floor(c) == estimate_memory(c.spec(base)).total for c in checked)
+        assert floor <= expected.total, (case, candidate)
+    assert any(floor == memory.total for memory, floor in memoised)
     seen = {(c.parallel.zero, c.parallel.pp > 1, c.parallel.pp_virtual_stages > 1,
              c.parallel.tp > 1, c.parallel.cp > 1) for c in checked}
     assert {z for z, *_ in seen} == {0, 1, 2, 3}, seen  # every ZeRO stage was compared
     assert len({c.recompute_name for c in checked}) >= 8
+
+
+def test_memoised_memory_with_a_document_mask_equals_memory_from_empty_caches():
+    """data.document_mask (RoPE rows per token, one dense mask per forward on a CPU device)
+    is read by the kept activations and not by the step's phases: both regimes memoised."""
+    base, candidates = _candidates(*CASES["debug-cpu-bf16"][:2])
+    base = replace(base, data=replace(base.data, document_mask=True))
+    clear_memory_caches()
+    memoised = [_layout(base, c).fullest() for c in candidates]
+    for candidate, memory in zip(candidates[::3], memoised[::3]):
+        clear_memory_caches()
+        assert memory == estimate_memory(candidate.spec(base)), candidate
 
 
 def test_the_cases_reach_every_branch():
