@@ -48,7 +48,7 @@ PARALLELISMS = (
         when="parallel.zero=1 (optimizer state sharded over dp_shard, on top of DDP)",
         passes=("parallel.zero1:Zero1Partition", "parallel.dims:zero1_owners"),
         rules=("conf.rules.parallel_rules:check_zero",),
-        cost=("parallel.cost.memory:zero1_shares", "parallel.cost.comm:_data_parallel",
+        cost=("parallel.cost.memory_static:zero1_shares", "parallel.cost.comm:_data_parallel",
               "parallel.cost.step_time:optimizer_params")),
     Parallelism(
         name="fsdp", degrees=("dp_replicate", "dp_shard", "cp"),
