@@ -34,7 +34,7 @@ def test_hf_model_trains_on_prepared_shards_and_exports(tmp_path):
     done = meshrun("data", "prepare", "--tokenizer", str(tmp_path / "tok"), "--out",
                    str(tmp_path / "prep"), "--val-fraction", "0.2", "--workers", "1", *files)
     assert done.returncode == 0, done.stderr
-    from tests.unit.test_hf_import import make_llama  # imports torch and transformers
+    from tests.support.hf_models import make_llama  # imports torch and transformers
 
     reference = make_llama(tmp_path / "hf", tied=True)  # vocab 300, 2 layers, dim 64
     done = meshrun("run", "model=hf", f"model.path={tmp_path / 'hf'}", "data=files",

@@ -14,7 +14,7 @@ import pytest
 
 from conf.rundir import RunDir
 from conf.search_path import ENV_VAR
-from tests.unit.test_user_configs import write_user_configs
+from tests.support.user_configs import write_user_configs
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e

@@ -5,7 +5,6 @@ here (no downloads)."""
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -21,33 +20,19 @@ from conf.spec import HostSpec
 from launcher import shards
 from launcher.shards import PrepareOptions, prepare, token_dtype
 from launcher.hf_tokenizer import load_tokenizer, train_bpe
+from tests.support.corpus import write_corpus
 
 CPU = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=8)
 REPO = Path(__file__).resolve().parents[2]
-WORDS = ("the quick brown fox jumps over a lazy dog while gradients flow through every "
-         "shard of token data and the loss falls step by step").split()
 TEXTS = ["plain ascii text, with punctuation!", "  leading spaces\tand tabs\nnew lines\n",
          "unicode: é ü ß 漢字 🙂 — done", ""]
 OPTS = PrepareOptions(val_fraction=0.2, shard_tokens=3000)
 
 
-def _corpus(root: Path) -> Path:
-    rnd = random.Random(0)
-    folder = root / "corpus"
-    folder.mkdir()
-    for i in range(12):
-        (folder / f"doc{i:02d}.txt").write_text(" ".join(rnd.choices(WORDS, k=300)) + "\n")
-    with open(folder / "records.jsonl", "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"id": i, "body": " ".join(rnd.choices(WORDS, k=150)) + " 漢字 é"})
-                    + "\n")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("prep")
-    corpus = _corpus(root)
+    corpus = write_corpus(root)
     tok = train_bpe(sorted(corpus.glob("*.txt")), vocab_size=320, out_dir=root / "tok")
     return {"root": root, "corpus": corpus, "tok": tok}
 

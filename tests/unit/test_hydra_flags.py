@@ -13,7 +13,7 @@ import pytest
 from conf.compose import compose_config, config_yaml
 from conf.search_path import ENV_VAR
 from launcher.cli import main
-from tests.unit.test_user_configs import write_user_configs
+from tests.support.user_configs import write_user_configs
 
 REPO = Path(__file__).resolve().parents[2]
 GROUPS = ("model", "precision", "parallel", "recompute", "schedule", "optim", "data", "cluster",

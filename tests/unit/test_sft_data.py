@@ -16,20 +16,15 @@ import pytest
 import torch
 
 from conf.prepared import MANIFEST
-from launcher.hf_tokenizer import load_tokenizer, train_bpe
+from launcher.hf_tokenizer import load_tokenizer
 from launcher.sft_pack import first_fit_decreasing, packing_efficiency
 from launcher.sft_prepare import SftOptions, encode_conversation, prepare_sft
 from launcher.sft_template import ChatTemplate, DEFAULT_CHAT_TEMPLATE, load_chat_template
+from tests.support.corpus import TWO_TURNS, WORDS, trained_tokenizer
+from tests.support.sft_shards import hand_loss, read_split
 from training.loss import IGNORE_INDEX
 
 REPO = Path(__file__).resolve().parents[2]
-WORDS = ("the quick brown fox jumps over a lazy dog while gradients flow through every "
-         "shard of token data and the loss falls step by step").split()
-TWO_TURNS = [{"role": "system", "content": "be brief"},
-             {"role": "user", "content": "what jumps over the dog"},
-             {"role": "assistant", "content": "the quick brown fox"},
-             {"role": "user", "content": "and then"},
-             {"role": "assistant", "content": "the loss falls"}]
 CHATML = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
           "{{ '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{% endif %}"
           "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] | trim "
@@ -40,14 +35,6 @@ CHATML = ("{% for message in messages %}{% if loop.first and message['role'] != 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
     return trained_tokenizer(tmp_path_factory.mktemp("sft_tok"))
-
-
-def trained_tokenizer(root: Path) -> Path:
-    """A 320-token BPE trained on WORDS and the default template's markers: its folder."""
-    rnd = random.Random(0)
-    corpus = root / "corpus.txt"
-    corpus.write_text(" ".join(rnd.choices(WORDS, k=4000)) + " <|user|> <|end|> <|assistant|>")
-    return train_bpe([corpus], vocab_size=320, out_dir=root / "tok").parent
 
 
 def _learned_spans(text: str, learned: list[str]) -> set[int]:
@@ -213,16 +200,6 @@ def _chats(path: Path, n: int, *, seed: int, long_every: int = 0) -> Path:
     return path
 
 
-def _read_split(out: Path, manifest: dict, split: str):
-    shards = manifest["splits"][split]["shards"]
-    bin_tokens = manifest["bin_tokens"]
-    tokens = np.concatenate([np.fromfile(out / s["file"], dtype=manifest["dtype"])
-                             for s in shards]).reshape(-1, bin_tokens)
-    mask = np.concatenate([np.fromfile(out / s["mask_file"], dtype=np.uint8)
-                           for s in shards]).reshape(-1, bin_tokens)
-    return tokens.astype(np.int64), mask
-
-
 @pytest.mark.parametrize("too_long", ["drop", "truncate"])
 def test_prepare_sft_packs_counts_and_reports_efficiency(tok_dir, tmp_path, too_long):
     chats = _chats(tmp_path / "chats.jsonl", 120, seed=1, long_every=10)
@@ -239,7 +216,7 @@ def test_prepare_sft_packs_counts_and_reports_efficiency(tok_dir, tmp_path, too_
     eos, pad = m["tokenizer"]["eos_id"], m["pad_id"]
     for split in ("train", "val"):
         s = m["splits"][split]
-        tokens, mask = _read_split(out, m, split)
+        tokens, mask = read_split(out, m, split)
         assert len(tokens) == s["bins"] and len(s["shards"]) == math.ceil(s["bins"] / 7)
         real = int((tokens != pad).sum())
         assert real == s["real_tokens"] and int(mask.sum()) == s["learned_tokens"]
@@ -307,7 +284,7 @@ def test_batches_are_whole_bins_with_targets_masked_and_shifted(tok_dir, tmp_pat
     for split in ("train", "val"):
         bins = PackedBins(str(out), split, seq_len=191, vocab_size=320)
         inputs, targets = bins.micro_batch(np.arange(bins.n_bins))
-        tokens, mask = _read_split(out, m, split)
+        tokens, mask = read_split(out, m, split)
         assert torch.equal(inputs, torch.from_numpy(tokens[:, :-1]))  # window == bin
         kept = targets != IGNORE_INDEX
         assert torch.equal(targets[kept], torch.from_numpy(tokens[:, 1:])[kept])
@@ -329,16 +306,6 @@ def test_resolve_checks_seq_len_against_the_bins(tok_dir, tmp_path):
                           "model.vocab_size=320", "training.seq_len=64"])
     with pytest.raises(ConfigError, match="training.seq_len=64.*set training.seq_len=191"):
         resolve(cfg, host=CPU_HOST, check_paths=True)
-
-
-def _hand_loss(model, out: Path, m: dict, bin_ids) -> torch.Tensor:
-    """Mean over the learned target tokens of -log p, from the shards read directly."""
-    tokens, mask = _read_split(out, m, "train")
-    tokens, mask = torch.from_numpy(tokens[bin_ids]), torch.from_numpy(mask[bin_ids])
-    logp = torch.log_softmax(model(tokens[:, :-1]).float(), dim=-1)
-    picked = logp.gather(-1, tokens[:, 1:, None])[..., 0]
-    learned = mask[:, 1:].bool()
-    return -(picked[learned]).sum() / learned.sum()
 
 
 def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_path):
@@ -371,7 +338,7 @@ def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_p
                             autocast=torch.autocast("cpu", enabled=False))
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    hand = _hand_loss(model, out, m, bin_ids)
+    hand = hand_loss(model, out, m, bin_ids)
     hand.backward()
     assert loss.global_tokens == sum(counts) and counts[0] != counts[1]
     assert float(loss.local_loss_sum) / loss.global_tokens == pytest.approx(
@@ -380,7 +347,7 @@ def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_p
         torch.testing.assert_close(grads[name], p.grad, atol=1e-6, rtol=1e-4, msg=name)
     # the test can tell a mean over tokens from a mean of the two micro-batches' means
     model.zero_grad()
-    (sum(_hand_loss(model, out, m, [b]) for b in bin_ids) / 2).backward()
+    (sum(hand_loss(model, out, m, [b]) for b in bin_ids) / 2).backward()
     gaps = [float((grads[n] - p.grad).abs().max() / (1e-6 + 1e-4 * p.grad.abs().max()))
             for n, p in model.named_parameters()]
     assert max(gaps) > 100, gaps
