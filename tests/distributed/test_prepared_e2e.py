@@ -7,19 +7,13 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import meshrun
+
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
-REPO = Path(__file__).resolve().parents[2]
-
-
-def meshrun(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_hf_model_trains_on_prepared_shards_and_exports(tmp_path):

@@ -10,6 +10,7 @@ tests that signal, kill or race a live launcher; `meshrun_command` is the argume
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,17 +26,27 @@ def meshrun_command(*args: str) -> list[str]:
 
 
 def meshrun(*args: str, timeout: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None,
-            stdin: Any = None, input: str | None = None, cwd: Path = REPO,
-            check: bool = False) -> subprocess.CompletedProcess:
+            columns: int | None = None, stdin: Any = None, input: str | None = None,
+            cwd: Path = REPO, check: bool = False) -> subprocess.CompletedProcess:
     """Run `meshrun *args` to the end; stdout and stderr captured as text.
 
-    `env` is the whole environment (None: inherit this one), `stdin` a file or
-    `subprocess.DEVNULL`, `input` text fed to stdin; `check` raises on a non-zero exit."""
-    return subprocess.run(meshrun_command(*args), cwd=cwd, env=env, stdin=stdin, input=input,
-                          capture_output=True, text=True, timeout=timeout, check=check)
+    `env` is the whole environment (None: inherit this one); `columns` sets COLUMNS in it, the
+    terminal width rich lays tables out for. `stdin` is a file or `subprocess.DEVNULL`, `input`
+    text fed to stdin; `check` raises on a non-zero exit."""
+    return subprocess.run(meshrun_command(*args), cwd=cwd, env=with_columns(env, columns),
+                          stdin=stdin, input=input, capture_output=True, text=True,
+                          timeout=timeout, check=check)
 
 
-def start_meshrun(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO,
-                  **popen: Any) -> subprocess.Popen:
+def start_meshrun(*args: str, env: dict[str, str] | None = None, columns: int | None = None,
+                  cwd: Path = REPO, **popen: Any) -> subprocess.Popen:
     """Start `meshrun *args` and return the live process; `popen` goes to `subprocess.Popen`."""
-    return subprocess.Popen(meshrun_command(*args), cwd=cwd, env=env, **popen)
+    return subprocess.Popen(meshrun_command(*args), cwd=cwd, env=with_columns(env, columns),
+                            **popen)
+
+
+def with_columns(env: dict[str, str] | None, columns: int | None) -> dict[str, str] | None:
+    """`env` (None: this process's environment) with COLUMNS=`columns`; unchanged without."""
+    if columns is None:
+        return env
+    return {**(os.environ if env is None else env), "COLUMNS": str(columns)}

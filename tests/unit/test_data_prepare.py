@@ -5,9 +5,6 @@ here (no downloads)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,10 +17,10 @@ from conf.spec import HostSpec
 from launcher import shards
 from launcher.shards import PrepareOptions, prepare, token_dtype
 from launcher.hf_tokenizer import load_tokenizer, train_bpe
+from tests.support.cli import meshrun
 from tests.support.corpus import write_corpus
 
 CPU = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=8)
-REPO = Path(__file__).resolve().parents[2]
 TEXTS = ["plain ascii text, with punctuation!", "  leading spaces\tand tabs\nnew lines\n",
          "unicode: é ü ß 漢字 🙂 — done", ""]
 OPTS = PrepareOptions(val_fraction=0.2, shard_tokens=3000)
@@ -99,15 +96,13 @@ def test_second_run_does_nothing(made):
 
 
 def test_cli_prepare_says_it_did_nothing_the_second_time(made, tmp_path):
-    cmd = [sys.executable, "-m", "launcher.cli", "data", "prepare", "--tokenizer",
-           str(made["tok"]), "--out", str(tmp_path / "p"), "--text-field", "body",
-           "--workers", "1", str(made["corpus"])]
-    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    second = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    args = ["data", "prepare", "--tokenizer", str(made["tok"]), "--out", str(tmp_path / "p"),
+            "--text-field", "body", "--workers", "1", str(made["corpus"])]
+    first = meshrun(*args, timeout=120)
+    second = meshrun(*args, timeout=120)
     assert first.returncode == 0 and ": prepared" in first.stdout, first.stderr
     assert second.returncode == 0 and "nothing to do" in second.stdout, second.stderr
-    bad = subprocess.run(cmd[:-1] + [str(tmp_path / "missing")], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    bad = meshrun(*args[:-1], str(tmp_path / "missing"), timeout=120)
     assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -7,8 +7,6 @@ import itertools
 import json
 import math
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +18,11 @@ from launcher.hf_tokenizer import load_tokenizer
 from launcher.sft_pack import first_fit_decreasing, packing_efficiency
 from launcher.sft_prepare import SftOptions, encode_conversation, prepare_sft
 from launcher.sft_template import ChatTemplate, DEFAULT_CHAT_TEMPLATE, load_chat_template
+from tests.support.cli import meshrun
 from tests.support.corpus import TWO_TURNS, WORDS, trained_tokenizer
 from tests.support.sft_shards import hand_loss, read_split
 from training.loss import IGNORE_INDEX
 
-REPO = Path(__file__).resolve().parents[2]
 CHATML = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
           "{{ '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{% endif %}"
           "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] | trim "
@@ -107,10 +105,8 @@ def test_eos_inside_conversations_is_counted_and_warned(tok_dir, tmp_path):
                                                               "chat_template": template}))
     chats = tmp_path / "c.jsonl"
     chats.write_text(json.dumps({"messages": TWO_TURNS}) + "\n")
-    cmd = [sys.executable, "-m", "launcher.cli", "data", "prepare-sft", "--tokenizer",
-           str(folder), "--seq-len", "255", "--val-fraction", "0", "--out",
-           str(tmp_path / "out"), str(chats)]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = meshrun("data", "prepare-sft", "--tokenizer", str(folder), "--seq-len", "255",
+                   "--val-fraction", "0", "--out", str(tmp_path / "out"), str(chats), timeout=120)
     assert done.returncode == 0, done.stderr
     m = json.loads((tmp_path / "out" / MANIFEST).read_text())
     assert m["eos_inside_conversations"] == len(TWO_TURNS)
@@ -232,16 +228,16 @@ def test_prepare_sft_packs_counts_and_reports_efficiency(tok_dir, tmp_path, too_
 
 def test_cli_prints_packing_efficiency_and_refuses_bad_input(tok_dir, tmp_path):
     chats = _chats(tmp_path / "chats.jsonl", 40, seed=2)
-    cmd = [sys.executable, "-m", "launcher.cli", "data", "prepare-sft", "--tokenizer",
-           str(tok_dir), "--seq-len", "127", "--messages-field", "chat", "--val-fraction",
-           "0.1", "--out", str(tmp_path / "out"), str(chats)]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    args = ["data", "prepare-sft", "--tokenizer", str(tok_dir), "--seq-len", "127",
+            "--messages-field", "chat", "--val-fraction", "0.1", "--out", str(tmp_path / "out"),
+            str(chats)]
+    done = meshrun(*args, timeout=120)
     assert done.returncode == 0, done.stderr
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert f"packing efficiency (real tokens / bin capacity): {m['packing_efficiency']:.1%}" \
         in done.stdout
-    bad = subprocess.run(cmd[:-1] + [str(tmp_path / "chats.jsonl"), "--messages-field", "x"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    bad = meshrun(*args[:-1], str(tmp_path / "chats.jsonl"), "--messages-field", "x",
+                  timeout=120)
     assert bad.returncode == 2 and "no non-empty list field 'x'" in bad.stderr
     assert "Traceback" not in bad.stderr
 
