@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conf.rundir import RunDir
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 from tests.support.run_outputs import only_run_dir, train_losses
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]

@@ -16,7 +16,7 @@ import pytest
 
 from conf.checkpoint_dirs import is_complete_checkpoint
 from conf.rundir import RunDir
-from tests.support.cli import meshrun, start_meshrun
+from tests.support.meshrun_cli import meshrun, start_meshrun
 from tests.support.processes import descendants, pid_alive, survivors, wait_for
 from tests.support.run_outputs import only_run_dir, train_losses, training_started
 

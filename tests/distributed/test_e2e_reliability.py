@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conf.rundir import RunDir, state_from_files
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 from tests.support.run_outputs import only_run_dir
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]

@@ -14,7 +14,7 @@ import pytest
 
 from conf.rundir import RunDir
 from launcher.warm_agent import WARM_MARK
-from tests.support.cli import REPO, meshrun
+from tests.support.meshrun_cli import REPO, meshrun
 from tests.support.run_outputs import only_run_dir, train_losses
 from tests.support.wandb_reader import read_runs
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 

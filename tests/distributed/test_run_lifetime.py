@@ -13,7 +13,7 @@ import pytest
 
 from conf.rundir import RunDir, RunState, state_from_files
 from conf.checkpoint_dirs import checkpoint_step
-from tests.support.cli import REPO, meshrun, start_meshrun
+from tests.support.meshrun_cli import REPO, meshrun, start_meshrun
 from tests.support.processes import survivors, wait_for
 from tests.support.run_outputs import training_started
 

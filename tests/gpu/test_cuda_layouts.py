@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

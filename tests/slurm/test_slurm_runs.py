@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import meshrun as run_meshrun
+from tests.support.meshrun_cli import meshrun as run_meshrun
 from tests.support.run_outputs import only_run_dir
 from tests.support.slurm_overrides import SLURM, TINY
 from tests.support.wandb_reader import read_runs

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 from tests.support.slurm_overrides import SLURM, TINY
 
 pytestmark = pytest.mark.slurm

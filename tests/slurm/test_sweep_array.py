@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 from tests.support.wandb_reader import read_runs
 
 pytestmark = pytest.mark.slurm

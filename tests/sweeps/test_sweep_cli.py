@@ -10,8 +10,8 @@ from functools import partial
 
 import pytest
 
-from tests.support.cli import REPO
-from tests.support.cli import meshrun as run_meshrun
+from tests.support.meshrun_cli import REPO
+from tests.support.meshrun_cli import meshrun as run_meshrun
 
 pytestmark = pytest.mark.e2e
 GRID_1000 = ["model=tiny", "optim.lr=range(1,11)", "schedule.warmup_steps=range(0,10)",

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.cli import meshrun as run_meshrun
+from tests.support.meshrun_cli import meshrun as run_meshrun
 from tests.support.wandb_reader import read_runs
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import start_meshrun
+from tests.support.meshrun_cli import start_meshrun
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_BAD_INPUT = 2

@@ -14,7 +14,7 @@ import pytest
 
 from conf.rundir import RunDir
 from conf.search_path import ENV_VAR
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 from tests.support.user_configs import write_user_configs
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ from conf.spec import HostSpec
 from launcher import shards
 from launcher.shards import PrepareOptions, prepare, token_dtype
 from launcher.hf_tokenizer import load_tokenizer, train_bpe
-from tests.support.cli import meshrun
-from tests.support.corpus import write_corpus
+from tests.support.meshrun_cli import meshrun
+from tests.support.text_corpora import write_corpus
 
 CPU = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=8)
 TEXTS = ["plain ascii text, with punctuation!", "  leading spaces\tand tabs\nnew lines\n",

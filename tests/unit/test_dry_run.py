@@ -15,7 +15,7 @@ from conf.resolve import resolve
 from conf.spec import HostSpec
 from parallel.cost.flops import FLOPS_CONVENTION
 from parallel.cost.plan import make_plan
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e

@@ -14,7 +14,7 @@ from conf.compose import compose_config
 from conf.errors import ConfigError
 from conf.hf_model_config import explicit_model_keys
 from conf.resolve import resolve
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 from tests.support.specs import CPU_HOST
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 from conf.compose import compose_config, config_yaml
 from conf.search_path import ENV_VAR
 from launcher.cli import main
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 from tests.support.user_configs import write_user_configs
 
 REPO = Path(__file__).resolve().parents[2]

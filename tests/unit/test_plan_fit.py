@@ -9,7 +9,7 @@ from pathlib import Path
 from parallel.cost.devices import GIB
 from parallel.cost.fit import USABLE_FRACTION, memory_verdict
 from parallel.cost.plan import make_plan
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 from tests.support.specs import cpu_spec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pytest
 from launcher import shards
 from launcher.shards import PROGRESS, PrepareOptions, prepare
 from launcher.hf_tokenizer import train_bpe
-from tests.support.corpus import write_corpus
+from tests.support.text_corpora import write_corpus
 
 OPTS = PrepareOptions(text_field="body", val_fraction=0.2, shard_tokens=1500)
 

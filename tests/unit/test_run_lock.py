@@ -15,7 +15,7 @@ import pytest
 
 from conf.errors import ConfigError
 from launcher.runlock import acquire_run_lock
-from tests.support.cli import meshrun
+from tests.support.meshrun_cli import meshrun
 
 REPO = Path(__file__).resolve().parents[2]
 HOLDER = textwrap.dedent("""

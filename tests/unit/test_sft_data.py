@@ -18,9 +18,9 @@ from launcher.hf_tokenizer import load_tokenizer
 from launcher.sft_pack import first_fit_decreasing, packing_efficiency
 from launcher.sft_prepare import SftOptions, encode_conversation, prepare_sft
 from launcher.sft_template import ChatTemplate, DEFAULT_CHAT_TEMPLATE, load_chat_template
-from tests.support.cli import meshrun
-from tests.support.corpus import TWO_TURNS, WORDS, trained_tokenizer
+from tests.support.meshrun_cli import meshrun
 from tests.support.sft_shards import hand_loss, read_split
+from tests.support.text_corpora import TWO_TURNS, WORDS, trained_tokenizer
 from training.loss import IGNORE_INDEX
 
 CHATML = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"

@@ -19,7 +19,7 @@ from launcher.sft_prepare import SftOptions, encode_conversation, prepare_sft
 from launcher.sft_template import load_chat_template
 from parallel.documents import document_ids_and_positions
 from tests.support.specs import cpu_spec
-from tests.support.corpus import TWO_TURNS, trained_tokenizer
+from tests.support.text_corpora import TWO_TURNS, trained_tokenizer
 from training.loss import IGNORE_INDEX
 
 RTOL, ATOL = 1e-5, 1e-6
