@@ -96,7 +96,7 @@ def load_average() -> float:
 
 def run_layout(name: str, world: int, overrides: list[str], args) -> dict:
     from conf.run_dir.spec_io import spec_to_dict
-    from tests.distributed.spawn import run_on_ranks
+    from tests.support.spawn import run_on_ranks
     from tests.support.specs import cpu_spec
 
     spec = cpu_spec(*DEBUG_SHAPE, f"model.max_seq_len={args.seq_len}", "data=synthetic",

@@ -1,6 +1,6 @@
 """Tokens/s of meshrun's training step against an INDEPENDENT hand-written model and loop.
 
-The plain side is the peer's `plain_loop.py` (/work/shared/peer, see its README), imported from its
+The plain side is the peer's `plain_loop.py` (see the peer's README), imported from its
 path at run time, never copied: its own Llama (fused QKV, F.rms_norm, SDPA, SwiGLU, untied head)
 and its own step (forward, cross-entropy, backward, clip, fused AdamW), so model-level costs in
 meshrun's training.model show up in the ratio. Both sides get the same shape (taken from the
@@ -14,13 +14,13 @@ within one run so machine noise hits both alike.
         model.n_kv_heads=16 model.ffn_dim=768 model.vocab_size=2048 model.max_seq_len=2048 \
         training.seq_len=2048 training.micro_batch_size=8 precision=fp32 data=synthetic
 
-The peer folder comes from $MESHRUN_PEER_SRC (default /work/shared/peer).
+The peer folder is $MESHRUN_PEER, else shared/peer beside this repository
+(benchmarks/peer_paths.py).
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import statistics
 import sys
 import tempfile
@@ -31,7 +31,9 @@ from types import ModuleType, SimpleNamespace
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PEER_SRC = Path(os.environ.get("MESHRUN_PEER_SRC", "/work/shared/peer"))
+from benchmarks.peer_paths import PEER_WHERE, PEER_ENV, peer_source  # noqa: E402
+
+PEER_SRC = peer_source()
 DEFAULT_OVERRIDES = ["model=debug", "data=synthetic"]
 
 
@@ -39,7 +41,7 @@ def load_plain_loop() -> ModuleType:
     """The peer's plain_loop.py as a module, loaded from its path (not part of this repo)."""
     path = PEER_SRC / "plain_loop.py"
     if not path.is_file():
-        sys.exit(f"no plain loop at {path}: set MESHRUN_PEER_SRC to the peer folder")
+        sys.exit(f"no plain loop at {path}: set {PEER_ENV} to the peer folder")
     spec = importlib.util.spec_from_file_location("peer_plain_loop", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -116,7 +118,8 @@ def shape_line(spec) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     epilog=f"the peer's folder: {PEER_WHERE}")
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--steps-per-block", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=5)

@@ -24,7 +24,7 @@ moment the command was started:
 The CLI probe is a separate process that calls the functions `meshrun run` calls, in its
 order, and times each: imports, Hydra compose, resolve, config YAML, data check, run dir.
 
-    PYTHONPATH=$PWD /work/venv/bin/python benchmarks/launch_overhead.py [--rounds 5] [--procs 2]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/launch_overhead.py [--rounds 5] [--procs 2]
         [--wandb] [--against /path/to/other/checkout]
 
 --wandb logs to W&B offline (default: logging=disabled). --against runs another checkout's

@@ -68,7 +68,7 @@ def measure_rank(*, rank: int, world_size: int, spec_dict: dict) -> dict:
 
     from conf.spec import RunSpec
     from conf.run_dir.spec_io import spec_from_dict
-    from tests.distributed.layout_parity import held_bytes, local_bytes, named_params
+    from tests.support.layout_parity import held_bytes, local_bytes, named_params
     from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.optim import build_optimizers
@@ -105,7 +105,7 @@ def measure_single(spec) -> dict:
     """World size 1 without a process group: the reference."""
     import torch
 
-    from tests.distributed.layout_parity import held_bytes, local_bytes
+    from tests.support.layout_parity import held_bytes, local_bytes
     from training.data.build import build_train_batches
     from training.parallel_model import ParallelModel
     from training.model import build_model
@@ -197,7 +197,7 @@ def report_model(specs: dict, measured: dict, link_report: dict, *, what: str) -
 
 def main() -> None:
     from conf.run_dir.spec_io import spec_to_dict
-    from tests.distributed.spawn import run_on_ranks
+    from tests.support.spawn import run_on_ranks
     from tests.support.specs import cpu_spec
     from parallel.cost.memory import estimate_memory
 

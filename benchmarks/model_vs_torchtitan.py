@@ -9,10 +9,11 @@ rank's share of that benchmark (debugmodel, seq 2048, 4 sequences, 1 thread).
 
     python benchmarks/model_vs_torchtitan.py [--threads 1] [--batch 4] [--rounds 6] [--profile]
 
-It needs torchtitan, so it re-runs itself under the peer's Python ($PEER_DIR/venv, default
-/tmp/meshrun-peer; see /work/shared/peer/README.md, run its setup.sh first). --profile adds a
-torch.profiler table of one step per model (self CPU time by op). Medians over the rounds after
-the first (warm-up); ratios within one run only: the machine is shared.
+It needs torchtitan, so it re-runs itself under the peer's Python: venv/ in $PEER_DIR, else in
+the peer's setup.sh default. The peer's folder is $MESHRUN_PEER, else shared/peer beside this
+repository (benchmarks/peer_paths.py; see the peer's README.md, run its setup.sh first).
+--profile adds a torch.profiler table of one step per model (self CPU time by op). Medians over
+the rounds after the first (warm-up); ratios within one run only: the machine is shared.
 """
 from __future__ import annotations
 
@@ -26,8 +27,13 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PEER_SRC = Path(os.environ.get("MESHRUN_PEER_SRC", "/work/shared/peer"))
-PEER_DIR = Path(os.environ.get("PEER_DIR", "/tmp/meshrun-peer"))
+sys.path.insert(0, str(REPO))
+
+from benchmarks.peer_paths import (PEER_DIR_WHERE, PEER_WHERE, peer_dir, peer_python,  # noqa: E402
+                                   peer_source)
+
+PEER_SRC = peer_source()
+PEER_DIR = peer_dir(PEER_SRC)
 DEBUGMODEL = dict(dim=256, n_layers=6, n_heads=16, n_kv_heads=16, ffn_dim=768, vocab_size=2048,
                   rope_theta=500000.0)
 TRITON_ONLY = "torchtitan.distributed.minimal_async_ep.kernels"
@@ -39,7 +45,7 @@ def ensure_peer_python() -> None:
     """Re-exec under the peer's Python when torchtitan is not importable here."""
     if importlib.util.find_spec("torchtitan") is not None:
         return
-    python = PEER_DIR / "venv/bin/python"
+    python = peer_python(PEER_DIR)
     if not python.exists():
         sys.exit(f"torchtitan is not importable and there is no peer venv at {PEER_DIR}: run "
                  f"{PEER_SRC / 'setup.sh'} first (or set PEER_DIR)")
@@ -118,7 +124,9 @@ def step(model, kwargs: dict, tokens) -> float:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog=f"the peer's folder: {PEER_WHERE}; its venv: in "
+                                       f"{PEER_DIR_WHERE}")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=2048)

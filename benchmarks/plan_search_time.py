@@ -2,14 +2,14 @@
 4M-token global batch: each run a fresh process (imports, Hydra compose, search, table), median
 of 5; and whether torch was imported. Reports, asserts nothing (issue 10's goal: <= 2 s).
 
-    PYTHONPATH=$PWD:/work/ep_shim python benchmarks/plan_search_time.py [--runs 5] [--profile 25]
+    PYTHONPATH=$PWD python benchmarks/plan_search_time.py [--runs 5] [--profile 25]
         [--against DIR]
 
 --profile N: instead, one run in this process under cProfile, its N costliest calls by
 cumulative time (where the time goes: imports and Hydra compose, enumeration, per-candidate
 memory in parallel/cost/memory.py LayoutMemory, the time model per fitting layout).
 --against DIR: alternate each run with one of the same command in another checkout (DIR, e.g.
-`git worktree add /tmp/base main`), and give the ratio of the medians: on a shared machine
+`git worktree add ../base main`), and give the ratio of the medians: on a shared machine
 the CPU-time ratio says what the wall times cannot.
 """
 from __future__ import annotations

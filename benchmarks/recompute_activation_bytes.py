@@ -29,7 +29,7 @@ from conf.spec import ModelSpec, RecomputeSpec  # noqa: E402
 from parallel.cost.activations import activation_bytes  # noqa: E402
 from parallel.recompute import apply_recompute  # noqa: E402
 from tests.support.specs import cpu_spec  # noqa: E402
-from tests.unit.test_recompute import POLICIES, _NewStorages  # noqa: E402
+from tests.support.recompute_storages import POLICIES, NewStorages  # noqa: E402
 from training.loss import token_cross_entropy_sum  # noqa: E402
 from training.model import build_model  # noqa: E402
 
@@ -60,7 +60,7 @@ def kept_bytes(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tens
     """Bytes of storages made in the trainer's forward and loss, alive for backward."""
     existing = {StorageWeakRef(t.untyped_storage()).cdata
                 for t in [*model.parameters(), *model.buffers(), inputs, targets]}
-    recorder = _NewStorages()
+    recorder = NewStorages()
     with recorder:
         loss = token_cross_entropy_sum(model(inputs), targets)
     gc.collect()

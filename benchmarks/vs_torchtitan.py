@@ -7,13 +7,14 @@ FSDP / ZeRO-3 (torchtitan: data-parallel-shard-degree 2; meshrun: parallel=zero3
 is single-process only, so its 1-process number is the reference for both rows (each row uses all
 cores either way). Every system runs as its own fresh processes; the order rotates each round.
 
-torchtitan runs through the peer (/work/shared/peer, see its README): run its setup.sh first
-(torch==2.13.0 + torchtitan==0.3.0 in $PEER_DIR, default /tmp/meshrun-peer). Without that venv,
-torchtitan is skipped with a message and the other two still run.
+torchtitan runs through the peer (see its README): its folder is $MESHRUN_PEER, else
+shared/peer beside this repository (--peer-src); run its setup.sh first (torch==2.13.0 +
+torchtitan==0.3.0 in a venv under $PEER_DIR, else setup.sh's default; --peer-dir). Without that
+venv, torchtitan is skipped with a message and the other two still run.
 
     python benchmarks/vs_torchtitan.py                    # debugmodel shape, 3 rounds, 20 steps
     python benchmarks/vs_torchtitan.py --quick            # seq 256, batch 4, 6 steps, 1 round
-    python benchmarks/vs_torchtitan.py --nprocs 2 --meshrun-base /work/main   # before/after
+    python benchmarks/vs_torchtitan.py --nprocs 2 --meshrun-base ../main   # before/after
 
 meshrun runs with training.loss_chunks=8 (torchtitan's debugmodel config chunks its loss in 8);
 --meshrun-extra sets other overrides for this checkout's meshrun only ('' for none).
@@ -52,6 +53,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks.peer_paths import PEER_DIR_WHERE, PEER_WHERE, peer_dir, peer_source  # noqa: E402
 
 SYSTEMS = ("torchtitan", "meshrun", "plain")
 BASE_SYSTEM = "meshrun-base"
@@ -384,10 +387,10 @@ def main() -> None:
     p.add_argument("--first-timed", type=int, default=5)
     p.add_argument("--quick", action="store_true",
                    help="seq 256, batch 4, 6 steps timed from 3, 1 round: proves it runs")
-    p.add_argument("--peer-src", type=Path,
-                   default=Path(os.environ.get("MESHRUN_PEER_SRC", "/work/shared/peer")))
-    p.add_argument("--peer-dir", type=Path,
-                   default=Path(os.environ.get("PEER_DIR", "/tmp/meshrun-peer")))
+    p.add_argument("--peer-src", type=Path, default=peer_source(),
+                   help=f"the peer's folder (default: {PEER_WHERE})")
+    p.add_argument("--peer-dir", type=Path, default=None,
+                   help=f"where the peer's setup.sh put its venv (default: {PEER_DIR_WHERE})")
     p.add_argument("--work", type=Path, default=Path("/tmp/meshrun-vs-torchtitan"))
     p.add_argument("--meshrun-base", type=Path, default=None,
                    help="another meshrun checkout to run beside this one (before/after)")
@@ -398,6 +401,7 @@ def main() -> None:
                    help="comma-separated overrides for this checkout's meshrun only (default: "
                         "the loss in 8 chunks, as torchtitan's debugmodel config; '' for none)")
     a = p.parse_args()
+    a.peer_dir = a.peer_dir or peer_dir(a.peer_src)
     if a.quick:
         a.seq_len, a.batch, a.steps, a.first_timed, a.rounds = 256, 4, 6, 3, 1
     try:

@@ -19,7 +19,7 @@ sit INSIDE conversations (a template whose turn end is the EOS token, as Qwen2.5
 Llama 3.1's instruct tokenizers are configured).
 
 Conversations are delimited by a separator token, recorded in the manifest as
-`document_separator_id` (conf/document_rules.py makes it the boundary of data.document_mask):
+`document_separator_id` (conf/rules/document_rules.py makes it the boundary of data.document_mask):
 the EOS when no conversation holds one, else the first of the pad, BOS and the tokenizer's other
 special tokens that no conversation holds (`choose_separator`), so document masking never cuts
 a conversation into turns. The separator is never learned and, under document masking, nothing

@@ -1,19 +1,19 @@
 """The plan's activation term per rank (parallel.cost.memory.layout_activation_bytes) EQUALS
-what one forward keeps for backward on that rank (tests/distributed/activation_memory.py:
+what one forward keeps for backward on that rank (tests/support/activation_memory.py:
 storages alive after forward, weights and autocast's weight casts apart), for the parity
 layouts without pipelining, every recompute policy family and fp32 / bf16 (autocast over
 fp32 weights for ddp, zero1, tp, cp; FSDP mixed precision for zero 2/3), with sequence
 parallel and loss parallel on and off, the head and loss in row blocks (training.loss_chunks)
 under ddp, zero3 and cp. Equal up to the loss's two fp32 scalars (8 bytes; 4 in row blocks).
 In the same spawns, the same step goes on through backward, clipping and AdamW, and its
-peak (every tensor storage alive at once, tests/distributed/peak_memory.py) is the plan's
+peak (every tensor storage alive at once, tests/support/peak_memory.py) is the plan's
 (estimate_memory(spec, rank=...).total) within PEAK_TOLERANCE, on every rank (measured
 peak / plan: 0.92-1.08 without pipelining, 1.005-1.08 with, one known gap at 1.116).
 
 Pipeline layouts too (PIPELINES_*): their forwards and backwards interleave inside the
 schedule, so the kept bytes are read at every chunk's forward exit and backward entry, the
-largest reading against the plan (tests/distributed/pipeline_memory.py). The static terms (params, grads, optimizer state)
-are checked on every rank of every parity layout (tests/distributed/layout_parity.py
+largest reading against the plan (tests/support/pipeline_memory.py). The static terms (params, grads, optimizer state)
+are checked on every rank of every parity layout (tests/support/layout_parity.py
 `check_memory`). Configurations are grouped by world size, one spawn each."""
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import dataclasses
 import pytest
 
 from conf.run_dir.spec_io import spec_to_dict
-from tests.distributed.activation_memory import activation_rank
-from tests.distributed.spawn import run_on_ranks
+from tests.support.activation_memory import activation_rank
+from tests.support.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 
 pytestmark = pytest.mark.distributed
@@ -68,7 +68,7 @@ PIPELINES_FOUR_RANKS = {
     "pp2_tp2": (PARITY_FOUR_RANKS["pp2_tp2"], ["full"]),
     "pp2_dp2": (PARITY_FOUR_RANKS["pp2_dp2"], ["none"]),
 }
-"""Pipeline layouts (tests/distributed/pipeline_memory.py), in the same spawns: every
+"""Pipeline layouts (tests/support/pipeline_memory.py), in the same spawns: every
 schedule family (1F1B, GPipe, interleaved with virtual stages), a 4-stage pipeline (each rank
 its own number of micro-batches in flight), tp without loss parallel (split stage outputs,
 whole logits) and FSDP (a bf16 residual stream)."""

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tests.distributed.spawn import run_on_ranks
+from tests.support.spawn import run_on_ranks
 from training.checkpoint import (
     CheckpointError,
     CheckpointMismatch,

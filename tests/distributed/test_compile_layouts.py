@@ -37,8 +37,8 @@ import torch.distributed as dist
 
 from conf.spec import RunSpec
 from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
-from tests.distributed.layout_parity import assert_same_update, full, named_params
-from tests.distributed.spawn import run_on_ranks
+from tests.support.layout_parity import assert_same_update, full, named_params
+from tests.support.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 
 pytestmark = pytest.mark.distributed

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from parallel.context_parallel import (all_gather_sequence, context_parallel_attention,
                                        shard_positions, shard_sequence)
-from tests.distributed.spawn import run_on_ranks
+from tests.support.spawn import run_on_ranks
 
 pytestmark = pytest.mark.distributed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conf.run_dir.spec_io import spec_to_dict
-from tests.distributed.spawn import run_on_ranks
+from tests.support.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 
 pytestmark = pytest.mark.distributed

@@ -1,30 +1,17 @@
 """The one-update protocol and its single-process check: gradient accumulation equals one big
 batch. Every layout (DDP, ZeRO, TP, PP, CP and their combinations) is checked against one
-process in test_layout_parity.py and test_pipeline_parity.py with these tolerances."""
+process in test_layout_parity.py and test_pipeline_parity.py with these tolerances
+(tests/support/layout_parity.py)."""
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 
 from conf.spec import RunSpec
-from tests.support.specs import cpu_spec
+from tests.support.layout_parity import ATOL, RTOL, reference_batches
+from tests.support.specs import PARITY_LR, cpu_spec
 
-ATOL, RTOL = 5e-6, 1e-4
 pytestmark = pytest.mark.distributed
-
-
-# AdamW's first step moves each weight by lr * g / (|g| + eps): where |g| is near eps (1e-8)
-# its slope is ~lr / eps, so reduction-order noise of 1e-10 in a gradient becomes lr * 1e-2 in
-# the parameter. At lr=3e-3 that is ~7e-6 (seen here), at lr=1e-4 ~3e-7: the parity tests use
-# the small LR so the parameter check measures the parallel code, not that amplification.
-PARITY_LR = "optim.lr=1e-4"
-
-
-def synthetic_spec(*overrides: str) -> RunSpec:
-    return cpu_spec("model=tiny", "data=synthetic", "training.seq_len=32",
-                    "cluster.procs_per_node=2", PARITY_LR, *overrides)
 
 
 def one_update(model, micro_batches, spec: RunSpec):
@@ -43,15 +30,6 @@ def one_update(model, micro_batches, spec: RunSpec):
     clip_and_step(layout, [optimizer], grad_clip=spec.optim.grad_clip)
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return loss, torch.cat(logits), grads, params
-
-
-def reference_batches(spec: RunSpec):
-    """The whole global batch as one micro-batch of one process."""
-    from training.data.build import build_train_batches
-
-    t = dataclasses.replace(spec.training, micro_batch_size=spec.training.global_batch_size,
-                            grad_accum_steps=1)
-    return build_train_batches(spec.data, t, dp_rank=0, dp_size=1).next_step()
 
 
 def test_gradient_accumulation_matches_one_big_batch():

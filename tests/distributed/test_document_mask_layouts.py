@@ -12,13 +12,13 @@ import torch.distributed as dist
 
 from conf.spec import RunSpec
 from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
-from tests.distributed.layout_parity import full, named_params
-from tests.distributed.spawn import run_on_ranks
-from tests.support.specs import cpu_spec
-from tests.unit.test_document_mask import (
+from tests.support.layout_parity import full, named_params
+from tests.support.packed_documents import (
     ATOL, EOS, LENGTHS, NO_AUTOCAST, RTOL, document_batches, document_targets_count,
     packed_batch, packed_documents,
 )
+from tests.support.spawn import run_on_ranks
+from tests.support.specs import cpu_spec
 from training.loss import IGNORE_INDEX
 
 pytestmark = pytest.mark.distributed

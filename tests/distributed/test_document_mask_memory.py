@@ -1,7 +1,7 @@
 """Memory under data.document_mask on the SDPA path (CPU): the plan's activation term
 (parallel.cost.memory.layout_activation_bytes: per-token RoPE rows, ONE additive dense mask
 [B, T/cp, T] per forward shared by every block, and the boolean mask while a checkpoint holds
-it) EQUALS what one forward keeps for backward (tests/distributed/activation_memory.py), up to
+it) EQUALS what one forward keeps for backward (tests/support/activation_memory.py), up to
 the loss's two fp32 scalars: in one process for every recompute policy family and fp32 / bf16,
 and on two gloo ranks under cp, FSDP (zero3: cast block inputs) and tp. Before the mask was shared, SDPA kept one additive copy per block (n_layers of them)."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 
 from conf.run_dir.spec_io import spec_to_dict
-from tests.distributed.activation_memory import activation_rank
-from tests.distributed.spawn import run_on_ranks
+from tests.support.activation_memory import activation_rank
+from tests.support.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 
 pytestmark = pytest.mark.distributed

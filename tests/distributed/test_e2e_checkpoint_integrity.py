@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from conf.run_dir.paths import RunDir
-from tests.distributed.test_e2e_runs import meshrun, only_run_dir, train_losses
+from tests.support.meshrun_cli import meshrun
+from tests.support.run_outputs import only_run_dir, train_losses
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 TINY = ["model=tiny", "training.seq_len=64", "training.micro_batch_size=8",

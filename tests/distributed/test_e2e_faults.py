@@ -16,10 +16,9 @@ import pytest
 
 from conf.run_dir.checkpoint_dirs import is_complete_checkpoint
 from conf.run_dir.paths import RunDir
-from tests.distributed.test_e2e_runs import REPO, meshrun, only_run_dir, train_losses
-from tests.distributed.test_run_lifetime import meshrun as meshrun_argv
-from tests.distributed.test_run_lifetime import survivors, training_started, wait_for
-from tests.support.processes import descendants, pid_alive
+from tests.support.meshrun_cli import meshrun, start_meshrun
+from tests.support.processes import descendants, pid_alive, survivors, wait_for
+from tests.support.run_outputs import only_run_dir, train_losses, training_started
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 TINY = ["model=tiny", "training.seq_len=32", "training.micro_batch_size=4",
@@ -74,10 +73,10 @@ def test_sigkill_inside_checkpoint_saves_then_resume_matches_an_uninterrupted_ru
     straight = pool.submit(meshrun, "run", *SAVE_EVERY_STEP, f"runs_dir={tmp_path / 'a'}")
     runs = tmp_path / "b"
     out = open(tmp_path / "out.txt", "w")
-    argv = meshrun_argv("run", *SAVE_EVERY_STEP, f"runs_dir={runs}")
+    args = ("run", *SAVE_EVERY_STEP, f"runs_dir={runs}")
     left_tmp = []
     for trial, (from_step, delay_s) in enumerate(((3, 0.0), (6, 0.01), (9, 0.03))):
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        proc = start_meshrun(*args, stdout=out, stderr=subprocess.STDOUT)
         _kill_inside_a_save(proc, runs, from_step=from_step, delay_s=delay_s)
         run_dir = only_run_dir(runs)
         names = sorted(p.name for p in RunDir(run_dir).checkpoints_dir.iterdir())
@@ -85,7 +84,7 @@ def test_sigkill_inside_checkpoint_saves_then_resume_matches_an_uninterrupted_ru
         assert not (run_dir / "summary.json").exists(), f"trial {trial} finished: {names}"
         assert all(is_complete_checkpoint(RunDir(run_dir).checkpoints_dir / n)
                    for n in names if not n.endswith((".tmp", ".old"))), names
-        argv = meshrun_argv("resume", str(run_dir))
+        args = ("resume", str(run_dir))
     assert left_tmp, "no kill landed inside a save (no step_N.tmp was left)"
 
     resumed = meshrun("resume", str(run_dir))

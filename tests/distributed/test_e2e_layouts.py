@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.spawn import run_on_ranks
-from tests.distributed.test_e2e_runs import meshrun, only_run_dir, train_losses
+from tests.support.spawn import run_on_ranks
+from tests.support.meshrun_cli import meshrun
+from tests.support.run_outputs import only_run_dir, train_losses
 from tests.support.loop_runs import prepare_run_dir, train_run_dirs
 from tests.support.specs import cpu_spec
 

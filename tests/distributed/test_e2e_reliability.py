@@ -10,7 +10,8 @@ import pytest
 
 from conf.run_dir.paths import RunDir
 from conf.run_dir.run_states import state_from_files
-from tests.distributed.test_e2e_runs import meshrun, only_run_dir
+from tests.support.meshrun_cli import meshrun
+from tests.support.run_outputs import only_run_dir
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 TINY = ["model=tiny", "training.seq_len=64", "training.micro_batch_size=8",

@@ -8,36 +8,20 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from conf.run_dir.paths import RunDir
 from launcher.backends.warm_agent import WARM_MARK
+from tests.support.meshrun_cli import REPO, meshrun
+from tests.support.run_outputs import only_run_dir, train_losses
 from tests.support.wandb_reader import read_runs
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
-REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model=tiny", "training.steps=20", "training.seq_len=64", "training.micro_batch_size=8",
          "training.eval_every=10", "checkpoint.every_steps=5", "checkpoint.keep_last=2",
          "logging=offline"]
-
-
-def meshrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def only_run_dir(runs_dir: Path) -> Path:
-    (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
-    return run_dir
-
-
-def train_losses(run_dir: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
 
 
 @pytest.fixture(scope="module")

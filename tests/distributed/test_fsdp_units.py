@@ -17,8 +17,8 @@ from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
 from parallel.cost.activations import DTYPE_BYTES
 from parallel.cost.memory import weight_copy_bytes
 from parallel.cost.params import numel, parameter_shapes
-from tests.distributed.layout_parity import CPU
-from tests.distributed.spawn import run_on_ranks
+from tests.support.layout_parity import CPU
+from tests.support.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 
 pytestmark = pytest.mark.distributed

@@ -15,9 +15,10 @@ import torch.nn.functional as F
 
 from conf.run_dir.spec_io import spec_to_dict
 from parallel.cost.params import parameter_shapes, tp_local_shape
-from tests.distributed.hf_import_ranks import hf_layout_rank
-from tests.distributed.spawn import run_on_ranks
-from tests.unit.test_hf_import import hf_logits, hf_spec, make_llama, make_qwen2, tokens
+from tests.support.hf_import_ranks import hf_layout_rank
+from tests.support.hf_models import hf_logits, make_llama, make_qwen2, tokens
+from tests.support.spawn import run_on_ranks
+from tests.support.specs import hf_spec
 
 pytestmark = pytest.mark.distributed
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from conf.run_dir.spec_io import spec_to_dict
-from tests.distributed.layout_parity import parity_rank
-from tests.distributed.spawn import run_on_ranks
+from tests.support.layout_parity import parity_rank
+from tests.support.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 from training.model import build_model
 

@@ -7,7 +7,7 @@ import resource
 import pytest
 import torch
 
-from tests.distributed.spawn import run_on_ranks
+from tests.support.spawn import run_on_ranks
 
 pytestmark = pytest.mark.distributed
 EXTRA_MIB = 512

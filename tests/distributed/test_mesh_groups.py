@@ -13,7 +13,7 @@ import torch
 
 from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
 from conf.spec import RunSpec
-from tests.distributed.spawn import run_on_ranks
+from tests.support.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 
 pytestmark = pytest.mark.distributed

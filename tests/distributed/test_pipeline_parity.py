@@ -9,8 +9,9 @@ import torch
 
 from conf.spec import RunSpec
 from conf.run_dir.spec_io import spec_from_dict, spec_to_dict
-from tests.distributed.spawn import run_on_ranks
-from tests.distributed.test_ddp_parity import ATOL, RTOL, reference_batches, synthetic_spec
+from tests.support.layout_parity import ATOL, RTOL, reference_batches
+from tests.support.spawn import run_on_ranks
+from tests.support.specs import synthetic_spec
 
 pytestmark = pytest.mark.distributed
 

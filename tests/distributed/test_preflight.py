@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed.spawn import run_on_ranks
+from tests.support.spawn import run_on_ranks
 from conf.run_dir.preflight_report import format_table
 from training.preflight import (DEFAULT_SIZES_BYTES, MIN_ROWS, PreflightError, bandwidth_bound,
                                 bandwidth_table, check_all_reduce, format_ranks, iters_for,

@@ -7,19 +7,13 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.meshrun_cli import meshrun
+
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
-REPO = Path(__file__).resolve().parents[2]
-
-
-def meshrun(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_hf_model_trains_on_prepared_shards_and_exports(tmp_path):
@@ -34,7 +28,7 @@ def test_hf_model_trains_on_prepared_shards_and_exports(tmp_path):
     done = meshrun("data", "prepare", "--tokenizer", str(tmp_path / "tok"), "--out",
                    str(tmp_path / "prep"), "--val-fraction", "0.2", "--workers", "1", *files)
     assert done.returncode == 0, done.stderr
-    from tests.unit.test_hf_import import make_llama  # imports torch and transformers
+    from tests.support.hf_models import make_llama  # imports torch and transformers
 
     reference = make_llama(tmp_path / "hf", tied=True)  # vocab 300, 2 layers, dim 64
     done = meshrun("run", "model=hf", f"model.path={tmp_path / 'hf'}", "data=files",

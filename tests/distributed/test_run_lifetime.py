@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,52 +14,20 @@ import pytest
 from conf.run_dir.paths import RunDir
 from conf.run_dir.run_states import RunState, state_from_files
 from conf.run_dir.checkpoint_dirs import checkpoint_step
+from tests.support.meshrun_cli import REPO, meshrun, start_meshrun
+from tests.support.processes import survivors, wait_for
+from tests.support.run_outputs import training_started
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
-REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 LONG = ["model=tiny", "training.steps=100000", "training.seq_len=32", "training.eval_every=0",
         "schedule.warmup_steps=1", "checkpoint.every_steps=100000", "logging=disabled"]
 
 
-def meshrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", *args]
-
-
-def survivors(marker: str) -> list[str]:
-    """Command lines of live processes (not zombies) that mention `marker`."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmdline and int(proc.name) != os.getpid():
-            found.append(f"{proc.name}: {cmdline}")
-    return found
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-def training_started(runs: Path) -> Path | None:
-    for metrics in runs.glob("*/metrics.jsonl"):
-        if '"kind": "train"' in metrics.read_text() or '"kind":"train"' in metrics.read_text():
-            return metrics.parent
-    return None
-
-
 def start(runs: Path, tmp_path: Path, **popen) -> subprocess.Popen:
     popen.setdefault("stdout", open(tmp_path / "out.txt", "w"))
-    return subprocess.Popen(meshrun("run", *LONG, f"runs_dir={runs}"), cwd=REPO, env=ENV,
-                            stderr=open(tmp_path / "err.txt", "w"), **popen)
+    return start_meshrun("run", *LONG, f"runs_dir={runs}", env=ENV,
+                         stderr=open(tmp_path / "err.txt", "w"), **popen)
 
 
 def assert_nothing_survives(runs: Path, timeout_s: float = 45) -> None:
@@ -81,8 +48,8 @@ def test_sigkilled_launcher_takes_its_ranks_with_it(tmp_path):
         run_dir = training_started(runs)
         assert state_from_files(run_dir) is RunState.stopped
         step = checkpoint_step(RunDir(run_dir).latest_checkpoint())
-        resumed = subprocess.run(meshrun("resume", str(run_dir), f"training.steps={step + 2}"),
-                                 cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+        resumed = meshrun("resume", str(run_dir), f"training.steps={step + 2}", env=ENV,
+                          timeout=300)
         assert resumed.returncode == 0, resumed.stderr
         assert "taking over the stale lock" in resumed.stderr  # the killed launcher's record
     finally:
@@ -128,16 +95,15 @@ def test_two_concurrent_resumes_one_refused_by_name_no_row_lost(tmp_path):
     runs = tmp_path / "runs"
     small = ["model=tiny", "training.steps=12", "training.seq_len=32", "training.eval_every=0",
              "checkpoint.every_steps=3", "schedule.warmup_steps=1", "logging=disabled"]
-    first = subprocess.run(meshrun("run", *small, "training.stop_at_step=3", f"runs_dir={runs}"),
-                           cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    first = meshrun("run", *small, "training.stop_at_step=3", f"runs_dir={runs}", env=ENV,
+                    timeout=300)
     assert first.returncode == 0, first.stderr
     (run_dir,) = list(runs.iterdir())
-    winner = subprocess.Popen(meshrun("resume", str(run_dir)), cwd=REPO, env=ENV,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    winner = start_meshrun("resume", str(run_dir), env=ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (run_dir / "launcher.lock").exists()
              and (run_dir / "launcher.lock").read_text(), 120, "the first resume's lock")
-    refused = subprocess.run(meshrun("resume", str(run_dir)), cwd=REPO, env=ENV,
-                             capture_output=True, text=True, timeout=300)
+    refused = meshrun("resume", str(run_dir), env=ENV, timeout=300)
     assert winner.wait(timeout=300) == 0, winner.stderr.read()
     assert refused.returncode == 2, refused.stderr
     assert f"is in use by meshrun pid {winner.pid}" in refused.stderr, refused.stderr
@@ -165,8 +131,7 @@ def test_status_names_the_rank_that_was_killed_not_its_peer(tmp_path):
         run_dir = wait_for(lambda: training_started(runs), 180, "the first train step")
         os.kill(rank_pid(runs, 1), signal.SIGKILL)
         assert launcher.wait(timeout=120) not in (0, 130)
-        status = subprocess.run(meshrun("status", str(run_dir)), cwd=REPO, env=ENV,
-                                capture_output=True, text=True, timeout=120)
+        status = meshrun("status", str(run_dir), env=ENV, timeout=120)
         assert "rank 1 failed first (killed by SIGKILL" in status.stdout, status.stdout
         assert "rank1.log" in status.stdout and "Connection" not in status.stdout
         err = (tmp_path / "err.txt").read_text()

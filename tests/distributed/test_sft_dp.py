@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed.spawn import run_on_ranks
+from tests.support.spawn import run_on_ranks
 
 pytestmark = pytest.mark.distributed
 WORDS = "alpha beta gamma delta tokens shards loss falls over the lazy dog".split()
@@ -37,9 +37,9 @@ def _prepare(tmp_path) -> str:
 
 
 def sft_dp_rank(*, rank: int, world_size: int, prepared: str) -> dict:
-    from tests.distributed.layout_parity import full, named_params
+    from tests.support.layout_parity import full, named_params
     from tests.support.specs import cpu_spec
-    from tests.unit.test_sft_data import _hand_loss
+    from tests.support.sft_shards import hand_loss
     from conf.data_contract.prepared_corpus import read_manifest
     from pathlib import Path
     from training.data.build import build_train_batches
@@ -63,7 +63,7 @@ def sft_dp_rank(*, rank: int, world_size: int, prepared: str) -> dict:
     dist.all_reduce(total)
     grads = {n: full(p.grad) for n, p in named_params(layout).items()}
     reference = build_model(spec.model, device=cpu, seed=spec.training.seed)
-    hand = _hand_loss(reference, Path(prepared), read_manifest(prepared), global_bins)
+    hand = hand_loss(reference, Path(prepared), read_manifest(prepared), global_bins)
     hand.backward()
     for name, p in reference.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, atol=1e-6, rtol=1e-4, msg=name)

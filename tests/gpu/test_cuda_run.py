@@ -6,22 +6,19 @@ Skipped without CUDA (this project's CI machines have none); run on a GPU machin
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.meshrun_cli import meshrun
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_default_command_runs_on_the_gpus_in_bf16(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "launcher.cli", "run", "training.steps=30",
-                             "training.eval_every=0", f"runs_dir={tmp_path}"],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = meshrun("run", "training.steps=30", "training.eval_every=0", f"runs_dir={tmp_path}",
+                     timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     (run_dir,) = list(tmp_path.iterdir())
     spec = json.loads((run_dir / "spec.json").read_text())

@@ -10,32 +10,20 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from tests.support.meshrun_cli import meshrun as run_meshrun
+from tests.support.run_outputs import only_run_dir
+from tests.support.slurm_overrides import SLURM, TINY
 from tests.support.wandb_reader import read_runs
 
 pytestmark = pytest.mark.slurm
-REPO = Path(__file__).resolve().parents[2]
-TINY = ["model=tiny", "training.seq_len=64", "training.micro_batch_size=4", "logging=offline",
-        "training.eval_every=10", "schedule.warmup_steps=2", "cluster.preflight_max_mib=4"]
-SLURM = ["cluster=slurm", "cluster.gpus_per_node=0", "cluster.procs_per_node=2",
-         "cluster.rdzv_host=127.0.0.1", "cluster.time_limit_min=10",
-         "cluster.warning_signal=USR1@30", f"cluster.python={sys.executable}"]
-
-
-def meshrun(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
-
-
-def only_run_dir(runs_dir: Path) -> Path:
-    (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
-    return run_dir
+meshrun = partial(run_meshrun, timeout=400)  # a Slurm job queues, starts and is polled
 
 
 def rows(run_dir: Path, kind: str) -> list[dict]:

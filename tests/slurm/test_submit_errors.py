@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.slurm.test_slurm_runs import SLURM, TINY, meshrun
+from tests.support.meshrun_cli import meshrun
+from tests.support.slurm_overrides import SLURM, TINY
 
 pytestmark = pytest.mark.slurm
 

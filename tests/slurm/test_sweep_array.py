@@ -11,23 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.meshrun_cli import meshrun
 from tests.support.wandb_reader import read_runs
 
 pytestmark = pytest.mark.slurm
-REPO = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "training.seq_len=32", "training.micro_batch_size=4", "training.steps=6",
         "training.eval_every=3", "schedule.warmup_steps=1", "cluster.preflight_max_mib=1"]
 SLURM = ["cluster=slurm", "cluster.gpus_per_node=0", "cluster.procs_per_node=1",
          "cluster.nodes=2", "cluster.rdzv_host=127.0.0.1", "cluster.time_limit_min=10",
          "cluster.warning_signal=USR1@30", f"cluster.python={sys.executable}"]
-
-
-def meshrun(*args: str, timeout: float = 600, path: str | None = None
-            ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", **({"PATH": path} if path else {})}
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+QUIET = dict(timeout=600, stdin=subprocess.DEVNULL, columns=200)  # every `meshrun` here
 
 
 def logged_sacct(folder: Path) -> tuple[str, Path]:
@@ -44,12 +37,13 @@ def test_a_two_point_sweep_runs_as_one_job_array(slurm_cluster, tmp_path):
     sweep_dir = tmp_path / "sweep"
     path, sacct_log = logged_sacct(tmp_path / "bin")
     proc = meshrun("sweep", "--yes", "--wait", "--array-parallelism", "2", "--name", "arr",
-                   "--dir", str(sweep_dir), *TINY, *SLURM, "optim.lr=1e-3,3e-3", path=path)
+                   "--dir", str(sweep_dir), *TINY, *SLURM, "optim.lr=1e-3,3e-3",
+                   env={**os.environ, "PATH": path}, **QUIET)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "submitted 2 point(s) as array" in proc.stdout
     assert "(2 node(s) x 1 task(s) each, at most 2 at once)" in proc.stdout
 
-    status = json.loads(meshrun("sweep", "status", str(sweep_dir), "--json").stdout)
+    status = json.loads(meshrun("sweep", "status", str(sweep_dir), "--json", **QUIET).stdout)
     assert status["counts"] == {"completed": 2}, status
     job_ids = [row["job_id"] for row in status["points"]]
     array_ids = {job_id.split("_")[0] for job_id in job_ids}

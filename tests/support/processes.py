@@ -1,7 +1,9 @@
-"""Live processes, read from /proc (stdlib only: the Slurm test cluster imports it too)."""
+"""Live processes, read from /proc, and waiting for a condition (stdlib only: the Slurm test
+cluster imports it too)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -41,3 +43,27 @@ def descendants(root: int) -> list[int]:
         found += below
         todo += below
     return found
+
+
+def survivors(marker: str) -> list[str]:
+    """Command lines of live processes (not zombies) that mention `marker`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline and int(proc.name) != os.getpid():
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    """Poll `predicate` every 0.2 s; return its first true value, or fail after `timeout_s`."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")

@@ -23,7 +23,7 @@ import pytest
 from sweeps.compare import collect_runs, differing_keys
 from sweeps.report import write_report
 from sweeps.report_plots import LOSS_PLOT_ID, plotly_bundle
-from tests.sweeps.test_compare import POINTS, write_sweep
+from tests.support.sweep_dirs import POINTS, write_sweep
 
 CATCH_ERRORS = """<script>window.meshrunErrors = [];
 window.addEventListener("error", function (e) { window.meshrunErrors.push(String(e.message)); });

@@ -6,21 +6,20 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
+from functools import partial
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.meshrun_cli import REPO
+from tests.support.meshrun_cli import meshrun as run_meshrun
+
 pytestmark = pytest.mark.e2e
 GRID_1000 = ["model=tiny", "optim.lr=range(1,11)", "schedule.warmup_steps=range(0,10)",
              "training.seed=range(0,10)"]
 
 
-def meshrun(*args: str, stdin=subprocess.DEVNULL,
-            timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, stdin=stdin,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "200"})
+# every `meshrun` here but the one that answers: no stdin, 200 columns wide, up to 120 s
+meshrun = partial(run_meshrun, timeout=120, stdin=subprocess.DEVNULL, columns=200)
 
 
 def test_a_1000_point_dry_run_is_fast_and_never_imports_torch(tmp_path):
@@ -74,8 +73,7 @@ def test_without_an_answer_nothing_is_run(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Run 2 point(s) on this machine? [y/N]" in proc.stdout
     assert "nothing submitted (pass --yes" in proc.stdout
-    no = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, input="n\n",
-                        capture_output=True, text=True, timeout=120)
+    no = run_meshrun(*args, input="n\n", timeout=120)
     assert no.returncode == 1 and "[y/N]" in no.stdout
     assert not (tmp_path / "s").exists() and not (tmp_path / "runs").exists()
 

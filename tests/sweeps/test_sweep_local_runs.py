@@ -5,26 +5,21 @@ nor survives `meshrun sweep retry` once its cause is fixed."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.meshrun_cli import meshrun as run_meshrun
 from tests.support.wandb_reader import read_runs
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
-REPO = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "training.steps=6", "training.seq_len=32", "training.eval_every=3",
         "schedule.warmup_steps=1", "parallel=single", "checkpoint.every_steps=0"]
-
-
-def meshrun(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+# every `meshrun` here: no stdin, 200 columns wide, up to 600 s
+meshrun = partial(run_meshrun, timeout=600, stdin=subprocess.DEVNULL, columns=200)
 
 
 def sweep_status(sweep_dir: Path) -> dict:

@@ -5,8 +5,9 @@ recompute policy. Exactly: per block (3 layers minus 2) and in total (plus the l
 scalars).
 
 Measured as tests/unit/test_recompute.py does (storages created in forward and alive after
-it), with the trainer's loss (training/loss.py: `logits.float()` then cross entropy) and the
-autocast weight casts counted apart: they are the plan's weight copies (memory.py)."""
+it; tests/support/recompute_storages.py), with the trainer's loss (training/loss.py:
+`logits.float()` then cross entropy) and the autocast weight casts counted apart: they are the
+plan's weight copies (memory.py)."""
 from __future__ import annotations
 
 import gc
@@ -18,8 +19,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from parallel.cost.activations import ActivationDtypes, activation_bytes
 from parallel.cost.memory_static import autocast_copied_weights
-from tests.unit._specs import tiny_model_spec
-from tests.unit.test_recompute import BATCH, POLICIES, SEQ, _batch, _model, _NewStorages
+from tests.support.recompute_storages import (BATCH, POLICIES, SEQ, NewStorages, recompute_model,
+                                              token_batch)
+from tests.support.specs import tiny_model_spec
 from training.loss import token_cross_entropy_sum
 
 REGIMES = {
@@ -38,7 +40,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-class _Casts(_NewStorages):
+class _Casts(NewStorages):
     """Also records which new storages are casts of parameters (autocast's weight copies)."""
 
     def __init__(self):
@@ -81,8 +83,8 @@ def measure(model, batch: torch.Tensor, regime: str) -> tuple[int, int]:
 
 def _check(policy: str, regime: str) -> None:
     recompute, dtypes, tokens = POLICIES[policy], REGIMES[regime], BATCH * SEQ
-    batch = _batch()
-    measured = {n: measure(_model(recompute, n_layers=n), batch, regime) for n in (2, 3)}
+    batch = token_batch()
+    measured = {n: measure(recompute_model(recompute, n_layers=n), batch, regime) for n in (2, 3)}
     for n, (activations, copies) in measured.items():
         model = tiny_model_spec(n_layers=n)
         plan = activation_bytes(model, tokens=tokens, micro_batch=BATCH, recompute=recompute,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.meshrun_cli import start_meshrun
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_BAD_INPUT = 2
@@ -32,14 +33,9 @@ BAD_RUNS = {
 NARROW = "unknown-group-option"  # run at a plain 80-column terminal width; the rest run wide
 
 
-def _env(columns: int) -> dict[str, str]:
-    return {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": str(REPO)}
-
-
 def _start(args: list[str], columns: int = 1000) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli", *args], cwd=REPO,
-                            env=_env(columns), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return start_meshrun(*args, env={**os.environ, "PYTHONPATH": str(REPO)}, columns=columns,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")

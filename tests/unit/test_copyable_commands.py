@@ -14,7 +14,8 @@ import pytest
 
 from conf.run_dir.paths import RunDir
 from conf.search_path import ENV_VAR
-from tests.unit.test_user_configs import write_user_configs
+from tests.support.meshrun_cli import meshrun
+from tests.support.user_configs import write_user_configs
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -27,9 +28,8 @@ def test_the_printed_commands_run_when_pasted(tmp_path):
     env.update(COLUMNS="250", PYTHONPATH=os.pathsep.join([str(REPO), *sys.path[1:]]))
     overrides = ["+experiment=mine", "data=synthetic", "training.device=cpu",
                  "cluster.procs_per_node=1", "logging.progress=false", f"runs_dir={runs}"]
-    dry = subprocess.run([sys.executable, "-m", "launcher.cli", "run", "--dry-run",
-                          "--config-dir", str(user_dir), *overrides], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
+    dry = meshrun("run", "--dry-run", "--config-dir", str(user_dir), *overrides, env=env,
+                  timeout=120)
     assert dry.returncode == 0, dry.stderr
     assert not runs.exists()
     lines = dry.stdout.split("to run it")[1].splitlines()

@@ -5,10 +5,6 @@ here (no downloads)."""
 from __future__ import annotations
 
 import json
-import random
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,33 +17,19 @@ from conf.spec import HostSpec
 from launcher.data import token_shards
 from launcher.data.token_shards import PrepareOptions, prepare, token_dtype
 from launcher.data.hf_tokenizer import load_tokenizer, train_bpe
+from tests.support.meshrun_cli import meshrun
+from tests.support.text_corpora import write_corpus
 
 CPU = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=8)
-REPO = Path(__file__).resolve().parents[2]
-WORDS = ("the quick brown fox jumps over a lazy dog while gradients flow through every "
-         "shard of token data and the loss falls step by step").split()
 TEXTS = ["plain ascii text, with punctuation!", "  leading spaces\tand tabs\nnew lines\n",
          "unicode: é ü ß 漢字 🙂 — done", ""]
 OPTS = PrepareOptions(val_fraction=0.2, shard_tokens=3000)
 
 
-def _corpus(root: Path) -> Path:
-    rnd = random.Random(0)
-    folder = root / "corpus"
-    folder.mkdir()
-    for i in range(12):
-        (folder / f"doc{i:02d}.txt").write_text(" ".join(rnd.choices(WORDS, k=300)) + "\n")
-    with open(folder / "records.jsonl", "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"id": i, "body": " ".join(rnd.choices(WORDS, k=150)) + " 漢字 é"})
-                    + "\n")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("prep")
-    corpus = _corpus(root)
+    corpus = write_corpus(root)
     tok = train_bpe(sorted(corpus.glob("*.txt")), vocab_size=320, out_dir=root / "tok")
     return {"root": root, "corpus": corpus, "tok": tok}
 
@@ -114,15 +96,13 @@ def test_second_run_does_nothing(made):
 
 
 def test_cli_prepare_says_it_did_nothing_the_second_time(made, tmp_path):
-    cmd = [sys.executable, "-m", "launcher.cli", "data", "prepare", "--tokenizer",
-           str(made["tok"]), "--out", str(tmp_path / "p"), "--text-field", "body",
-           "--workers", "1", str(made["corpus"])]
-    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    second = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    args = ["data", "prepare", "--tokenizer", str(made["tok"]), "--out", str(tmp_path / "p"),
+            "--text-field", "body", "--workers", "1", str(made["corpus"])]
+    first = meshrun(*args, timeout=120)
+    second = meshrun(*args, timeout=120)
     assert first.returncode == 0 and ": prepared" in first.stdout, first.stderr
     assert second.returncode == 0 and "nothing to do" in second.stdout, second.stderr
-    bad = subprocess.run(cmd[:-1] + [str(tmp_path / "missing")], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    bad = meshrun(*args[:-1], str(tmp_path / "missing"), timeout=120)
     assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
 
 

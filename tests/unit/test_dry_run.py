@@ -15,6 +15,7 @@ from conf.resolve import resolve
 from conf.spec import HostSpec
 from parallel.cost.flops import FLOPS_CONVENTION
 from parallel.cost.plan import make_plan
+from tests.support.meshrun_cli import meshrun
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -33,8 +34,7 @@ def _env() -> dict[str, str]:
 def dry_run(tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("dry") / "runs"
     args = ["run", "--dry-run", *PINNED, *QUOTED, f"runs_dir={runs_dir}"]
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=60)
+    proc = meshrun(*args, env=_env(), timeout=60)
     return proc, runs_dir
 
 
@@ -89,8 +89,7 @@ def test_dry_run_says_when_a_run_does_not_fit_and_what_would(tmp_path):
     args = ["run", "--dry-run", "model=llama3_8b", "precision=bf16", "cluster=slurm",
             "cluster.nodes=1", "cluster.gpus_per_node=8", "cluster.gpu_name=H100",
             f"runs_dir={tmp_path}"]
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=60)
+    proc = meshrun(*args, env=_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "DOES NOT FIT" in _row(proc.stdout, "fits device")
     assert "Does not fit: what would (each re-planned)" in proc.stdout
@@ -144,8 +143,7 @@ def test_dry_run_shows_each_ranks_coordinates_groups_and_memory(tmp_path):
 
     args = ["run", "--dry-run", "training.device=cpu", "parallel=3d", "model=tiny",
             "cluster.procs_per_node=8", f"runs_dir={tmp_path}"]
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=60)
+    proc = meshrun(*args, env=_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "3d: pp 2 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2" in _row(proc.stdout, "layout")
     rows = {cells[0]: cells for cells in _table_rows(proc.stdout) if cells[0].isdigit()}

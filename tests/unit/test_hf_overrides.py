@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from conf.compose import compose_config
 from conf.errors import ConfigError
 from conf.hf_model_config import explicit_model_keys
 from conf.resolve import resolve
+from tests.support.meshrun_cli import meshrun
 from tests.support.specs import CPU_HOST
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,9 +46,8 @@ def test_conflicting_shape_override_exits_2_through_the_cli(hf_dir, tmp_path):
     runs_dir = tmp_path / "runs"
     args = ["run", "model=hf", f"model.path={hf_dir}", "model.n_layers=4", "model.dim=64",
             "data=synthetic", "training.device=cpu", "training.steps=1", f"runs_dir={runs_dir}"]
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "1000"},
-                          capture_output=True, timeout=120)
+    proc = meshrun(*args, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "1000"},
+                   timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "Invalid run config (1 problem)" in proc.stderr  # model.dim=64 agrees: not listed

@@ -13,7 +13,8 @@ import pytest
 from conf.compose import compose_config, config_yaml
 from conf.search_path import ENV_VAR
 from launcher.cli import main
-from tests.unit.test_user_configs import write_user_configs
+from tests.support.meshrun_cli import meshrun
+from tests.support.user_configs import write_user_configs
 
 REPO = Path(__file__).resolve().parents[2]
 GROUPS = ("model", "precision", "parallel", "recompute", "schedule", "optim", "data", "cluster",
@@ -84,8 +85,7 @@ def test_several_values_without_m_point_to_m(capsys):
 def test_bash_completion_offers_options_from_the_files(user_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path]),
            ENV_VAR: str(user_dir)}
-    script = subprocess.run([sys.executable, "-m", "launcher.cli", "completion", "bash"],
-                            cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
+    script = meshrun("completion", "bash", env=env, timeout=None, check=True).stdout
     (tmp_path / "c.sh").write_text(script)
 
     def complete(line: str) -> list[str]:

@@ -1,10 +1,13 @@
 """The packages stack one way (ARCHITECTURE.md): each arrow between our packages is in this
 table, and the torch-free modules never import torch. A new arrow fails here until the table
-(and the architecture page) say why it is allowed."""
+says it is allowed; the architecture page's import table is made from this one
+(`python -m tests.unit.test_import_layers` rewrites it) and a test here fails when they differ."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from tests.support.architecture_page import REGENERATE, import_table, marked_block, with_block
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("conf", "parallel", "training", "launcher", "sweeps")
@@ -91,3 +94,23 @@ def test_the_check_sees_a_wrong_arrow():
         assert "conf/_wrong_arrow_probe.py:2 imports training.model" in wrong_arrows()
     finally:
         bad.unlink()
+
+
+PAGE = REPO / "ARCHITECTURE.md"
+
+
+def page_table() -> str:
+    """The import table ARCHITECTURE.md must show: this file's table, rendered."""
+    return import_table(packages=PACKAGES, allowed=ALLOWED, torch_free=TORCH_FREE)
+
+
+def test_the_architecture_page_shows_this_table():
+    shown = marked_block(PAGE.read_text())
+    assert shown == page_table(), (
+        f"ARCHITECTURE.md's import table differs from ALLOWED / TORCH_FREE in "
+        f"tests/unit/test_import_layers.py: run `{REGENERATE}` to rewrite it")
+
+
+if __name__ == "__main__":  # rewrite the page's import table from the table above
+    PAGE.write_text(with_block(PAGE.read_text(), page_table()))
+    print(f"{PAGE.name}: import table rewritten from tests/unit/test_import_layers.py")

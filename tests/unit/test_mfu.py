@@ -10,7 +10,7 @@ import torch
 
 from parallel.cost.devices import PeakFlops
 from parallel.cost.flops import flops_per_token
-from tests.unit._specs import tiny_model_spec
+from tests.support.specs import tiny_model_spec
 from training import metrics
 from training.metrics import (cpu_peak_bound, measure_cpu_peak, mfu, mfu_fields,
                               time_matmul_flops)

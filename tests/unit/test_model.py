@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from tests.unit._specs import tiny_model_spec
+from tests.support.specs import tiny_model_spec
 from training.export import export_hf, hf_name
 from training.model import build_model, count_params
 

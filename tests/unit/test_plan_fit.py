@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from parallel.cost.devices import GIB
 from parallel.cost.fit import USABLE_FRACTION, memory_verdict
 from parallel.cost.plan import make_plan
+from tests.support.meshrun_cli import meshrun
 from tests.support.specs import cpu_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,9 +40,8 @@ def test_the_sweep_preview_uses_the_same_verdict():
 
 
 def _plan_json(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "plan", "--json", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = meshrun("plan", "--json", *args, timeout=120,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

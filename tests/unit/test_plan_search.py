@@ -1,4 +1,4 @@
-"""`meshrun plan --search` (parallel/cost/search*.py, launcher/plan_search.py): the candidates
+"""`meshrun plan --search` (parallel/cost/search*.py, launcher/plan/plan_search.py): the candidates
 are exactly the layouts resolve() accepts in the search's domain, each costed as `meshrun
 plan` costs it, ranked by predicted tokens/s; the sweep file it writes validates with its
 best point first; bad input exits 2; no torch."""

@@ -8,7 +8,7 @@ import pytest
 from launcher.data import token_shards
 from launcher.data.token_shards import PROGRESS, PrepareOptions, prepare
 from launcher.data.hf_tokenizer import train_bpe
-from tests.unit.test_data_prepare import _corpus
+from tests.support.text_corpora import write_corpus
 
 OPTS = PrepareOptions(text_field="body", val_fraction=0.2, shard_tokens=1500)
 
@@ -16,7 +16,7 @@ OPTS = PrepareOptions(text_field="body", val_fraction=0.2, shard_tokens=1500)
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    corpus = _corpus(root)
+    corpus = write_corpus(root)
     tok = train_bpe(sorted(corpus.glob("*.txt")), vocab_size=320, out_dir=root / "tok")
     return {"root": root, "corpus": corpus, "tok": tok}
 

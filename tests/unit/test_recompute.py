@@ -1,7 +1,7 @@
 """Activation recompute and offload: same numbers as no recompute, same names, the saved
 activation memory the plan's formula says, and composition with torch.compile and FSDP2.
 
-Saved-activation bytes are measured as the storages created during forward that are still alive
+Saved-activation bytes are measured (tests/support/recompute_storages.py) as the storages created during forward that are still alive
 when forward returns (everything backward will use), unique storages, bytes. `saved_tensors_hooks`
 alone cannot see what selective recompute keeps: checkpointing installs its own hooks inside each
 checkpointed region, and the ops policy caches op outputs outside autograd's saved tensors.
@@ -9,15 +9,10 @@ checkpointed region, and the ops policy caches op outputs outside autograd's sav
 from __future__ import annotations
 
 import copy
-import gc
 import itertools
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from conf.rules.split_rules import RECOMPUTE_TARGETS
 from conf.schema import RecomputeMode
@@ -28,35 +23,14 @@ from parallel.recompute import (
     block_targets,
     is_offloadable,
 )
-from tests.unit._specs import tiny_model_spec
+from tests.support.recompute_storages import (
+    BATCH, BYTES_FP32, POLICIES, SEQ, next_token_loss, recompute_model, saved_activation_bytes,
+    selective, token_batch,
+)
+from tests.support.specs import tiny_model_spec
 from training.model import build_model
 
 CPU = torch.device("cpu")
-BATCH, SEQ = 4, 64
-BYTES_FP32 = 4
-
-
-def _selective(*targets: str, every_n_layers: int = 1) -> RecomputeSpec:
-    return RecomputeSpec(mode=RecomputeMode.selective, targets=targets,
-                         every_n_layers=every_n_layers)
-
-
-POLICIES = {
-    "none": RecomputeSpec(mode=RecomputeMode.none),
-    "full": RecomputeSpec(mode=RecomputeMode.full),
-    "full_every2": RecomputeSpec(mode=RecomputeMode.full, every_n_layers=2),
-    "ops": _selective("ops"),
-    "ops_attention": _selective("ops", "attention"),
-    "swiglu": _selective("swiglu"),
-    "norm": _selective("norm"),
-    "attention": _selective("attention"),
-    "ffn": _selective("ffn"),
-    "block": _selective("block"),
-    "swiglu_norm_attention": _selective("swiglu", "norm", "attention"),
-    "swiglu_every2": _selective("swiglu", every_n_layers=2),
-    "offload": RecomputeSpec(mode=RecomputeMode.offload),
-    "offload_every2": RecomputeSpec(mode=RecomputeMode.offload, every_n_layers=2),
-}
 ALL_TARGET_SETS = [combo for n in range(1, len(RECOMPUTE_TARGETS) + 1)
                    for combo in itertools.combinations(RECOMPUTE_TARGETS, n)]
 
@@ -71,59 +45,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-class _NewStorages(TorchDispatchMode):
-    """Records (weak reference, bytes, device type) of every storage an op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.storages: dict[int, tuple[StorageWeakRef, int, str]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                storage = leaf.untyped_storage()
-                ref = StorageWeakRef(storage)
-                self.storages.setdefault(ref.cdata, (ref, storage.nbytes(), leaf.device.type))
-        return out
-
-
-def _batch(vocab: int = 256, device: torch.device = CPU) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(0)
-    return torch.randint(0, vocab, (BATCH, SEQ + 1), generator=generator).to(device)
-
-
-def _loss(model, batch: torch.Tensor) -> torch.Tensor:
-    logits = model(batch[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-
-
-def _model(recompute: RecomputeSpec, *, device: torch.device = CPU, **spec_overrides):
-    model = build_model(tiny_model_spec(**spec_overrides), device=device, seed=0)
-    apply_recompute(model, recompute=recompute)
-    return model
-
-
-def saved_activation_bytes(model, batch: torch.Tensor, *, device_type: str = "cpu") -> int:
-    """Bytes of storages on `device_type` created in forward and still alive for backward."""
-    existing = {StorageWeakRef(t.untyped_storage()).cdata
-                for t in [*model.parameters(), *model.buffers(), batch]}
-    recorder = _NewStorages()
-    gc.freeze()  # the collection below then scans only objects this forward created: fast
-    try:
-        with recorder:
-            loss = _loss(model, batch)
-        gc.collect()
-    finally:
-        gc.unfreeze()
-    alive = sum(nbytes for key, (ref, nbytes, device) in recorder.storages.items()
-                if key not in existing and not ref.expired() and device == device_type)
-    loss.backward()  # keep `loss` (and so the graph) alive until after counting
-    return alive
-
-
 def _loss_and_grads(model, batch):
-    loss = _loss(model, batch)
+    loss = next_token_loss(model, batch)
     loss.backward()
     return loss.detach(), {name: _full(p.grad) for name, p in model.named_parameters()}
 
@@ -142,16 +65,16 @@ def _assert_same(loss, grads, reference_loss, reference_grads):
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_recompute_gives_same_loss_and_gradients(policy, tied):
-    batch = _batch()
-    reference = _loss_and_grads(_model(POLICIES["none"], tie_embeddings=tied), batch)
-    _assert_same(*_loss_and_grads(_model(POLICIES[policy], tie_embeddings=tied), batch),
+    batch = token_batch()
+    reference = _loss_and_grads(recompute_model(POLICIES["none"], tie_embeddings=tied), batch)
+    _assert_same(*_loss_and_grads(recompute_model(POLICIES[policy], tie_embeddings=tied), batch),
                  *reference)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_recompute_keeps_names(policy):
-    reference = _model(POLICIES["none"])
-    model = _model(POLICIES[policy])
+    reference = recompute_model(POLICIES["none"])
+    model = recompute_model(POLICIES[policy])
     assert list(model.state_dict()) == list(reference.state_dict())
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in reference.named_parameters()]
     assert [n for n, _ in model.named_modules()] == [n for n, _ in reference.named_modules()]
@@ -165,19 +88,19 @@ def _class_names(model) -> dict[str, str]:
 
 def test_each_policy_swaps_the_classes_it_names():
     layers = dict(n_layers=3)
-    assert _class_names(_model(POLICIES["full_every2"], **layers)) == {
+    assert _class_names(recompute_model(POLICIES["full_every2"], **layers)) == {
         "layers.0": "RecomputeTransformerBlock", "layers.2": "RecomputeTransformerBlock"}
-    assert _class_names(_model(_selective("swiglu", "norm", "attention", "ffn"), n_layers=1)) == {
+    assert _class_names(recompute_model(selective("swiglu", "norm", "attention", "ffn"), n_layers=1)) == {
         "layers.0.attention_norm": "RecomputeRMSNorm", "layers.0.ffn_norm": "RecomputeRMSNorm",
         "layers.0.attention": "RecomputeCoreAttention",
         "layers.0.feed_forward": "RecomputeFeedForward"}  # ffn covers swiglu
-    assert _class_names(_model(_selective("swiglu"), n_layers=1)) == {
+    assert _class_names(recompute_model(selective("swiglu"), n_layers=1)) == {
         "layers.0.feed_forward": "RecomputeSwigluFeedForward"}
-    assert _class_names(_model(_selective("ops", "norm", "swiglu"), n_layers=1)) == {
+    assert _class_names(recompute_model(selective("ops", "norm", "swiglu"), n_layers=1)) == {
         "layers.0": "RecomputeTransformerBlock"}
-    assert _class_names(_model(_selective("block", "attention"), n_layers=1)) == {
+    assert _class_names(recompute_model(selective("block", "attention"), n_layers=1)) == {
         "layers.0": "RecomputeTransformerBlock"}
-    assert _class_names(_model(POLICIES["offload_every2"], **layers)) == {
+    assert _class_names(recompute_model(POLICIES["offload_every2"], **layers)) == {
         "layers.0": "OffloadTransformerBlock", "layers.2": "OffloadTransformerBlock"}
 
 
@@ -199,7 +122,7 @@ def test_block_targets_drop_what_another_target_covers():
 
 
 def test_mode_accepts_plain_strings_and_none_changes_nothing():
-    model = _model(POLICIES["none"])
+    model = recompute_model(POLICIES["none"])
     assert all(type(block).__name__ == "TransformerBlock" for block in model.layers.values())
     apply_recompute(model, recompute=RecomputeSpec(mode=RecomputeMode.selective))
     assert all(type(block).__name__ == "RecomputeTransformerBlock"
@@ -210,11 +133,11 @@ def test_mode_accepts_plain_strings_and_none_changes_nothing():
 
 @pytest.mark.parametrize("policy", ["ops", "swiglu_norm_attention", "offload"])
 def test_recomputed_model_survives_deepcopy(policy):
-    model = _model(POLICIES[policy])
+    model = recompute_model(POLICIES[policy])
     clone = copy.deepcopy(model)
-    batch = _batch()
-    torch.testing.assert_close(_loss(clone, batch), _loss(model, batch))
-    _loss(clone, batch).backward()
+    batch = token_batch()
+    torch.testing.assert_close(next_token_loss(clone, batch), next_token_loss(model, batch))
+    next_token_loss(clone, batch).backward()
     assert model.layers["0"].attention.wq.weight.grad is None  # the copy owns its parameters
 
 
@@ -225,11 +148,11 @@ def test_compiled_blocks_give_same_numbers_without_graph_breaks(policy):
     same Dynamo and AOTAutograd tracing as inductor, without a C++ compiler)."""
     from torch._dynamo.utils import counters
 
-    batch = _batch()
-    reference = _loss_and_grads(_model(POLICIES["none"]), batch)
+    batch = token_batch()
+    reference = _loss_and_grads(recompute_model(POLICIES["none"]), batch)
     torch._dynamo.reset()
     counters.clear()
-    model = _model(POLICIES[policy])
+    model = recompute_model(POLICIES[policy])
     for block in model.layers.values():
         block.compile(backend="aot_eager")
     _assert_same(*_loss_and_grads(model, batch), *reference)
@@ -243,10 +166,10 @@ def test_fsdp2_swaps_classes_again_on_top(one_rank_group):
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     mesh = init_device_mesh("cpu", (1,))
-    batch = _batch()
-    reference = _loss_and_grads(_model(POLICIES["none"]), batch)
+    batch = token_batch()
+    reference = _loss_and_grads(recompute_model(POLICIES["none"]), batch)
     for policy in ["full", "ops", "swiglu_norm_attention", "offload"]:
-        model = _model(POLICIES[policy])
+        model = recompute_model(POLICIES[policy])
         for block in model.layers.values():
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -255,8 +178,8 @@ def test_fsdp2_swaps_classes_again_on_top(one_rank_group):
 
 
 def test_saved_activation_bytes_order():
-    batch = _batch()
-    saved = {name: saved_activation_bytes(_model(policy), batch)
+    batch = token_batch()
+    saved = {name: saved_activation_bytes(recompute_model(policy), batch)
              for name, policy in POLICIES.items()}
     print("saved activation bytes:", saved)
     assert saved["full"] == saved["block"] < saved["ops"] < saved["none"]
@@ -268,7 +191,7 @@ def test_saved_activation_bytes_order():
 
 def _check_plan_estimate(recompute: RecomputeSpec, batch: torch.Tensor) -> None:
     tokens = BATCH * SEQ
-    measured = {n: saved_activation_bytes(_model(recompute, n_layers=n), batch) for n in (2, 3)}
+    measured = {n: saved_activation_bytes(recompute_model(recompute, n_layers=n), batch) for n in (2, 3)}
     per_layer = activation_elements_per_token_per_layer(tiny_model_spec(), recompute=recompute,
                                                         device_type="cpu")
     if recompute.applies_to(2):
@@ -286,20 +209,20 @@ def _check_plan_estimate(recompute: RecomputeSpec, batch: torch.Tensor) -> None:
 def test_saved_activation_bytes_match_the_plan_estimate(policy):
     """The plan's activation formula (parallel/cost/activations.py) against what forward keeps:
     per block exactly (3 layers minus 2), and in total within the few bytes of scalars."""
-    _check_plan_estimate(POLICIES[policy], _batch())
+    _check_plan_estimate(POLICIES[policy], token_batch())
 
 
 def test_plan_estimate_matches_every_combination_of_targets():
-    batch = _batch()
+    batch = token_batch()
     for targets in ALL_TARGET_SETS:
-        _check_plan_estimate(_selective(*targets), batch)
+        _check_plan_estimate(selective(*targets), batch)
 
 
 def test_offload_moves_every_saved_activation_and_no_parameter():
     """What offload's hooks would move off a GPU: every storage none keeps (so an offloaded
     block keeps nothing in GPU memory, as the plan says for device_type="cuda") and no
     parameter storage. On this CPU machine the hooks' decision is checked, not the copy."""
-    model, batch = _model(POLICIES["none"]), _batch()
+    model, batch = recompute_model(POLICIES["none"]), token_batch()
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     buffers = {b.untyped_storage().data_ptr() for b in [*model.buffers(), batch]}
     moved: dict[int, int] = {}
@@ -312,7 +235,7 @@ def test_offload_moves_every_saved_activation_and_no_parameter():
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = _loss(model, batch)
-    kept = saved_activation_bytes(_model(POLICIES["none"]), batch)
+        loss = next_token_loss(model, batch)
+    kept = saved_activation_bytes(recompute_model(POLICIES["none"]), batch)
     assert sum(moved.values()) + BYTES_FP32 == kept  # the loss itself is alive, not saved
     loss.backward()

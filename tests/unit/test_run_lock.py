@@ -15,6 +15,7 @@ import pytest
 
 from conf.errors import ConfigError
 from launcher.backends.run_lock import acquire_run_lock
+from tests.support.meshrun_cli import meshrun
 
 REPO = Path(__file__).resolve().parents[2]
 HOLDER = textwrap.dedent("""
@@ -76,9 +77,8 @@ def test_meshrun_resume_of_a_held_run_dir_exits_2_and_writes_nothing(tmp_path, h
     (tmp_path / "spec.json").write_text("{}")
     (tmp_path / "overrides.json").write_text("[]")
     before = sorted(p.name for p in tmp_path.iterdir())
-    result = subprocess.run([sys.executable, "-m", "launcher.cli", "resume", str(tmp_path)],
-                            cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = meshrun("resume", str(tmp_path), timeout=120,
+                     env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 2, result.stderr
     assert f"is in use by meshrun pid {holder.pid}" in result.stderr
     assert "Traceback" not in result.stderr

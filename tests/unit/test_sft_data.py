@@ -7,8 +7,6 @@ import itertools
 import json
 import math
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,20 +14,15 @@ import pytest
 import torch
 
 from conf.data_contract.prepared_corpus import MANIFEST
-from launcher.data.hf_tokenizer import load_tokenizer, train_bpe
+from launcher.data.hf_tokenizer import load_tokenizer
 from launcher.data.sft_pack import first_fit_decreasing, packing_efficiency
 from launcher.data.sft_prepare import SftOptions, encode_conversation, prepare_sft
 from launcher.data.sft_template import ChatTemplate, DEFAULT_CHAT_TEMPLATE, load_chat_template
+from tests.support.meshrun_cli import meshrun
+from tests.support.sft_shards import hand_loss, read_split
+from tests.support.text_corpora import TWO_TURNS, WORDS, trained_tokenizer
 from training.loss import IGNORE_INDEX
 
-REPO = Path(__file__).resolve().parents[2]
-WORDS = ("the quick brown fox jumps over a lazy dog while gradients flow through every "
-         "shard of token data and the loss falls step by step").split()
-TWO_TURNS = [{"role": "system", "content": "be brief"},
-             {"role": "user", "content": "what jumps over the dog"},
-             {"role": "assistant", "content": "the quick brown fox"},
-             {"role": "user", "content": "and then"},
-             {"role": "assistant", "content": "the loss falls"}]
 CHATML = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
           "{{ '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{% endif %}"
           "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] | trim "
@@ -40,14 +33,6 @@ CHATML = ("{% for message in messages %}{% if loop.first and message['role'] != 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
     return trained_tokenizer(tmp_path_factory.mktemp("sft_tok"))
-
-
-def trained_tokenizer(root: Path) -> Path:
-    """A 320-token BPE trained on WORDS and the default template's markers: its folder."""
-    rnd = random.Random(0)
-    corpus = root / "corpus.txt"
-    corpus.write_text(" ".join(rnd.choices(WORDS, k=4000)) + " <|user|> <|end|> <|assistant|>")
-    return train_bpe([corpus], vocab_size=320, out_dir=root / "tok").parent
 
 
 def _learned_spans(text: str, learned: list[str]) -> set[int]:
@@ -120,10 +105,8 @@ def test_eos_inside_conversations_is_counted_and_warned(tok_dir, tmp_path):
                                                               "chat_template": template}))
     chats = tmp_path / "c.jsonl"
     chats.write_text(json.dumps({"messages": TWO_TURNS}) + "\n")
-    cmd = [sys.executable, "-m", "launcher.cli", "data", "prepare-sft", "--tokenizer",
-           str(folder), "--seq-len", "255", "--val-fraction", "0", "--out",
-           str(tmp_path / "out"), str(chats)]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = meshrun("data", "prepare-sft", "--tokenizer", str(folder), "--seq-len", "255",
+                   "--val-fraction", "0", "--out", str(tmp_path / "out"), str(chats), timeout=120)
     assert done.returncode == 0, done.stderr
     m = json.loads((tmp_path / "out" / MANIFEST).read_text())
     assert m["eos_inside_conversations"] == len(TWO_TURNS)
@@ -213,16 +196,6 @@ def _chats(path: Path, n: int, *, seed: int, long_every: int = 0) -> Path:
     return path
 
 
-def _read_split(out: Path, manifest: dict, split: str):
-    shards = manifest["splits"][split]["shards"]
-    bin_tokens = manifest["bin_tokens"]
-    tokens = np.concatenate([np.fromfile(out / s["file"], dtype=manifest["dtype"])
-                             for s in shards]).reshape(-1, bin_tokens)
-    mask = np.concatenate([np.fromfile(out / s["mask_file"], dtype=np.uint8)
-                           for s in shards]).reshape(-1, bin_tokens)
-    return tokens.astype(np.int64), mask
-
-
 @pytest.mark.parametrize("too_long", ["drop", "truncate"])
 def test_prepare_sft_packs_counts_and_reports_efficiency(tok_dir, tmp_path, too_long):
     chats = _chats(tmp_path / "chats.jsonl", 120, seed=1, long_every=10)
@@ -239,7 +212,7 @@ def test_prepare_sft_packs_counts_and_reports_efficiency(tok_dir, tmp_path, too_
     eos, pad = m["tokenizer"]["eos_id"], m["pad_id"]
     for split in ("train", "val"):
         s = m["splits"][split]
-        tokens, mask = _read_split(out, m, split)
+        tokens, mask = read_split(out, m, split)
         assert len(tokens) == s["bins"] and len(s["shards"]) == math.ceil(s["bins"] / 7)
         real = int((tokens != pad).sum())
         assert real == s["real_tokens"] and int(mask.sum()) == s["learned_tokens"]
@@ -255,16 +228,16 @@ def test_prepare_sft_packs_counts_and_reports_efficiency(tok_dir, tmp_path, too_
 
 def test_cli_prints_packing_efficiency_and_refuses_bad_input(tok_dir, tmp_path):
     chats = _chats(tmp_path / "chats.jsonl", 40, seed=2)
-    cmd = [sys.executable, "-m", "launcher.cli", "data", "prepare-sft", "--tokenizer",
-           str(tok_dir), "--seq-len", "127", "--messages-field", "chat", "--val-fraction",
-           "0.1", "--out", str(tmp_path / "out"), str(chats)]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    args = ["data", "prepare-sft", "--tokenizer", str(tok_dir), "--seq-len", "127",
+            "--messages-field", "chat", "--val-fraction", "0.1", "--out", str(tmp_path / "out"),
+            str(chats)]
+    done = meshrun(*args, timeout=120)
     assert done.returncode == 0, done.stderr
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert f"packing efficiency (real tokens / bin capacity): {m['packing_efficiency']:.1%}" \
         in done.stdout
-    bad = subprocess.run(cmd[:-1] + [str(tmp_path / "chats.jsonl"), "--messages-field", "x"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    bad = meshrun(*args[:-1], str(tmp_path / "chats.jsonl"), "--messages-field", "x",
+                  timeout=120)
     assert bad.returncode == 2 and "no non-empty list field 'x'" in bad.stderr
     assert "Traceback" not in bad.stderr
 
@@ -307,7 +280,7 @@ def test_batches_are_whole_bins_with_targets_masked_and_shifted(tok_dir, tmp_pat
     for split in ("train", "val"):
         bins = PackedBins(str(out), split, seq_len=191, vocab_size=320)
         inputs, targets = bins.micro_batch(np.arange(bins.n_bins))
-        tokens, mask = _read_split(out, m, split)
+        tokens, mask = read_split(out, m, split)
         assert torch.equal(inputs, torch.from_numpy(tokens[:, :-1]))  # window == bin
         kept = targets != IGNORE_INDEX
         assert torch.equal(targets[kept], torch.from_numpy(tokens[:, 1:])[kept])
@@ -329,16 +302,6 @@ def test_resolve_checks_seq_len_against_the_bins(tok_dir, tmp_path):
                           "model.vocab_size=320", "training.seq_len=64"])
     with pytest.raises(ConfigError, match="training.seq_len=64.*set training.seq_len=191"):
         resolve(cfg, host=CPU_HOST, check_paths=True)
-
-
-def _hand_loss(model, out: Path, m: dict, bin_ids) -> torch.Tensor:
-    """Mean over the learned target tokens of -log p, from the shards read directly."""
-    tokens, mask = _read_split(out, m, "train")
-    tokens, mask = torch.from_numpy(tokens[bin_ids]), torch.from_numpy(mask[bin_ids])
-    logp = torch.log_softmax(model(tokens[:, :-1]).float(), dim=-1)
-    picked = logp.gather(-1, tokens[:, 1:, None])[..., 0]
-    learned = mask[:, 1:].bool()
-    return -(picked[learned]).sum() / learned.sum()
 
 
 def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_path):
@@ -371,7 +334,7 @@ def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_p
                             autocast=torch.autocast("cpu", enabled=False))
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    hand = _hand_loss(model, out, m, bin_ids)
+    hand = hand_loss(model, out, m, bin_ids)
     hand.backward()
     assert loss.global_tokens == sum(counts) and counts[0] != counts[1]
     assert float(loss.local_loss_sum) / loss.global_tokens == pytest.approx(
@@ -380,7 +343,7 @@ def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_p
         torch.testing.assert_close(grads[name], p.grad, atol=1e-6, rtol=1e-4, msg=name)
     # the test can tell a mean over tokens from a mean of the two micro-batches' means
     model.zero_grad()
-    (sum(_hand_loss(model, out, m, [b]) for b in bin_ids) / 2).backward()
+    (sum(hand_loss(model, out, m, [b]) for b in bin_ids) / 2).backward()
     gaps = [float((grads[n] - p.grad).abs().max() / (1e-6 + 1e-4 * p.grad.abs().max()))
             for n, p in model.named_parameters()]
     assert max(gaps) > 100, gaps

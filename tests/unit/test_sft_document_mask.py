@@ -19,7 +19,7 @@ from launcher.data.sft_prepare import SftOptions, encode_conversation, prepare_s
 from launcher.data.sft_template import load_chat_template
 from parallel.document_masking import document_ids_and_positions
 from tests.support.specs import cpu_spec
-from tests.unit.test_sft_data import TWO_TURNS, trained_tokenizer
+from tests.support.text_corpora import TWO_TURNS, trained_tokenizer
 from training.loss import IGNORE_INDEX
 
 RTOL, ATOL = 1e-5, 1e-6

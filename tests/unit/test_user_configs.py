@@ -5,7 +5,6 @@ for one run and for a sweep's points alike."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,32 +16,9 @@ from conf.run_dir.paths import ENV_FILE
 from conf.search_path import ENV_VAR, config_dirs, group_options
 from conf.spec import HostSpec
 from launcher.cli import main
+from tests.support.user_configs import write_user_configs
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def write_user_configs(root: Path) -> Path:
-    """A user config dir: a model built on the shipped `tiny`, and an experiment using it."""
-    (root / "model").mkdir(parents=True)
-    (root / "experiment").mkdir()
-    (root / "model" / "my1b.yaml").write_text(textwrap.dedent("""\
-        defaults:
-          - tiny
-          - _self_
-        name: my1b
-        n_layers: 3
-        """))
-    (root / "experiment" / "mine.yaml").write_text(textwrap.dedent("""\
-        # @package _global_
-        defaults:
-          - override /model: my1b
-        name: mine
-        training:
-          steps: 2
-          seq_len: 32
-          micro_batch_size: 2
-        """))
-    return root
 
 
 @pytest.fixture

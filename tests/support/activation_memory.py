@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 from conf.spec import RunSpec
 from conf.run_dir.spec_io import spec_from_dict
-from tests.distributed.peak_memory import LiveBytes, state_tensors, warm_optimizers
+from tests.support.peak_memory import LiveBytes, state_tensors, warm_optimizers
 
 CPU = torch.device("cpu")
 PEAK_SLACK = 0.01
@@ -136,7 +136,7 @@ def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
     from training.data.build import build_train_batches
     from training.parallel_model import build_parallel_model
     from training.step import document_inputs
-    from tests.distributed.pipeline_memory import pipeline_rows
+    from tests.support.pipeline_memory import pipeline_rows
 
     rows = []
     for spec_dict in spec_dicts:

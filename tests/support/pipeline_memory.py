@@ -19,8 +19,8 @@ import gc
 
 import torch
 
-from tests.distributed.activation_memory import DEBUG, _Storages, _key, _live_bytes, _weights
-from tests.distributed.peak_memory import LiveBytes, state_tensors, warm_optimizers
+from tests.support.activation_memory import DEBUG, _Storages, _key, _live_bytes, _weights
+from tests.support.peak_memory import LiveBytes, state_tensors, warm_optimizers
 
 CPU = torch.device("cpu")
 

@@ -20,6 +20,15 @@ ATOL, RTOL = 5e-6, 1e-4
 CPU = torch.device("cpu")
 
 
+def reference_batches(spec: RunSpec):
+    """The whole global batch as one micro-batch of one process."""
+    from training.data.build import build_train_batches
+
+    t = dataclasses.replace(spec.training, micro_batch_size=spec.training.global_batch_size,
+                            grad_accum_steps=1)
+    return build_train_batches(spec.data, t, dp_rank=0, dp_size=1).next_step()
+
+
 def local_bytes(tensors) -> int:
     """Bytes this rank holds for `tensors` (a DTensor's local shard only)."""
     total = 0
