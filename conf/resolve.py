@@ -16,6 +16,7 @@ from conf import name_rules, rules
 from conf.compile_rules import check_compile
 from conf.document_rules import resolve_document_eos
 from conf.errors import ProblemList
+from conf.family_rules import check_model_family
 from conf.hf_model_config import (apply_explicit, check_hf_load_from, is_hf_model_dir,
                                   read_hf_model_config)
 from conf.split_rules import check_model_split, check_recompute
@@ -52,6 +53,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
                                 nodes=cfg.cluster.nodes, problems=problems)
     training = _resolve_training(cfg, device, parallel.dp, problems)
     rules.check_model(model, problems)
+    check_model_family(model, problems)
     rules.check_training(training, model, problems)
     rules.check_schedule(cfg.schedule, training.steps, problems)
     rules.check_optim(cfg.optim, problems)

@@ -92,7 +92,7 @@ class Llama3RopeScaling:
 
 @frozen_from(ModelConfig, defaults=("attention_bias", "rope_scaling", "rope_scaling_factor",
                                     "rope_low_freq_factor", "rope_high_freq_factor",
-                                    "rope_original_max_seq_len", "path"))
+                                    "rope_original_max_seq_len", "path", "family"))
 class ModelSpec:
     n_kv_heads: int
     """Resolved: never -1 (n_heads when the config said -1)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from conf.parallel_rules import SPLIT_BACKWARD_SCHEDULES
-from conf.schema import RecomputeMode
+from conf.schema import RecomputeMode, RecomputeTarget
 from conf.spec import ModelSpec, RecomputeSpec, RunSpec
 from parallel.cost.activations import (
     DTYPE_BYTES,
@@ -35,7 +35,7 @@ from parallel.cost.activations import (
     stage_output_bytes_per_token,
 )
 from parallel.cost.params import (
-    EMBEDDING,
+    embedding_param,
     fsdp_local_numel,
     held_layers,
     held_parameters,
@@ -45,6 +45,8 @@ from parallel.cost.params import (
 )
 from parallel.cost.peak import step_peak_bytes
 from parallel.dims import ParallelDims, zero1_owners
+from training.models import family_of
+from training.models.family import block_index
 
 PARAM_BYTES = 4
 STEP_BYTES = 4
@@ -78,7 +80,8 @@ def static_bytes(spec: RunSpec, rank: int) -> StaticBytes:
 
 
 def _tp_local_shapes(spec: RunSpec, pp_rank: int, tp: int) -> list[tuple[int, ...]]:
-    return [tp_local_shape(n, s, tp) for n, s in held_parameters(spec, pp_rank)]
+    family = spec.model.family
+    return [tp_local_shape(n, s, tp, family) for n, s in held_parameters(spec, pp_rank)]
 
 
 @lru_cache(maxsize=64)
@@ -97,17 +100,18 @@ def weight_copy_bytes(spec: RunSpec, rank: int) -> int:
     dims = ParallelDims.from_spec(spec.parallel)
     compute = DTYPE_BYTES[spec.precision.compute_dtype.value]
     held = held_parameters(spec, dims.coordinates(rank)["pp"])
-    local = {name: numel(tp_local_shape(name, shape, dims.tp)) for name, shape in held}
+    local = {name: numel(tp_local_shape(name, shape, dims.tp, spec.model.family))
+             for name, shape in held}
     if dims.uses_fsdp:
         if dims.zero == 2 or dims.pp > 1 and spec.parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES:
             return compute * sum(local.values())
         blocks: dict[str, int] = {}
         for name, size in local.items():
-            if name.startswith("layers."):
-                blocks[name.split(".")[1]] = blocks.get(name.split(".")[1], 0) + size
+            if block_index(name) is not None:
+                blocks[block_index(name)] = blocks.get(block_index(name), 0) + size
         head_unit = sum(size for name, size in local.items()
-                        if not name.startswith("layers.")
-                        and (name != EMBEDDING or spec.model.tie_embeddings))
+                        if block_index(name) is None
+                        and (name != embedding_param(spec.model) or spec.model.tie_embeddings))
         return compute * (head_unit + max(blocks.values(), default=0))
     if compute >= PARAM_BYTES:
         return 0  # fp32 compute: autocast casts nothing
@@ -137,17 +141,18 @@ def autocast_keeps_copy(name: str, shape: tuple[int, ...], model: ModelSpec,
     run in row blocks (`loss_chunks` > 1) takes its gradients in forward and saves nothing."""
     if len(shape) != 2:
         return False
-    if not name.startswith("layers."):
-        return loss_chunks == 1 and (name != EMBEDDING or model.tie_embeddings)
-    policy = recompute if recompute.applies_to(int(name.split(".")[1])) else None
+    if block_index(name) is None:
+        return loss_chunks == 1 and (name != embedding_param(model) or model.tie_embeddings)
+    policy = recompute if recompute.applies_to(block_index(name)) else None
     if policy is None or policy.mode is RecomputeMode.none:
         return True
     if policy.mode is RecomputeMode.offload:
         return device_type == "cpu"
     targets = selective_targets(policy)
-    if policy.mode is RecomputeMode.full or {"block", "ops"} & targets:
+    if policy.mode is RecomputeMode.full or {RecomputeTarget.block, RecomputeTarget.ops} & targets:
         return False
-    return not ("ffn" in targets and ".feed_forward." in name)
+    return not (RecomputeTarget.ffn in targets
+                and family_of(model).in_recomputed_submodule(RecomputeTarget.ffn, name))
 
 
 def autocast_copied_weights(model: ModelSpec, recompute: RecomputeSpec, *,

@@ -28,6 +28,7 @@ from conf.schema import RecomputeMode
 from conf.spec import ModelSpec, RecomputeSpec, RunSpec
 from parallel.cost.activations import DTYPE_BYTES, activation_bytes, pipeline_in_flight
 from parallel.cost.params import fsdp_local_numel, held_layers, parameter_shapes, tp_local_shape
+from training.models.family import block_index
 from parallel.cost.step_terms import (
     GRAD_BYTES,
     activation_kwargs,
@@ -62,8 +63,9 @@ def block_numel(spec: RunSpec, rank: int, *, sharded: bool) -> int:
 
 @lru_cache(maxsize=256)
 def _block_numel(model: ModelSpec, *, tp: int, shards: int, index: int) -> int:
-    return sum(fsdp_local_numel(tp_local_shape(name, shape, tp), shards=shards, index=index)
-               for name, shape in parameter_shapes(model) if name.startswith("layers.0."))
+    return sum(fsdp_local_numel(tp_local_shape(name, shape, tp, model.family), shards=shards,
+                                index=index)
+               for name, shape in parameter_shapes(model) if block_index(name) == 0)
 
 
 def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:

@@ -32,12 +32,14 @@ from parallel.cost.memory import (
     zero1_shares,
 )
 from parallel.cost.params import (
-    EMBEDDING, fsdp_local_numel, held_layers, held_parameters, numel, parameter_shapes, tp_local_shape,
+    embedding_param, fsdp_local_numel, held_layers, held_parameters, numel, parameter_shapes,
+    tp_local_shape,
 )
 from parallel.cost.peak import PhaseTerms, phase_terms
 from parallel.cost.step_terms import rope_table_bytes
 from parallel.cost.search_space import Candidate
 from parallel.dims import ParallelDims
+from training.models.family import block_index, block_param, block_path
 
 NO_RECOMPUTE = RecomputeSpec(mode=RecomputeMode.none)
 """What the blocks a policy does not cover keep (as activations.activation_bytes has it)."""
@@ -59,9 +61,9 @@ class MemoryTable:
         self.compute = DTYPE_BYTES[base.precision.compute_dtype.value]
         self.moment = 2 if base.precision.optimizer_state_dtype.value == "bf16" else 4
         self.device = base.training.device
-        self.block = tuple((name.split(".", 2)[2], shape)
+        self.block = tuple((block_path(name), shape)
                            for name, shape in parameter_shapes(self.model)
-                           if name.startswith("layers.0."))
+                           if block_index(name) == 0)
         """One block's tensors: (name inside the block, shape)."""
         self._cache: dict[tuple, object] = {}
         self._last: tuple = (None, None)
@@ -163,14 +165,16 @@ class MemoryTable:
             self._cache[key] = _Holding(
                 layers=tuple(held_layers(spec, pp_rank)),
                 root=tuple((n, s) for n, s in held_parameters(spec, pp_rank)
-                           if not n.startswith("layers.")))
+                           if block_index(n) is None))
         return self._cache[key]
 
     def _local(self, p: ParallelSpec, pp_rank: int) -> tuple[list, list]:
         """(root, one block): (name, full shape, tp-local shape) of each tensor."""
         held = self._holding(p, pp_rank)
-        return ([(n, s, tp_local_shape(n, s, p.tp)) for n, s in held.root],
-                [(n, s, tp_local_shape(f"layers.0.{n}", s, p.tp)) for n, s in self.block])
+        family = self.model.family
+        return ([(n, s, tp_local_shape(n, s, p.tp, family)) for n, s in held.root],
+                [(n, s, tp_local_shape(block_param(0, n), s, p.tp, family))
+                 for n, s in self.block])
 
     def _statics(self, p: ParallelSpec) -> tuple[tuple[int, int, int], ...]:
         """(pp rank, parameter bytes, optimizer bytes) of each representative rank
@@ -197,7 +201,8 @@ class MemoryTable:
         """ZeRO-1: one rank per distinct owner share, the first shard with it (the owners
         depend on the tensors' order: the rank's tensors are listed as memory.py lists them)."""
         spec = replace(self.base, parallel=p)
-        sizes = tuple(numel(tp_local_shape(n, s, p.tp)) for n, s in held_parameters(spec, pp_rank))
+        sizes = tuple(numel(tp_local_shape(n, s, p.tp, self.model.family))
+                      for n, s in held_parameters(spec, pp_rank))
         params = PARAM_BYTES * sum(sizes)
         first: dict[tuple[int, int], None] = {}
         for share in zero1_shares(sizes, p.dp_shard):
@@ -218,7 +223,7 @@ class MemoryTable:
                 root_size = sum(numel(local) for _, _, local in root)
                 return self.compute * (root_size + len(layers) * block_size)
             head_unit = sum(numel(local) for name, _, local in root
-                            if name != EMBEDDING or self.model.tie_embeddings)
+                            if name != embedding_param(self.model) or self.model.tie_embeddings)
             return self.compute * (head_unit + min(1, len(layers)) * block_size)
         if self.compute >= PARAM_BYTES:
             return 0
@@ -231,7 +236,7 @@ class MemoryTable:
             same = [layer for layer in layers if recompute.applies_to(layer) is covered]
             if same:
                 total += len(same) * sum(numel(local) for name, shape, local in block
-                                         if keeps(f"layers.{same[0]}.{name}", shape))
+                                         if keeps(block_param(same[0], name), shape))
         return self.compute * total
 
     def _activations(self, p: ParallelSpec, micro_batch_size: int,

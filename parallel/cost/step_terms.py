@@ -111,7 +111,8 @@ def _adamw_peak(model: ModelSpec, held: tuple, *, tp: int, shards: int, index: i
                 owners: tuple[int, int], foreach: bool) -> int:
     """`owners`: (ZeRO-1 owners, this rank's index): the rank steps only what it owns
     (parallel.dims.zero1_owners over the held tensors' tp-local sizes, as memory.py)."""
-    sizes = [(len(shape), fsdp_local_numel(tp_local_shape(name, shape, tp), shards=shards,
+    sizes = [(len(shape), fsdp_local_numel(tp_local_shape(name, shape, tp, model.family),
+                                           shards=shards,
                                            index=index)) for name, shape in held]
     n, mine = owners
     owner = zero1_owners([size for _, size in sizes], n)
