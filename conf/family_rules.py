@@ -1,13 +1,17 @@
-"""The model family rule: `model.family` names a family, and that family computes the knobs."""
+"""The model family rules: `model.family` names a family, and that family computes the model
+knobs and has the submodules each recompute target names."""
 from __future__ import annotations
 
 from conf.errors import ProblemList
+from conf.schema import RecomputeConfig, RecomputeMode, RecomputeTarget
 from conf.spec import ModelSpec
 from training.models import UnknownFamily, family_of, known_families
 
 
-def check_model_family(model: ModelSpec, problems: ProblemList) -> None:
-    """An unknown family is one problem; a known one adds a problem for each knob it refuses."""
+def check_model_family(model: ModelSpec, recompute: RecomputeConfig,
+                       problems: ProblemList) -> None:
+    """An unknown family is one problem; a known one adds a problem for each knob it refuses
+    and for selective recompute targets it has no submodules for (ops needs none)."""
     try:
         family = family_of(model)
     except UnknownFamily:
@@ -16,3 +20,11 @@ def check_model_family(model: ModelSpec, problems: ProblemList) -> None:
                      f"that defines FAMILY (training/models/__init__.py)")
         return
     family.check(model, problems)
+    if recompute.mode is not RecomputeMode.selective:
+        return
+    known = {RecomputeTarget.ops, *family.recompute}
+    missing = [t for t in recompute.targets if t in tuple(RecomputeTarget) and t not in known]
+    if missing:
+        problems.add("recompute.targets", list(recompute.targets),
+                     f"model.family={model.family} has nothing to re-run for "
+                     f"{', '.join(missing)}", f"choose from {', '.join(sorted(known))}")

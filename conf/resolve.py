@@ -53,7 +53,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
                                 nodes=cfg.cluster.nodes, problems=problems)
     training = _resolve_training(cfg, device, parallel.dp, problems)
     rules.check_model(model, problems)
-    check_model_family(model, problems)
+    check_model_family(model, cfg.recompute, problems)
     rules.check_training(training, model, problems)
     rules.check_schedule(cfg.schedule, training.steps, problems)
     rules.check_optim(cfg.optim, problems)

@@ -5,8 +5,8 @@ then each rank allocates its parts and reads, for every parameter it holds, only
 of the matching Hugging Face tensor (`safe_open(...).get_slice`): a pipeline stage reads only
 its blocks, an FSDP or TP shard only its rows or columns. No rank ever holds the whole model.
 Names map through the model family's one table (`ModelFamily.hf_names`, via training/export.py),
-read here in reverse to refuse tensors the model would ignore. One file (`model.safetensors`) or shards listed by
-`model.safetensors.index.json`. The folder's config.json was checked by resolve()
+read here in reverse to refuse tensors the model would ignore. One file (`model.safetensors`)
+or shards listed by `model.safetensors.index.json`. The folder's config.json was checked by resolve()
 (conf/hf_model_config.py).
 """
 from __future__ import annotations

@@ -46,7 +46,8 @@ def hf_layout_rank(*, rank: int, world_size: int, spec_dicts: list[dict],
             for name, param in unwrap(part).named_parameters():
                 local = param.to_local() if isinstance(param, DTensor) else param
                 whole = param.full_tensor() if isinstance(param, DTensor) else param
-                assert torch.equal(whole.detach(), hf[hf_name(name, family)]), (spec.parallel.name, name)
+                assert torch.equal(whole.detach(), hf[hf_name(name, family)]), \
+                    (spec.parallel.name, name)
                 held.append(name)
                 shapes[name] = tuple(local.shape)
                 sharded += local.numel() < param.numel()
