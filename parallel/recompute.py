@@ -155,9 +155,9 @@ class _SelectiveNotAttentionForward(_Swapped):
 
 @functools.cache
 def _checkpoint_method(method: str) -> type:
-    """A mixin running `method` (a part of a module's forward the family names, such as
-    Llama's `FeedForward.swiglu` or `Attention.core_attention`) under checkpoint: keeps the
-    method's inputs, re-runs it in backward. Named Recompute<first word of the method>."""
+    """A mixin running `method` (a part of a module's forward the family names, such as an
+    MLP's activation product or the attention core) under checkpoint: keeps the method's
+    inputs, re-runs it in backward. Named Recompute<first word of the method>."""
 
     def checkpointed(self, *args, **kwargs):
         original = getattr(super(mixin, self), method)

@@ -33,7 +33,8 @@ def activation_kwargs(spec: RunSpec, rank: int) -> dict:
 
 
 ROPE_TABLES = 3
-"""training/model.py registers cos, sin and signed sin, [max_seq_len, head_dim] fp32 each."""
+"""The Llama module (training/models/llama/model.py) registers cos, sin and signed sin,
+[max_seq_len, head_dim] fp32 each."""
 
 
 def resident_bytes(spec: RunSpec, rank: int) -> int:

@@ -121,3 +121,22 @@ def test_the_family_facts_import_no_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("overrides", [("model=tiny",), ("model=qwen2_5_0_5b",),
+                                       ("model=llama3_1b",)])
+def test_llama_config_json_reads_back_as_the_knobs_it_was_written_from(overrides):
+    """The family's config.json write and read are one pair: every knob survives the trip."""
+    from conf.hf_model_config import SHAPE_KNOBS, USER_WINS
+
+    spec = cpu_spec(*overrides, "cluster.procs_per_node=1")
+    family = family_of(spec.model)
+    knobs, refusals = family.read_hf_config(family.write_hf_config(spec.model, "bfloat16"))
+    assert refusals == []
+    rope = ("rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+            "rope_original_max_seq_len")  # read only when the frequencies are scaled
+    expected = {*SHAPE_KNOBS, *USER_WINS} - {"family"} - (
+        set() if spec.model.llama3_rope else set(rope))
+    assert set(knobs) == expected
+    for name in expected:
+        assert knobs[name] == getattr(spec.model, name), name

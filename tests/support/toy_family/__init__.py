@@ -47,7 +47,7 @@ def check(model, problems) -> None:
     """The knobs this family does not compute (grouped-query attention, Qwen2 biases, RoPE)."""
     if model.n_kv_heads != model.n_heads:
         problems.add("model.n_kv_heads", model.n_kv_heads, "the toy family has one fused q/k/v "
-                     "projection: as many kv heads as heads", f"set model.n_kv_heads=-1")
+                     "projection: as many kv heads as heads", "set model.n_kv_heads=-1")
     if model.attention_bias:
         problems.add("model.attention_bias", True, "is Qwen2's knob (the toy family always has "
                      "biases)", "leave model.attention_bias=false")
