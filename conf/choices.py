@@ -27,6 +27,18 @@ class RecomputeMode(StrEnum):
     offload = "offload"
 
 
+class RecomputeTarget(StrEnum):
+    """What recompute.mode=selective re-runs in backward (`recompute.targets`): the one list
+    the rules (conf/rules/split_rules.py), the pass (parallel/recompute.py) and the cost model
+    (parallel/cost/activations.py) read; each model family maps a target to its submodules."""
+    ops = "ops"
+    swiglu = "swiglu"
+    norm = "norm"
+    attention = "attention"
+    ffn = "ffn"
+    block = "block"
+
+
 class ScheduleKind(StrEnum):
     constant = "constant"
     linear = "linear"

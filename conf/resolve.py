@@ -17,6 +17,7 @@ from pathlib import Path
 
 from conf.degrees import DEGREES
 from conf.errors import ProblemList
+from conf.rules.family_rules import check_model_family
 from conf.hf_model_config import (apply_explicit, check_hf_load_from, is_hf_model_dir,
                                   read_hf_model_config)
 from conf.rules import name_rules
@@ -62,6 +63,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
                                 nodes=cfg.cluster.nodes, problems=problems)
     training = _resolve_training(cfg, device, parallel.dp, problems)
     check_model(model, problems)
+    check_model_family(model, cfg.recompute, problems)
     check_training(training, model, problems)
     check_schedule(cfg.schedule, training.steps, problems)
     check_optim(cfg.optim, problems)

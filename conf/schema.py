@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from conf.choices import (  # noqa: F401 -- re-exported: the schema's field types
     ClusterKind, CompileBackend, DataKind, DecayShape, DeviceKind, DType, NonFinite, Precision,
-    RecomputeMode, RopeScaling, ScheduleKind, WandbMode,
+    RecomputeMode, RecomputeTarget, RopeScaling, ScheduleKind, WandbMode,
 )
 
 
@@ -22,6 +22,9 @@ from conf.choices import (  # noqa: F401 -- re-exported: the schema's field type
 class ModelConfig:
     name: str = "debug"
     """Name of the model shape (the `model` group option)."""
+    family: str = "llama"
+    """Model family (architecture): llama (Llama 3, and Qwen2 with attention_bias), or the
+    import path of a family module (training/models/__init__.py says what a family is)."""
     n_layers: int = 4
     """Number of transformer blocks."""
     dim: int = 128

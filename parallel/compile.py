@@ -16,13 +16,16 @@ import torch
 from torch import nn
 
 from conf.schema import CompileBackend
+from training.models import family_of
+from training.models.family import BLOCKS
 
 
 def apply_compile(model: nn.Module, *, backend: CompileBackend) -> None:
     """Compile every block of `model.layers` (a whole model or a pipeline stage)."""
-    if getattr(model, "tok_embeddings", None) is not None:
-        model.tok_embeddings.register_forward_hook(_settle_async_output)
-    for block in model.layers.values():
+    embedding = getattr(model, family_of(model.spec).embedding, None)
+    if embedding is not None:
+        embedding.register_forward_hook(_settle_async_output)
+    for block in getattr(model, BLOCKS).values():
         block.compile(backend=str(backend))
 
 

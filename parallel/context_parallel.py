@@ -25,6 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from parallel.document_masking import document_mask, masked_attention
+from training.models import family_of
+from training.models.family import BLOCKS
 
 
 def shard_positions(*, seq_len: int, cp: int, cp_rank: int, balanced: bool) -> list[int]:
@@ -160,5 +162,7 @@ def apply_context_parallel(model: torch.nn.Module, *, group, positions: torch.Te
     model.rope_positions = positions
     model.document_mask = functools.partial(context_document_mask, group=group,
                                             positions=positions)
-    for block in model.layers.values():
-        block.attention.context = ContextParallelAttention(group=group, positions=positions)
+    attention = family_of(model.spec).attention
+    for block in getattr(model, BLOCKS).values():
+        block.get_submodule(attention).context = ContextParallelAttention(group=group,
+                                                                         positions=positions)

@@ -5,17 +5,17 @@ them gathered from forward to backward (no second all-gather, more memory); both
 gradients (reduce-scatter) and optimizer state. With dp_replicate > 1 the mesh is 2-D
 (replicate, shard): HSDP, shards within a group and all-reduce across the groups.
 
-The units, as torchtitan draws them (one all-gather and one reduce-scatter each):
-- the token embedding alone, re-sharded after forward like the blocks (zero=3): it is not
-  needed again until the very end of backward;
+The units, as torchtitan draws them (one all-gather and one reduce-scatter each), named by the
+model family (`FsdpUnits`, training/models/):
+- the `resharded` edge modules (Llama: the token embedding), each alone, re-sharded after
+  forward like the blocks (zero=3): not needed again until the very end of backward;
 - each block;
-- the final norm with the head, never re-sharded after forward: backward starts with them, so
-  a re-shard would be gathered again at once; their gradients are reduce-scattered as soon as
-  the head's backward ends, overlapping the blocks' backward (in one root unit with the
+- the `gathered` unit (Llama: the final norm with the head; tied embeddings: the embedding and
+  final norm, one shared weight), never re-sharded after forward: backward starts with them,
+  so a re-shard would be gathered again at once; their gradients are reduce-scattered as soon
+  as the head's backward ends, overlapping the blocks' backward (in one root unit with the
   embedding they would wait for the embedding's backward, the last thing to run);
-- tied embeddings: the embedding, final norm and head are one unit (one shared weight), never
-  re-sharded after forward;
-- the root (the model or pipeline stage) with whatever is left (no parameters in this model).
+- the root (the model or pipeline stage) with whatever is left (no parameters in Llama).
 A pipeline stage holds only its own parts (the embedding on the first, norm and head on the
 last); the units that are absent are skipped.
 """
@@ -26,6 +26,9 @@ import dataclasses
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from training.models import family_of
+from training.models.family import BLOCKS
 
 
 def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, zero: int,
@@ -44,22 +47,22 @@ def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, zero: int,
         fully_shard(modules, mesh=mesh, mp_policy=mp_policy,
                     reshard_after_forward=reshard_after_forward)
 
-    embedding, head_unit = _edge_units(model)
-    if embedding is not None:
-        shard(embedding, reshard_after_forward=reshard)
-    for block in model.layers.values():
+    resharded, gathered = _edge_units(model)
+    for module in resharded:
+        shard(module, reshard_after_forward=reshard)
+    for block in getattr(model, BLOCKS).values():
         shard(block, reshard_after_forward=reshard)
-    if head_unit:
-        shard(head_unit, reshard_after_forward=False)
+    if gathered:
+        shard(gathered, reshard_after_forward=False)
     shard(model, reshard_after_forward=reshard)
 
 
-def _edge_units(model: nn.Module) -> tuple[nn.Module | None, list[nn.Module]]:
-    """(the embedding's own unit or None, the modules of the never-resharded head unit)."""
-    embedding = getattr(model, "tok_embeddings", None)
-    norm = getattr(model, "norm", None)
-    output = getattr(model, "output", None)
-    tied = model.spec.tie_embeddings
-    if tied:
-        return None, [m for m in (embedding, norm) if m is not None]
-    return embedding, [m for m in (norm, output) if m is not None]
+def _edge_units(model: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
+    """(the edge modules sharded alone, the modules of the never-resharded unit) this model or
+    stage holds."""
+    units = family_of(model.spec).fsdp_units(tied=model.spec.tie_embeddings)
+
+    def held(names: tuple[str, ...]) -> list[nn.Module]:
+        return [m for m in (getattr(model, name, None) for name in names) if m is not None]
+
+    return held(units.resharded), held(units.gathered)

@@ -1,8 +1,9 @@
 """Pipeline parallelism: split the model into stages, build torch's schedule, run one step.
 
-A stage is a pruned deep copy of the whole `Transformer`: it keeps only its blocks in `layers`
-(keys unchanged, so state-dict names equal the full model's), `tok_embeddings` only on the first
-stage and `norm`/`output` only on the last. There are `ParallelSpec.n_stages` stages; in the loop
+A stage is a pruned deep copy of the whole model: it keeps only its blocks (keys unchanged, so
+state-dict names equal the full model's), the model family's `first_stage` modules (the
+embedding) only on the first stage and its `last_stage` ones (final norm, head) only on the
+last. There are `ParallelSpec.n_stages` stages; in the loop
 layout every supported schedule uses, pp rank r owns stages r, r + pp, r + 2 pp, ...
 
 Schedules are torch.distributed.pipelining's, built with `scale_grads=False`: the loss of each
@@ -29,6 +30,8 @@ from conf.rules.parallel_rules import SPLIT_BACKWARD_SCHEDULES
 from conf.rules.split_rules import stage_split
 from conf.spec import ParallelSpec
 from parallel.dims import pipeline_stage_ids
+from training.models import family_of
+from training.models.family import BLOCKS
 
 SCHEDULE_CLASSES = {
     "gpipe": "GPipe",
@@ -64,7 +67,7 @@ def is_last_stage(*, parallel: ParallelSpec, pp_rank: int) -> bool:
 
 
 def stage_layers(*, parallel: ParallelSpec, n_layers: int, stage: int) -> list[str]:
-    """Keys in `model.layers` of the blocks stage `stage` runs."""
+    """Keys (global block indices) of the blocks stage `stage` runs."""
     split = stage_split(parallel, n_layers)
     start = sum(split[:stage])
     return [str(i) for i in range(start, start + split[stage])]
@@ -76,15 +79,17 @@ def build_stage_module(model: nn.Module, *, keep_layers: list[str], first: bool,
 
     Dropped submodules are never copied: deepcopy's memo maps each of them to None.
     """
-    dropped = [block for key, block in model.layers.items() if key not in keep_layers]
+    family = family_of(model.spec)
+    dropped = [block for key, block in getattr(model, BLOCKS).items() if key not in keep_layers]
     if not first:
-        dropped.append(model.tok_embeddings)
+        dropped += [getattr(model, name) for name in family.first_stage]
     if not last:
-        dropped += [model.norm, model.output]
+        dropped += [getattr(model, name) for name in family.last_stage]
     memo = {id(module): None for module in dropped if module is not None}
     stage = copy.deepcopy(model, memo)
-    for key in [k for k in stage.layers.keys() if k not in keep_layers]:
-        del stage.layers[key]
+    blocks = getattr(stage, BLOCKS)
+    for key in [k for k in blocks.keys() if k not in keep_layers]:
+        del blocks[key]
     return stage
 
 
@@ -94,7 +99,7 @@ def split_model(model: nn.Module, *, parallel: ParallelSpec, pp_rank: int) -> li
     `model` is left untouched; the caller drops it to free its memory.
     """
     last = parallel.n_stages - 1
-    n_layers = len(model.layers)
+    n_layers = len(getattr(model, BLOCKS))
     return [
         build_stage_module(model, first=s == 0, last=s == last,
                            keep_layers=stage_layers(parallel=parallel, n_layers=n_layers, stage=s))

@@ -3,15 +3,17 @@
 Modes (`RecomputeSpec.mode`), each applied to the blocks `RecomputeSpec.applies_to` picks:
 - none: keep every activation autograd saves.
 - full: keep only each block's input; re-run the whole block in backward.
-- selective: re-run the parts named in `RecomputeSpec.targets` (see `block_targets`):
+- selective: re-run the parts named in `RecomputeSpec.targets` (conf.choices.RecomputeTarget;
+  see `block_targets`); the model family maps each module target to its block submodules and
+  the method re-run (training/models/; Llama's named in brackets):
     ops        per-op policy over the block: keep matmul and attention outputs, re-compute the
                cheap element-wise work (norms, RoPE, SiLU, products, copies) (torchtitan "op")
     block      the whole block (the same as full)
-    ffn        the SwiGLU feed-forward module (keeps its input)
-    swiglu     only `FeedForward.swiglu`, silu(gate) * up (keeps gate and up)
-    attention  only `Attention.core_attention`, softmax(QK^T)V (Megatron's "selective" core
+    ffn        the feed-forward module (keeps its input) [SwiGLU]
+    swiglu     only the MLP's activation product, silu(gate) * up (keeps gate and up)
+    attention  only the attention core, softmax(QK^T)V (Megatron's "selective" core
                attention recompute; keeps q, k, v)
-    norm       each block's RMSNorm (`attention_norm`, `ffn_norm`; keeps its input)
+    norm       each block's norms (keeps their inputs)
 - offload: keep every activation, but in host memory: the block's forward runs under
   saved-tensor hooks like `torch.autograd.graph.save_on_cpu` (`_SaveActivationsOnCpu`), which
   copy each saved activation to (pinned, when CUDA is available) CPU memory and back in
@@ -38,22 +40,29 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from conf.schema import RecomputeMode
+from conf.schema import RecomputeMode, RecomputeTarget
 from conf.spec import RecomputeSpec
+from training.models import family_of
+from training.models.family import BLOCKS, ModelFamily
+
+OFFLOAD = "offload"
+"""The pseudo-target mode=offload gives each chosen block (not a selective target)."""
 
 
 def apply_recompute(model: nn.Module, *, recompute: RecomputeSpec) -> None:
-    """Make the chosen blocks of `model.layers` recompute (or offload) in backward, in place."""
+    """Make the chosen blocks of `model` recompute (or offload) in backward, in place."""
     if recompute.mode is RecomputeMode.none:
         return
     assert not any(isinstance(m, _Swapped) for m in model.modules()), "recompute applied twice"
     targets = block_targets(mode=recompute.mode, targets=recompute.targets)
+    family = family_of(model.spec)
     for index, block in _indexed_blocks(model):
         if recompute.applies_to(index):
-            _apply_to_block(block, targets=targets)
+            _apply_to_block(block, targets=targets, family=family)
 
 
-def block_targets(*, mode: RecomputeMode, targets: tuple[str, ...] | list[str] = ("ops",),
+def block_targets(*, mode: RecomputeMode,
+                  targets: tuple[str, ...] | list[str] = (RecomputeTarget.ops,),
                   ) -> frozenset[str]:
     """What each chosen block gets, without targets that another one already covers.
 
@@ -64,16 +73,16 @@ def block_targets(*, mode: RecomputeMode, targets: tuple[str, ...] | list[str] =
     outputs anyway); ffn covers swiglu.
     """
     if mode is RecomputeMode.full:
-        return frozenset({"block"})
+        return frozenset({RecomputeTarget.block})
     if mode is RecomputeMode.offload:
-        return frozenset({"offload"})
-    chosen = set(targets)
-    if "block" in chosen:
-        return frozenset({"block"})
-    if "ops" in chosen:
-        return frozenset(chosen & {"ops", "attention"})
-    if "ffn" in chosen:
-        chosen.discard("swiglu")
+        return frozenset({OFFLOAD})
+    chosen = {RecomputeTarget(target) for target in targets}
+    if RecomputeTarget.block in chosen:
+        return frozenset({RecomputeTarget.block})
+    if RecomputeTarget.ops in chosen:
+        return frozenset(chosen & {RecomputeTarget.ops, RecomputeTarget.attention})
+    if RecomputeTarget.ffn in chosen:
+        chosen.discard(RecomputeTarget.swiglu)
     return frozenset(chosen)
 
 
@@ -99,14 +108,18 @@ def selective_not_attention_context_fn():
     return create_selective_checkpoint_contexts(save_matmuls_not_attention_policy)
 
 
-def _apply_to_block(block: nn.Module, *, targets: frozenset[str]) -> None:
-    if "ops" in targets:
-        _swap(block, _SelectiveNotAttentionForward if "attention" in targets
+def _apply_to_block(block: nn.Module, *, targets: frozenset[str], family: ModelFamily) -> None:
+    if RecomputeTarget.ops in targets:
+        _swap(block, _SelectiveNotAttentionForward if RecomputeTarget.attention in targets
               else _SelectiveForward)
         return
+    if OFFLOAD in targets:
+        _swap(block, _OffloadForward)
+        return
     for target in sorted(targets):
-        submodules, mixin = _SWAPS[target]
-        for name in submodules:
+        part = family.recompute[target]
+        mixin = _CheckpointForward if part.method == "forward" else _checkpoint_method(part.method)
+        for name in part.submodules:
             _swap(block.get_submodule(name), mixin)
 
 
@@ -140,23 +153,19 @@ class _SelectiveNotAttentionForward(_Swapped):
                           context_fn=selective_not_attention_context_fn, **kwargs)
 
 
-class _CheckpointSwiglu(_Swapped):
-    """`FeedForward.swiglu` under checkpoint: keeps gate and up, re-computes SiLU and product."""
+@functools.cache
+def _checkpoint_method(method: str) -> type:
+    """A mixin running `method` (a part of a module's forward the family names, such as an
+    MLP's activation product or the attention core) under checkpoint: keeps the method's
+    inputs, re-runs it in backward. Named Recompute<first word of the method>."""
 
-    prefix = "RecomputeSwiglu"
+    def checkpointed(self, *args, **kwargs):
+        original = getattr(super(mixin, self), method)
+        return checkpoint(original, *args, use_reentrant=False, **kwargs)
 
-    def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        return checkpoint(super().swiglu, gate, up, use_reentrant=False)
-
-
-class _CheckpointCoreAttention(_Swapped):
-    """`Attention.core_attention` under checkpoint: keeps q, k, v, re-runs the attention."""
-
-    prefix = "RecomputeCore"
-
-    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       **kwargs) -> torch.Tensor:
-        return checkpoint(super().core_attention, q, k, v, use_reentrant=False, **kwargs)
+    prefix = "Recompute" + method.split("_")[0].capitalize()
+    mixin = type(f"_Checkpoint_{method}", (_Swapped,), {method: checkpointed, "prefix": prefix})
+    return mixin
 
 
 class _OffloadForward(_Swapped):
@@ -202,16 +211,6 @@ def is_offloadable(tensor: torch.Tensor) -> bool:
     return type(tensor) is torch.Tensor and not isinstance(tensor._base, nn.Parameter)
 
 
-_SWAPS = {  # target: (submodules of a block, "" = the block itself; the mixin they get)
-    "block": (("",), _CheckpointForward),
-    "offload": (("",), _OffloadForward),
-    "ffn": (("feed_forward",), _CheckpointForward),
-    "swiglu": (("feed_forward",), _CheckpointSwiglu),
-    "attention": (("attention",), _CheckpointCoreAttention),
-    "norm": (("attention_norm", "ffn_norm"), _CheckpointForward),
-}
-
-
 def _swap(module: nn.Module, mixin: type) -> None:
     module.__class__ = _swapped_class(mixin, type(module))
 
@@ -247,7 +246,7 @@ def _saved_ops() -> frozenset:
 def _indexed_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
     """(global layer index, block): a ModuleDict's keys are the global indices, so a pipeline
     stage that holds blocks 4..7 picks the same blocks a whole model would."""
-    layers = model.layers
+    layers = getattr(model, BLOCKS)
     if isinstance(layers, nn.ModuleDict):
         return [(int(key), block) for key, block in layers.items()]
     return list(enumerate(layers))

@@ -1,9 +1,11 @@
 """Tensor parallel (Megatron column/row pairs) with optional sequence parallel, via DTensor.
 
-Per block: wq, wk, wv and w1, w3 are column-parallel (heads / hidden units split over tp
-ranks), wo and w2 row-parallel (partial sums reduced). The embedding is split by vocabulary
-rows; the output head by vocabulary columns (which module is which: the torch-free table in
-parallel/tp_plan.py, which the cost model reads too). With sequence parallel the residual
+Per block, the model family's column-parallel modules (Llama: the q/k/v projections and the
+SwiGLU gate and up) split heads / hidden units over tp ranks and its row-parallel ones (the
+output and down projections) reduce partial sums. The embedding is split by vocabulary rows; the
+output head by vocabulary columns (which module is which: the family's torch-free `TpPlan`,
+training/models/, which the cost model reads too through parallel/tp_plan.py). With sequence
+parallel the residual
 stream, the norms and the dropout-free element-wise work between the TP regions are sharded
 over the sequence (dim 1): all-gather before the column-parallel inputs, reduce-scatter after the
 row-parallel outputs, instead of all-reduce. With loss parallel the logits stay sharded over
@@ -24,12 +26,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from parallel.tp_plan import (
-    BLOCK_COLUMN_PARALLEL,
-    BLOCK_ROW_PARALLEL,
-    VOCAB_PARALLEL_EMBEDDING,
-    VOCAB_PARALLEL_HEAD,
-)
+from training.models import family_of
+from training.models.family import BLOCKS, TpPlan
 
 
 def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool,
@@ -37,16 +35,18 @@ def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool,
     """Shard `model` in place over `tp_mesh` (a 1-D mesh of the tp ranks)."""
     if tp_mesh.size() == 1:
         return
-    parallelize_module(model, tp_mesh, _root_plan(model, sequence_parallel=sequence_parallel,
+    tp = family_of(model.spec).tp
+    parallelize_module(model, tp_mesh, _root_plan(model, tp, sequence_parallel=sequence_parallel,
                                                   loss_parallel=loss_parallel))
-    for block in model.layers.values():
-        parallelize_module(block, tp_mesh, _block_plan(sequence_parallel=sequence_parallel))
+    for block in getattr(model, BLOCKS).values():
+        parallelize_module(block, tp_mesh, _block_plan(tp, sequence_parallel=sequence_parallel))
 
 
 def keep_embedding_grad_sharded(model: nn.Module) -> None:
     """Call once the parameters are materialised (a hook on a meta parameter is lost)."""
-    if model.tok_embeddings is not None:
-        model.tok_embeddings.weight.register_post_accumulate_grad_hook(_shard_grad_like_param)
+    embedding = getattr(model, family_of(model.spec).tp.embedding)
+    if embedding is not None:
+        embedding.weight.register_post_accumulate_grad_hook(_shard_grad_like_param)
 
 
 def _shard_grad_like_param(param) -> None:
@@ -56,16 +56,16 @@ def _shard_grad_like_param(param) -> None:
         param.grad = param.grad.redistribute(placements=param.placements)
 
 
-def _root_plan(model: nn.Module, *, sequence_parallel: bool, loss_parallel: bool) -> dict:
+def _root_plan(model: nn.Module, tp: TpPlan, *, sequence_parallel: bool,
+               loss_parallel: bool) -> dict:
     residual = Shard(1) if sequence_parallel else Replicate()
     plan = {}
-    if model.tok_embeddings is not None:
-        plan[VOCAB_PARALLEL_EMBEDDING] = RowwiseParallel(input_layouts=Replicate(),
-                                                         output_layouts=residual)
-    if model.norm is not None and sequence_parallel:
-        plan["norm"] = SequenceParallel()
-    if model.output is not None:
-        plan[VOCAB_PARALLEL_HEAD] = ColwiseParallel(
+    if getattr(model, tp.embedding) is not None:
+        plan[tp.embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
+    if getattr(model, tp.final_norm) is not None and sequence_parallel:
+        plan[tp.final_norm] = SequenceParallel()
+    if getattr(model, tp.head) is not None:
+        plan[tp.head] = ColwiseParallel(
             input_layouts=residual,
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
@@ -73,16 +73,14 @@ def _root_plan(model: nn.Module, *, sequence_parallel: bool, loss_parallel: bool
     return plan
 
 
-def _block_plan(*, sequence_parallel: bool) -> dict:
-    plan = {path: ColwiseParallel() for path in BLOCK_COLUMN_PARALLEL}
+def _block_plan(tp: TpPlan, *, sequence_parallel: bool) -> dict:
+    plan = {path: ColwiseParallel() for path in tp.column}
     if not sequence_parallel:
-        return {**plan, **{path: RowwiseParallel() for path in BLOCK_ROW_PARALLEL}}
+        return {**plan, **{path: RowwiseParallel() for path in tp.row}}
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     return {
         **plan,
-        "attention_norm": SequenceParallel(),
-        "attention": gather,
-        "ffn_norm": SequenceParallel(),
-        "feed_forward": gather,
-        **{path: RowwiseParallel(output_layouts=Shard(1)) for path in BLOCK_ROW_PARALLEL},
+        **{path: SequenceParallel() for path in tp.sequence_norms},
+        **{path: gather for path in tp.gathered_inputs},
+        **{path: RowwiseParallel(output_layouts=Shard(1)) for path in tp.row},
     }

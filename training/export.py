@@ -1,16 +1,19 @@
-"""Export weights as a Hugging Face folder: `LlamaForCausalLM`, or `Qwen2ForCausalLM` when the
-model has q/k/v biases (model.safetensors, config.json, generation_config.json), plus the run's
-tokenizer files when it has a tokenizer, so `AutoTokenizer` and `AutoModelForCausalLM` load it.
+"""Export weights as a Hugging Face folder (model.safetensors, config.json,
+generation_config.json) of the class the model family writes (Llama: `LlamaForCausalLM`, or
+`Qwen2ForCausalLM` when the model has q/k/v biases), plus the run's tokenizer files when it has
+a tokenizer, so `AutoTokenizer` and `AutoModelForCausalLM` load it.
 
-Our RoPE uses Hugging Face's rotate_half layout, so q/k weights are written as they are; the only
-translation is the name table below (read in reverse by the import, training/hf_import.py).
-Every file gets the mode a plain new file gets (0644 under umask 022).
+Weights are written as they are; the only translation is the family's name table
+(`ModelFamily.hf_names`, read in reverse by the import, training/hf_import.py), and config.json
+is the family's `write_hf_config` (which conf/hf_model_config.py reads back through the same
+family's `read_hf_config`). Every file gets the mode a plain new file gets (0644 under umask 022).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -20,56 +23,46 @@ from conf.spec import ModelSpec
 from conf.data_contract.tokenizer_info import (TIKTOKEN_MODEL, TOKENIZER_FILE, TokenizerInfo,
                                                read_tokenizer_info)
 from parallel.cost.params import parameter_shapes
-
-# Our state-dict name -> Hugging Face Llama name; "{i}" is the block index.
-HF_NAMES: dict[str, str] = {
-    "tok_embeddings.weight": "model.embed_tokens.weight",
-    "layers.{i}.attention_norm.weight": "model.layers.{i}.input_layernorm.weight",
-    "layers.{i}.attention.wq.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "layers.{i}.attention.wk.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "layers.{i}.attention.wv.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "layers.{i}.attention.wq.bias": "model.layers.{i}.self_attn.q_proj.bias",
-    "layers.{i}.attention.wk.bias": "model.layers.{i}.self_attn.k_proj.bias",
-    "layers.{i}.attention.wv.bias": "model.layers.{i}.self_attn.v_proj.bias",
-    "layers.{i}.attention.wo.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "layers.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-    "layers.{i}.feed_forward.w1.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "layers.{i}.feed_forward.w3.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "layers.{i}.feed_forward.w2.weight": "model.layers.{i}.mlp.down_proj.weight",
-    "norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
+from training.models import family_of
+from training.models.family import BLOCKS, ModelFamily, block_index, block_path
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def hf_name(name: str) -> str:
+def hf_name(name: str, family: ModelFamily) -> str:
     """Map one of our state-dict keys to its Hugging Face name (KeyError if unknown)."""
-    match = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
-    if match is None:
-        return HF_NAMES[name]
-    index, rest = match.groups()
-    return HF_NAMES["layers.{i}." + rest].format(i=index)
+    index = block_index(name)
+    if index is None:
+        return family.hf_names[name]
+    return family.hf_names[f"{BLOCKS}.{{i}}.{block_path(name)}"].format(i=index)
 
 
-_MESHRUN_NAMES = {hf: ours for ours, hf in HF_NAMES.items()}
+@lru_cache(maxsize=16)
+def _meshrun_names(family: ModelFamily) -> tuple[dict[str, str], re.Pattern]:
+    """(Hugging Face name with "{i}" -> ours, the pattern of a Hugging Face block name)."""
+    names = {hf: ours for ours, hf in family.hf_names.items()}
+    prefix = {hf.split("{i}")[0] for hf in names if "{i}" in hf}
+    assert len(prefix) <= 1, f"{family.name}: block names under several prefixes {prefix}"
+    block = re.escape(next(iter(prefix), "\0")) + r"(\d+)\.(.+)"
+    return names, re.compile(block)
 
 
-def meshrun_name(name: str) -> str | None:
+def meshrun_name(name: str, family: ModelFamily) -> str | None:
     """The inverse of `hf_name`: our state-dict key for a Hugging Face name, or None."""
-    match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name)
+    names, block = _meshrun_names(family)
+    match = block.fullmatch(name)
     if match is None:
-        return _MESHRUN_NAMES.get(name)
+        return names.get(name)
     index, rest = match.groups()
-    ours = _MESHRUN_NAMES.get("model.layers.{i}." + rest)
+    ours = names.get(name[:match.start(1)] + "{i}." + rest)
     return ours.format(i=index) if ours is not None else None
 
 
 def hf_state_dict(state_dict: dict[str, torch.Tensor], model: ModelSpec) -> dict[str, torch.Tensor]:
     """Rename to Hugging Face keys; contiguous CPU tensors, no two sharing storage."""
-    expected = _expected_keys(model)
+    expected, family = _expected_keys(model), family_of(model)
     missing = sorted(expected - state_dict.keys())
-    unknown = sorted(state_dict.keys() - expected - {"output.weight"})
+    unknown = sorted(state_dict.keys() - expected - {f"{family.head}.weight"})
     assert not missing and not unknown, f"state dict mismatch: missing {missing}, unknown {unknown}"
     renamed: dict[str, torch.Tensor] = {}
     seen_storages: set[int] = set()
@@ -79,56 +72,16 @@ def hf_state_dict(state_dict: dict[str, torch.Tensor], model: ModelSpec) -> dict
         # safetensors refuses tensors that share memory (tied or views of one buffer): copy those.
         tensor = tensor.clone() if storage in seen_storages else tensor.contiguous()
         seen_storages.add(storage)
-        renamed[hf_name(name)] = tensor
+        renamed[hf_name(name, family)] = tensor
     return renamed
 
 
 def hf_config(model: ModelSpec, *, dtype: torch.dtype,
               tokenizer: TokenizerInfo | None = None) -> dict:
-    """The config.json of a `LlamaForCausalLM` (or `Qwen2ForCausalLM`, with q/k/v biases) with
-    this shape, and the tokenizer's special-token ids when there is one."""
-    dtype_name = _DTYPE_NAMES[dtype]
-    rope = {"rope_type": "default"}
-    if model.llama3_rope is not None:
-        scaling = model.llama3_rope
-        rope = {"rope_type": "llama3", "factor": scaling.factor,
-                "low_freq_factor": scaling.low_freq_factor,
-                "high_freq_factor": scaling.high_freq_factor,
-                "original_max_position_embeddings": scaling.original_max_seq_len}
-    config = {
-        **_architecture(model),
-        "hidden_size": model.dim,
-        "intermediate_size": model.ffn_dim,
-        "num_hidden_layers": model.n_layers,
-        "num_attention_heads": model.n_heads,
-        "num_key_value_heads": model.n_kv_heads,
-        "head_dim": model.head_dim,
-        "vocab_size": model.vocab_size,
-        "max_position_embeddings": model.max_seq_len,
-        "rope_theta": model.rope_theta,
-        # transformers >= 5 reads RoPE settings from rope_parameters; older ones from
-        # rope_theta and rope_scaling.
-        "rope_parameters": {**rope, "rope_theta": model.rope_theta},
-        "rope_scaling": rope if model.llama3_rope is not None else None,
-        "rms_norm_eps": model.norm_eps,
-        "tie_word_embeddings": model.tie_embeddings,
-        "hidden_act": "silu",
-        "attention_dropout": 0.0,
-        "initializer_range": model.init_std,
-        "torch_dtype": dtype_name,
-        "dtype": dtype_name,
-        "use_cache": True,
-    }
+    """The config.json of the model family's Hugging Face class with this shape, and the
+    tokenizer's special-token ids when there is one."""
+    config = family_of(model).write_hf_config(model, _DTYPE_NAMES[dtype])
     return {**config, **special_token_ids(tokenizer)}
-
-
-def _architecture(model: ModelSpec) -> dict:
-    if model.attention_bias:  # Qwen2's attention: q/k/v biases, no o bias
-        return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-                "use_sliding_window": False, "sliding_window": None,
-                "max_window_layers": model.n_layers}
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "attention_bias": False, "mlp_bias": False}
 
 
 def special_token_ids(tokenizer: TokenizerInfo | None) -> dict:
@@ -147,7 +100,7 @@ def export_hf(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Pa
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = hf_state_dict(state_dict, model)
-    dtype = tensors["model.embed_tokens.weight"].dtype
+    dtype = state_dict[family_of(model).embedding_param].dtype
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     info = export_tokenizer(tokenizer or _model_dir_tokenizer(model), out_dir)
     written = {"config.json": hf_config(model, dtype=dtype, tokenizer=info)}

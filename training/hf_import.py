@@ -4,9 +4,9 @@ The model is built on the meta device, split and sharded as usual (training/para
 then each rank allocates its parts and reads, for every parameter it holds, only its own slice
 of the matching Hugging Face tensor (`safe_open(...).get_slice`): a pipeline stage reads only
 its blocks, an FSDP or TP shard only its rows or columns. No rank ever holds the whole model.
-Names map through the one table in training/export.py (HF_NAMES), read here in reverse to
-refuse tensors the model would ignore. One file (`model.safetensors`) or shards listed by
-`model.safetensors.index.json`. The folder's config.json was checked by resolve()
+Names map through the model family's one table (`ModelFamily.hf_names`, via training/export.py),
+read here in reverse to refuse tensors the model would ignore. One file (`model.safetensors`)
+or shards listed by `model.safetensors.index.json`. The folder's config.json was checked by resolve()
 (conf/hf_model_config.py).
 """
 from __future__ import annotations
@@ -25,6 +25,8 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from conf.hf_model_config import SAFETENSORS_FILE, SAFETENSORS_INDEX, is_hf_model_dir
 from conf.spec import ModelSpec, RunSpec
 from training.export import hf_name, meshrun_name
+from training.models import family_of
+from training.models.family import ModelFamily
 
 
 def hf_start_dir(spec: RunSpec) -> str:
@@ -85,12 +87,13 @@ def load_hf_weights(module: nn.Module, *, folder: str | Path) -> LoadRecord:
     tensors is needed; return what it opened and read. ValueError names missing or extra
     tensors."""
     files = weight_files(folder)
-    _check_names(module, files, folder)
+    family = family_of(module.spec)
+    _check_names(module, files, folder, family)
     reads = []
     with ExitStack() as stack:
         opened: dict[Path, object] = {}
         for name, param in module.named_parameters():
-            source = hf_name(name)
+            source = hf_name(name, family)
             path = files[source]
             if path not in opened:
                 opened[path] = stack.enter_context(safe_open(str(path), framework="pt"))
@@ -102,10 +105,11 @@ def load_hf_weights(module: nn.Module, *, folder: str | Path) -> LoadRecord:
         return LoadRecord(opened=tuple(p.name for p in opened), reads=tuple(reads))
 
 
-def _check_names(module: nn.Module, files: dict[str, Path], folder: str | Path) -> None:
-    wanted = {hf_name(name) for name, _ in module.named_parameters()}
+def _check_names(module: nn.Module, files: dict[str, Path], folder: str | Path,
+                 family: ModelFamily) -> None:
+    wanted = {hf_name(name, family) for name, _ in module.named_parameters()}
     missing = sorted(wanted - files.keys())
-    unknown = sorted(name for name in files if meshrun_name(name) is None)
+    unknown = sorted(name for name in files if meshrun_name(name, family) is None)
     if missing or unknown:
         raise ValueError(f"{folder}: the model needs {missing or 'nothing missing'}; "
                          f"tensors the model has no place for: {unknown or 'none'}")
@@ -117,6 +121,6 @@ def load_hf_model(folder: str | Path, model: ModelSpec, *,
     from training.init import materialize
     from training.model import build_model_on_meta
 
-    transformer = build_model_on_meta(model)
-    materialize(transformer, model=model, device=device, seed=0, hf_dir=str(folder))
-    return transformer
+    module = build_model_on_meta(model)
+    materialize(module, model=model, device=device, seed=0, hf_dir=str(folder))
+    return module

@@ -7,7 +7,8 @@ the whole model: the model is built on the meta device, split and sharded there,
 then materialised, one parameter at a time (whole on CPU, then this rank's shard kept).
 
 Conventions (Llama/torchtitan): norms 1; biases 0; every other weight N(0, init_std), except
-the outputs of the residual branches (wo, w2), N(0, init_std / sqrt(2 * n_layers)).
+the outputs of the residual branches, N(0, init_std / sqrt(2 * n_layers)) (which parameters
+are norms and residual outputs: the model family's `init_ones` and `residual_outputs`).
 A run that starts from a Hugging Face model (`hf_dir`) reads its values from there instead,
 each rank only its part (training/hf_import.py).
 """
@@ -21,18 +22,18 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from conf.spec import ModelSpec
-
-RESIDUAL_OUTPUTS = ("attention.wo.weight", "feed_forward.w2.weight")
+from training.models import family_of
 
 
 def parameter_value(name: str, shape: torch.Size, *, model: ModelSpec, seed: int) -> torch.Tensor:
     """The full fp32 CPU value of parameter `name` (its state-dict key) for this seed."""
-    if name.endswith("norm.weight"):
+    family = family_of(model)
+    if name.endswith(family.init_ones):
         return torch.ones(shape)
     if name.endswith(".bias"):
         return torch.zeros(shape)
     std = model.init_std
-    if name.endswith(RESIDUAL_OUTPUTS):
+    if name.endswith(family.residual_outputs):
         std = std / math.sqrt(2 * model.n_layers)
     generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode()))
                                               % 2**63)

@@ -7,6 +7,7 @@ import torch
 
 from conf.schema import DType, Precision
 from conf.spec import PrecisionSpec
+from training.models import family_of
 
 TORCH_DTYPES = {DType.fp32: torch.float32, DType.bf16: torch.bfloat16, DType.fp16: torch.float16}
 
@@ -44,4 +45,5 @@ def apply_fp8(model: torch.nn.Module, precision: PrecisionSpec) -> None:
         return
     from torchao.float8 import convert_to_float8_training
 
-    convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != "output")
+    head = family_of(model.spec).head  # the output head stays in bf16
+    convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != head)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from conf.errors import ProblemList
 from conf.rules.field_rules import divisors
-from conf.schema import Precision, RecomputeConfig, RecomputeMode
+from conf.schema import Precision, RecomputeConfig, RecomputeMode, RecomputeTarget
 from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
 
-RECOMPUTE_TARGETS = ("ops", "swiglu", "norm", "attention", "ffn", "block")
+RECOMPUTE_TARGETS = tuple(RecomputeTarget)
 
 
 def check_model_split(p: ParallelSpec, *, model: ModelSpec, training: TrainingSpec,
@@ -140,7 +140,7 @@ def check_recompute(r: RecomputeConfig, problems: ProblemList) -> None:
                      "must name what to recompute" if not r.targets else
                      f"unknown target(s) {', '.join(unknown)}",
                      f"choose from {', '.join(RECOMPUTE_TARGETS)}")
-    if "ops" in r.targets and "ffn" in r.targets:
+    if RecomputeTarget.ops in r.targets and RecomputeTarget.ffn in r.targets:
         problems.add("recompute.targets", list(r.targets),
                      "ops already keeps every matmul output and cannot tell MLP matmuls from "
                      "attention ones, so ffn inside it would save nothing",

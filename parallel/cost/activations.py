@@ -1,13 +1,14 @@
 """Activation bytes kept for backward, per block and per micro-batch. Torch-free.
 
-What the code really saves (training/model.py, training/loss.py, parallel/*.py), by dtype regime
+What the code really saves (the Llama family's module, training/models/llama/model.py;
+training/loss.py, parallel/*.py), by dtype regime
 (`ActivationDtypes`), measured per tensor with saved-tensor hooks and exact per block in
 tests/unit/test_activation_dtypes.py:
 - fp32: every activation 4 bytes.
 - autocast (bf16/fp16 compute without FSDP; parameters stay fp32): the residual stream, every
   RMSNorm and the norm outputs stay fp32; matmul and attention outputs are in the compute
-  dtype; each matmul casts its input for itself, so wq, wk and wv each keep their own copy of
-  the attention norm's output and w1 and w3 of the ffn norm's.
+  dtype; each matmul casts its input for itself, so the q, k and v projections each keep their
+  own copy of the attention norm's output, and the gate and up projections of the MLP norm's.
 - FSDP mixed precision (parameters gathered in the compute dtype): the residual stream and
   norm outputs are in the compute dtype; RMSNorm upcasts its input to fp32 and keeps it.
 In every regime RMSNorm keeps an fp32 input (the input itself or its upcast), its rsqrt, its
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from conf.schema import RecomputeMode
+from conf.schema import RecomputeMode, RecomputeTarget
 from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, RecomputeSpec
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -101,11 +102,11 @@ def _norm_output(model: ModelSpec, dt: ActivationDtypes, *, matmuls: int) -> int
     return (matmuls * dt.compute if dt.autocast else dt.residual) * model.dim
 
 
-def selective_targets(recompute: RecomputeSpec) -> set[str]:
+def selective_targets(recompute: RecomputeSpec) -> set[RecomputeTarget]:
     """The targets a policy re-computes (none unless the mode is selective)."""
     if RecomputeMode(recompute.mode) is not RecomputeMode.selective:
         return set()
-    return set(recompute.targets)
+    return {RecomputeTarget(target) for target in recompute.targets}
 
 
 def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_type: str,
@@ -132,26 +133,27 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
     if mode is RecomputeMode.offload and device_type != "cpu":
         return Fraction(0)
     targets = selective_targets(recompute)
-    if mode is RecomputeMode.full or "block" in targets:
+    if mode is RecomputeMode.full or RecomputeTarget.block in targets:
         return block_input
-    if "ops" in targets:
+    if RecomputeTarget.ops in targets:
         row_outputs = 2 * c * d + (2 * Fraction(c * d, tp) if tp > 1 and split.sequence_parallel
                                    else 0)
         kept = (block_input + Fraction(c * (dq + 2 * kv) + 2 * c * f, tp) + row_outputs
                 + attention_out)
-        return kept - (attention_out if "attention" in targets else 0)
-    gathered_kv = split.cp if "attention" not in targets else 1
+        return kept - (attention_out if RecomputeTarget.attention in targets else 0)
+    gathered_kv = split.cp if RecomputeTarget.attention not in targets else 1
     none = (2 * Fraction(_norm_core(model, dtypes), seq_share)
             + _norm_output(model, dtypes, matmuls=3) + _norm_output(model, dtypes, matmuls=2)
             + Fraction(c * dq + 2 * c * kv * gathered_kv, tp)
             + attention_out + Fraction(4 * c * f, tp))
-    if "ffn" in targets:
-        targets.discard("swiglu")
-        # its checkpoint keeps the ffn norm's output itself, not w1's and w3's copies of it
+    if RecomputeTarget.ffn in targets:
+        targets.discard(RecomputeTarget.swiglu)
+        # its checkpoint keeps the MLP norm's output itself, not gate's and up's copies of it
         none += dtypes.residual * d - _norm_output(model, dtypes, matmuls=2)
-    saved = {"ffn": Fraction(4 * c * f, tp), "swiglu": Fraction(c * f, tp),
-             "attention": Fraction(FP32 * heads, tp),
-             "norm": 2 * Fraction(FP32 * d + FP32, seq_share)}
+    saved = {RecomputeTarget.ffn: Fraction(4 * c * f, tp),
+             RecomputeTarget.swiglu: Fraction(c * f, tp),
+             RecomputeTarget.attention: Fraction(FP32 * heads, tp),
+             RecomputeTarget.norm: 2 * Fraction(FP32 * d + FP32, seq_share)}
     return none - sum(saved[target] for target in targets)
 
 
@@ -172,10 +174,11 @@ def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, s
     targets = selective_targets(recompute)
     rows = _rope_rows(seq, split=split, micro_batch=micro_batch)
     rope = 4 * (rows or seq) * model.head_dim * dtypes.compute if dtypes.compute != FP32 else 0
-    if mode is RecomputeMode.full or {"block", "ops"} & targets:
+    if mode is RecomputeMode.full or {RecomputeTarget.block, RecomputeTarget.ops} & targets:
         return 0
+    reruns_attention = RecomputeTarget.attention in targets
     mask = (dtypes.compute * seq * seq * split.cp
-            if split.cp > 1 and "attention" not in targets and not split.document_mask else 0)
+            if split.cp > 1 and not reruns_attention and not split.document_mask else 0)
     return rope + mask
 
 
@@ -205,14 +208,15 @@ def document_mask_bytes(*, recompute: RecomputeSpec, layers: list[int], seq: int
 def _reruns_attention(recompute: RecomputeSpec, layer: int) -> bool:
     return recompute.applies_to(layer) and (
         RecomputeMode(recompute.mode) is RecomputeMode.full
-        or bool({"block", "ops", "attention"} & selective_targets(recompute)))
+        or bool({RecomputeTarget.block, RecomputeTarget.ops, RecomputeTarget.attention}
+                 & selective_targets(recompute)))
 
 
 def rope_rows_bytes(model: ModelSpec, *, recompute: RecomputeSpec, layers: list[int],
                     seq: int, dtypes: ActivationDtypes, split: ActivationSplit,
                     micro_batch: int = 1) -> int:
     """Under cp (or document masking) the model indexes rows of the fp32 RoPE tables once
-    per forward (training/model.py `rope_tables`, `_rope_rows`); they are kept when fp32
+    per forward (the module's `rope_tables`, `_rope_rows`); they are kept when fp32
     attention saves them or a checkpointed block keeps them as its inputs."""
     rows = _rope_rows(seq, split=split, micro_batch=micro_batch)
     if not rows or not layers:
@@ -243,7 +247,7 @@ def embedding_bytes_per_token(model: ModelSpec, *, dtypes: ActivationDtypes,
 def _checkpoints_block(recompute: RecomputeSpec, layer: int) -> bool:
     return recompute.applies_to(layer) and (
         RecomputeMode(recompute.mode) is RecomputeMode.full
-        or bool({"block", "ops"} & selective_targets(recompute)))
+        or bool({RecomputeTarget.block, RecomputeTarget.ops} & selective_targets(recompute)))
 
 
 def head_bytes_per_token(model: ModelSpec, *, dtypes: ActivationDtypes,
@@ -311,14 +315,17 @@ def activation_elements_per_token_per_layer(model: ModelSpec, *, recompute: Reco
 
     none: per norm its input, x*rsqrt, weight*normed and rsqrt (3d+1); q and k after RoPE; v;
     the attention output and its log-sum-exp (one per head; the output, stored [B, T, heads,
-    head_dim], is also wo's input as a view); SwiGLU's w1, w3, silu and product (4f).
+    head_dim], is also the output projection's input as a view); SwiGLU's gate, up, silu and
+    product (4f).
     full, or selective with block: only the block input.
-    selective ops: the block input, the q/k/v/wo/w1/w3/w2 matmul outputs, attention output +
+    selective ops: the block input, the q/k/v/out/gate/up/down matmul outputs, attention output +
     lse; with attention as well, not the attention output and lse.
     selective module targets, each taken off what none keeps:
-      ffn: w1, w3, silu and product (4f; its input, the ffn_norm output, is kept either way);
-      swiglu: silu (f; gate and up are its checkpoint's inputs, the product is w2's input);
-      attention: only the lse (heads; q, k, v are its inputs, the output is wo's input);
+      ffn: gate, up, silu and product (4f; its input, the MLP norm's output, is kept either
+      way);
+      swiglu: silu (f; gate and up are its checkpoint's inputs, the product is down's input);
+      attention: only the lse (heads; q, k, v are its inputs, the output is the output
+      projection's input);
       norm: x*rsqrt and rsqrt per norm (2(d+1); its output is the next matmul's input).
     offload: what none keeps, in host memory: nothing on a GPU, all of it on a CPU device.
     """

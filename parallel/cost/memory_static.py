@@ -26,19 +26,21 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from conf.rules.parallel_rules import SPLIT_BACKWARD_SCHEDULES
-from conf.schema import RecomputeMode
+from conf.schema import RecomputeMode, RecomputeTarget
 from conf.spec import ModelSpec, RecomputeSpec
 from parallel.cost.activations import selective_targets
 from parallel.cost.memory_views import CACHE, Holds, Place, Sharding, Stages
 from parallel.cost.params import (
-    EMBEDDING,
     _stage_parameters,
+    embedding_param,
     fsdp_local_numel,
     numel,
     parameter_shapes,
     tp_local_shape,
 )
 from parallel.dims import zero1_owners
+from training.models import family_of
+from training.models.family import block_index, block_param, block_path
 
 PARAM_BYTES = 4
 STEP_BYTES = 4
@@ -72,11 +74,12 @@ def holding(*, model: ModelSpec, holds: Holds, tp: int, pp_rank: int) -> Holding
     else:
         tensors = _stage_parameters(model, holds.pp, holds.pp_virtual_stages, holds.split,
                                     pp_rank)
-    layers = tuple(sorted({int(n.split(".")[1]) for n, _ in tensors if n.startswith("layers.")}))
-    root = tuple((n, s, tp_local_shape(n, s, tp)) for n, s in tensors
-                 if not n.startswith("layers."))
-    block = tuple((n, s, tp_local_shape(n, s, tp)) for n, s in parameter_shapes(model)
-                  if n.startswith("layers.0.")) if layers else ()
+    family = model.family
+    layers = tuple(sorted({block_index(n) for n, _ in tensors if block_index(n) is not None}))
+    root = tuple((n, s, tp_local_shape(n, s, tp, family)) for n, s in tensors
+                 if block_index(n) is None)
+    block = tuple((n, s, tp_local_shape(n, s, tp, family)) for n, s in parameter_shapes(model)
+                  if block_index(n) == 0) if layers else ()
     return Holding(tensors=tensors, layers=layers, root=root, block=block)
 
 
@@ -108,7 +111,7 @@ def zero1_sizes(*, model: ModelSpec, holds: Holds, tp: int, pp_rank: int
     """Elements of each tensor a pipeline rank holds, tp-local, in order (ZeRO-1's owners
     depend on the order)."""
     held = holding(model=model, holds=holds, tp=tp, pp_rank=pp_rank)
-    return tuple(numel(tp_local_shape(n, s, tp)) for n, s in held.tensors)
+    return tuple(numel(tp_local_shape(n, s, tp, model.family)) for n, s in held.tensors)
 
 
 @lru_cache(maxsize=CACHE)
@@ -181,7 +184,7 @@ def _fsdp_gathered(model: ModelSpec, held: Holding, every_unit: bool) -> int:
     if every_unit:
         return sum(numel(local) for _, _, local in held.root) + len(held.layers) * block
     head_unit = sum(numel(local) for name, _, local in held.root
-                    if name != EMBEDDING or model.tie_embeddings)
+                    if name != embedding_param(model) or model.tie_embeddings)
     return head_unit + min(1, len(held.layers)) * block
 
 
@@ -206,9 +209,8 @@ def _autocast_copied(model: ModelSpec, held: Holding, recompute: RecomputeSpec,
     for covered in (True, False):
         same = [layer for layer in held.layers if recompute.applies_to(layer) is covered]
         if same:
-            prefix = f"layers.{same[0]}."
             total += len(same) * sum(numel(local) for name, shape, local in held.block
-                                     if keeps(prefix + name.split(".", 2)[2], shape))
+                                     if keeps(block_param(same[0], block_path(name)), shape))
     return total
 
 
@@ -231,17 +233,18 @@ def autocast_keeps_copy(name: str, shape: Shape, model: ModelSpec,
     run in row blocks (`loss_chunks` > 1) takes its gradients in forward and saves nothing."""
     if len(shape) != 2:
         return False
-    if not name.startswith("layers."):
-        return loss_chunks == 1 and (name != EMBEDDING or model.tie_embeddings)
-    policy = recompute if recompute.applies_to(int(name.split(".")[1])) else None
+    if block_index(name) is None:
+        return loss_chunks == 1 and (name != embedding_param(model) or model.tie_embeddings)
+    policy = recompute if recompute.applies_to(block_index(name)) else None
     if policy is None or policy.mode is RecomputeMode.none:
         return True
     if policy.mode is RecomputeMode.offload:
         return device_type == "cpu"
     targets = selective_targets(policy)
-    if policy.mode is RecomputeMode.full or {"block", "ops"} & targets:
+    if policy.mode is RecomputeMode.full or {RecomputeTarget.block, RecomputeTarget.ops} & targets:
         return False
-    return not ("ffn" in targets and ".feed_forward." in name)
+    return not (RecomputeTarget.ffn in targets
+                and family_of(model).in_recomputed_submodule(RecomputeTarget.ffn, name))
 
 
 def autocast_copied_weights(model: ModelSpec, recompute: RecomputeSpec, *,

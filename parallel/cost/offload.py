@@ -27,6 +27,7 @@ from parallel.cost.activations import (ActivationSplit, activation_dtypes,
                                        block_bytes_per_micro_batch, block_bytes_per_token)
 from parallel.cost.memory_static import autocast_keeps_copy
 from parallel.cost.params import held_layers, numel, parameter_shapes, tp_local_shape
+from training.models.family import block_index
 
 NONE = RecomputeSpec(mode=RecomputeMode.none)
 
@@ -65,8 +66,8 @@ def _copied_elements(model: ModelSpec, recompute: RecomputeSpec, covered: tuple[
                      tp: int) -> int:
     """Elements of the autocast weight copies of blocks `covered` on one tp rank: the ones
     none keeps (parallel.cost.memory.autocast_keeps_copy), all of which offload moves."""
-    return sum(numel(tp_local_shape(name, shape, tp)) for name, shape in parameter_shapes(model)
-               if name.startswith("layers.") and int(name.split(".")[1]) in covered
+    return sum(numel(tp_local_shape(name, shape, tp, model.family))
+               for name, shape in parameter_shapes(model) if block_index(name) in covered
                and autocast_keeps_copy(name, shape, model, NONE, device_type="cuda"))
 
 

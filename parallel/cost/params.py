@@ -1,10 +1,12 @@
 """Parameter shapes and counts, and where each parameter lives under a layout. Torch-free.
 
-`parameter_shapes` is the one source of the model's parameters: the count, the FLOPs and the
-memory per rank all derive from it (tests/unit/test_cost_model.py checks it against the built
-model). Placement rules mirror what the parallel passes do:
-- pipeline: a rank holds the blocks of its stages; stage 0 the embedding, the last stage the
-  final norm and output head (parallel.dims.pipeline_stage_ids, conf.rules.split_rules.stage_split);
+`parameter_shapes` (the model family's table, training/models/) is the one source of the
+model's parameters: the count, the FLOPs and the memory per rank all derive from it
+(tests/unit/test_cost_model.py checks it against the built model). Placement rules mirror what
+the parallel passes do:
+- pipeline: a rank holds the blocks of its stages; stage 0 the family's `first_stage` modules
+  (the embedding), the last stage its `last_stage` ones (final norm and output head)
+  (parallel.dims.pipeline_stage_ids, conf.rules.split_rules.stage_split);
 - tensor parallel: the dim parallel/tp_plan.py names is split over tp; norms whole;
 - FSDP (zero 2/3) splits dim 0 of each (tp-local) tensor over dp_shard x cp in chunks of
   ceil(rows / n), as fully_shard does.
@@ -18,8 +20,8 @@ from conf.rules.split_rules import stage_split
 from conf.spec import ModelSpec, RunSpec
 from parallel.dims import pipeline_stage_ids
 from parallel.tp_plan import tp_split_dim
-
-EMBEDDING = "tok_embeddings.weight"
+from training.models import family_of
+from training.models.family import block_index
 
 
 def parameter_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
@@ -30,23 +32,12 @@ def parameter_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
 @lru_cache(maxsize=16)
 def _parameter_shapes(model: ModelSpec) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """Cached per model: `meshrun plan --search` asks for thousands of layouts."""
-    d, f, hd = model.dim, model.ffn_dim, model.head_dim
-    q, kv = model.n_heads * hd, model.n_kv_heads * hd
-    block = [("attention_norm", (d,)), ("attention.wq", (q, d)), ("attention.wk", (kv, d)),
-             ("attention.wv", (kv, d)), ("attention.wo", (d, q)), ("ffn_norm", (d,)),
-             ("feed_forward.w1", (f, d)), ("feed_forward.w3", (f, d)),
-             ("feed_forward.w2", (d, f))]
-    biases = {"attention.wq": (q,), "attention.wk": (kv,), "attention.wv": (kv,)}
-    shapes = [(EMBEDDING, (model.vocab_size, d))]
-    for i in range(model.n_layers):
-        for name, shape in block:
-            shapes.append((f"layers.{i}.{name}.weight", shape))
-            if model.attention_bias and name in biases:  # Qwen2: q/k/v biases
-                shapes.append((f"layers.{i}.{name}.bias", biases[name]))
-    shapes.append(("norm.weight", (d,)))
-    if not model.tie_embeddings:
-        shapes.append(("output.weight", (model.vocab_size, d)))
-    return tuple(shapes)
+    return tuple(family_of(model).parameter_shapes(model))
+
+
+def embedding_param(model: ModelSpec) -> str:
+    """The token embedding's weight (a lookup: no matmul, no autocast copy of its own)."""
+    return family_of(model).embedding_param
 
 
 def numel(shape: tuple[int, ...]) -> int:
@@ -69,9 +60,9 @@ class ParamCounts:
 
 @lru_cache(maxsize=16)
 def param_counts(model: ModelSpec) -> ParamCounts:
-    shapes = parameter_shapes(model)
+    shapes, embedding = parameter_shapes(model), embedding_param(model)
     return ParamCounts(total=sum(numel(shape) for _, shape in shapes),
-                       embedding=sum(numel(shape) for name, shape in shapes if name == EMBEDDING))
+                       embedding=sum(numel(shape) for name, shape in shapes if name == embedding))
 
 
 def held_parameters(spec: RunSpec, pp_rank: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -89,14 +80,15 @@ def _stage_parameters(model: ModelSpec, pp: int, virtual_stages: int, split: tup
     """held_parameters, cached by what it reads (the search asks per layout and rank)."""
     starts = [sum(split[:s]) for s in range(len(split))]
     last_stage = len(split) - 1
+    family = family_of(model)
     held = []
     for stage in pipeline_stage_ids(pp=pp, virtual_stages=virtual_stages, pp_rank=pp_rank):
-        layers = {str(i) for i in range(starts[stage], starts[stage] + split[stage])}
+        blocks = range(starts[stage], starts[stage] + split[stage])
         for name, shape in _parameter_shapes(model):
-            top = name.split(".")[0]
-            if (top == "layers" and name.split(".")[1] in layers
-                    or top == "tok_embeddings" and stage == 0
-                    or top in ("norm", "output") and stage == last_stage):
+            block, top = block_index(name), name.split(".")[0]
+            if (block in blocks if block is not None
+                    else top in family.first_stage and stage == 0
+                    or top in family.last_stage and stage == last_stage):
                 held.append((name, shape))
     return tuple(held)
 
@@ -113,14 +105,14 @@ def held_layers(spec: RunSpec, pp_rank: int) -> list[int]:
 @lru_cache(maxsize=1024)
 def _stage_layers(model: ModelSpec, pp: int, virtual_stages: int, split: tuple[int, ...],
                   pp_rank: int) -> tuple[int, ...]:
-    return tuple(sorted({int(name.split(".")[1]) for name, _ in _stage_parameters(
-        model, pp, virtual_stages, split, pp_rank) if name.startswith("layers.")}))
+    held = _stage_parameters(model, pp, virtual_stages, split, pp_rank)
+    return tuple(sorted({block_index(name) for name, _ in held} - {None}))
 
 
 @lru_cache(maxsize=4096)
-def tp_local_shape(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
-    """The shape of parameter `name` on one tp rank."""
-    dim = tp_split_dim(name)
+def tp_local_shape(name: str, shape: tuple[int, ...], tp: int, family: str) -> tuple[int, ...]:
+    """The shape of parameter `name` of a `family` model (ModelSpec.family) on one tp rank."""
+    dim = tp_split_dim(name, family)
     if tp == 1 or dim is None or dim >= len(shape):
         return shape
     return (*shape[:dim], shape[dim] // tp, *shape[dim + 1:])

@@ -23,7 +23,8 @@ from parallel.dims import pipeline_stage_ids, zero1_owners
 
 GRAD_BYTES = 4
 ROPE_TABLES = 3
-"""training/model.py registers cos, sin and signed sin, [max_seq_len, head_dim] fp32 each."""
+"""The Llama module (training/models/llama/model.py) registers cos, sin and signed sin,
+[max_seq_len, head_dim] fp32 each."""
 
 
 def rope_table_bytes(model: ModelSpec, p) -> int:
@@ -123,7 +124,7 @@ def _adamw_peak(*, model: ModelSpec, holds: Holds, sharding: Sharding, place: Pl
     """The rank steps only what it owns under ZeRO-1 (parallel.dims.zero1_owners over the
     held tensors' tp-local sizes, as memory_static.zero1_shares)."""
     held = holding(model=model, holds=holds, tp=sharding.tp, pp_rank=place.pp_rank).tensors
-    sizes = [(len(shape), fsdp_local_numel(tp_local_shape(name, shape, sharding.tp),
+    sizes = [(len(shape), fsdp_local_numel(tp_local_shape(name, shape, sharding.tp, model.family),
                                            shards=sharding.shards, index=place.shard))
              for name, shape in held]
     owner = zero1_owners([size for _, size in sizes], sharding.owners)

@@ -236,7 +236,8 @@ def optimizer_tensors(spec: RunSpec) -> int:
     if p.zero != 1 or p.dp_shard <= 1:
         return max(len(held) for held in stages)
     return max(tensors for held in stages for _, tensors in zero1_shares(
-        tuple(numel(tp_local_shape(name, shape, p.tp)) for name, shape in held), p.dp_shard))
+        tuple(numel(tp_local_shape(name, shape, p.tp, spec.model.family))
+              for name, shape in held), p.dp_shard))
 
 
 def recompute_flops_per_token(spec: RunSpec, *, attention: str = "full") -> float:

@@ -116,7 +116,8 @@ def test_logits_and_loss_equal_transformers(loaded):
         for report in reports:
             torch.testing.assert_close(report["logits"], expected, atol=1e-5, rtol=0, msg=name)
             assert report["sharded"] > 0, name
-        counted = {n: tp_local_shape(n, shape, 2) for n, shape in parameter_shapes(spec.model)}
+        counted = {n: tp_local_shape(n, shape, 2, spec.model.family)
+                   for n, shape in parameter_shapes(spec.model)}
         tp_shapes = {n: tuple(s) for n, s in reports[0]["local_shapes"].items()}
         # fsdp also splits dim 0 of every tp-local shard: the cost model's tp-local shape, halved
         assert tp_shapes == {n: (-(-shape[0] // 2), *shape[1:]) for n, shape in counted.items()}

@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from conf.spec import RunSpec
 from conf.run_dir.spec_io import spec_from_dict
 from training.export import hf_name
+from training.models import family_of
 from training.hf_import import load_hf_weights, weight_files
 
 CPU = torch.device("cpu")
@@ -40,11 +41,13 @@ def hf_layout_rank(*, rank: int, world_size: int, spec_dicts: list[dict],
         layout = build_parallel_model(spec, rank=rank, device=CPU)
         hf = _hf_tensors(spec.model.path)
         held, sharded, shapes, local_numel = [], 0, {}, 0
+        family = family_of(spec.model)
         for part in layout.parts:
             for name, param in unwrap(part).named_parameters():
                 local = param.to_local() if isinstance(param, DTensor) else param
                 whole = param.full_tensor() if isinstance(param, DTensor) else param
-                assert torch.equal(whole.detach(), hf[hf_name(name)]), (spec.parallel.name, name)
+                assert torch.equal(whole.detach(), hf[hf_name(name, family)]), \
+                    (spec.parallel.name, name)
                 held.append(name)
                 shapes[name] = tuple(local.shape)
                 sharded += local.numel() < param.numel()

@@ -14,10 +14,11 @@ from parallel.cost.devices import GIB, gpu_memory_bytes, gpu_peak
 from parallel.cost.flops import ATTENTION_TERMS, flops_per_token
 from parallel.cost.memory import estimate_memory
 from parallel.cost.params import numel, param_counts, parameter_shapes, tp_local_shape
-from parallel.tp_plan import BLOCK_COLUMN_PARALLEL, BLOCK_ROW_PARALLEL, tp_split_dim
+from parallel.tp_plan import tp_split_dim
 from tests.support.specs import cpu_spec
 from training.parallel_model import ParallelModel
 from training.model import build_model, count_params
+from training.models import family_of
 from training.optim import build_optimizer
 from training.step import clip_and_step, forward_backward
 
@@ -96,31 +97,33 @@ def test_tensor_parallel_applies_the_table_the_cost_model_counts(sequence_parall
 
     from parallel.tensor_parallel import _block_plan
 
-    plan = _block_plan(sequence_parallel=sequence_parallel)
+    spec = cpu_spec("model=debug")
+    tp = family_of(spec.model).tp
+    plan = _block_plan(tp, sequence_parallel=sequence_parallel)
     colwise = {k for k, v in plan.items() if isinstance(v, ColwiseParallel)}
     rowwise = {k for k, v in plan.items() if isinstance(v, RowwiseParallel)}
-    assert colwise == set(BLOCK_COLUMN_PARALLEL)
-    assert rowwise == set(BLOCK_ROW_PARALLEL)
-    spec = cpu_spec("model=debug")
+    assert colwise == set(tp.column)
+    assert rowwise == set(tp.row)
     for name, shape in parameter_shapes(spec.model):
         module = ".".join(name.split(".")[2:-1])
         if module in colwise:
-            assert tp_local_shape(name, shape, 2) == (shape[0] // 2, shape[1]), name
+            assert tp_local_shape(name, shape, 2, "llama") == (shape[0] // 2, shape[1]), name
         elif module in rowwise:
-            assert tp_local_shape(name, shape, 2) == (shape[0], shape[1] // 2), name
+            assert tp_local_shape(name, shape, 2, "llama") == (shape[0], shape[1] // 2), name
         elif name.startswith("layers."):
-            assert tp_local_shape(name, shape, 2) == shape, name
+            assert tp_local_shape(name, shape, 2, "llama") == shape, name
 
 
 def test_the_embedding_and_head_are_split_by_vocabulary():
     spec = cpu_spec("model=debug")
     shapes = dict(parameter_shapes(spec.model))
     vocab, dim = spec.model.vocab_size, spec.model.dim
-    assert tp_local_shape("tok_embeddings.weight", shapes["tok_embeddings.weight"], 4) == \
+    assert tp_local_shape("tok_embeddings.weight", shapes["tok_embeddings.weight"], 4,
+                          "llama") == \
         (vocab // 4, dim)
-    assert tp_local_shape("output.weight", shapes["output.weight"], 4) == (vocab // 4, dim)
-    assert tp_local_shape("norm.weight", shapes["norm.weight"], 4) == (dim,)
-    assert tp_split_dim("layers.0.attention_norm.weight") is None
+    assert tp_local_shape("output.weight", shapes["output.weight"], 4, "llama") == (vocab // 4, dim)
+    assert tp_local_shape("norm.weight", shapes["norm.weight"], 4, "llama") == (dim,)
+    assert tp_split_dim("layers.0.attention_norm.weight", "llama") is None
 
 
 @pytest.mark.parametrize(("name", "dtype", "source"), [

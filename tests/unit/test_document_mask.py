@@ -1,4 +1,4 @@
-"""Document masking in one process (parallel/document_masking.py, training/model.py): document ids
+"""Document masking in one process (parallel/document_masking.py, training/models/llama/model.py): document ids
 and positions from EOS tokens, a packed batch equal to its documents run one by one (per
 document losses and logits, RoPE rows, gradients; fp32), the knob off leaving the model's
 plain causal path untouched, and resolve() refusing data.document_mask where no token ends a

@@ -20,6 +20,9 @@ from tests.support.hf_models import (LLAMA3_ROPE, SHAPE, VOCAB, hf_logits, make_
 from tests.support.specs import CPU_HOST, cpu_spec, hf_spec
 from training.export import export_hf, hf_name, meshrun_name
 from training.hf_import import load_hf_model
+from training.models import model_family
+
+LLAMA = model_family("llama")
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,7 +40,7 @@ def saved_llama(tmp_path_factory):
 def test_llama3_rope_frequencies_equal_transformers():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from conf.spec import Llama3RopeScaling
-    from training.model import rope_tables
+    from training.models.llama.model import rope_tables
 
     config = transformers.LlamaConfig(**SHAPE, rope_parameters=dict(LLAMA3_ROPE))
     inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, CPU)
@@ -104,8 +107,8 @@ def test_biases_start_at_zero_and_are_counted():
 
 def test_name_table_inverts():
     for name in ("layers.3.attention.wv.bias", "output.weight", "layers.0.feed_forward.w2.weight"):
-        assert meshrun_name(hf_name(name)) == name
-    assert meshrun_name("model.layers.0.self_attn.o_proj.bias") is None
+        assert meshrun_name(hf_name(name, LLAMA), LLAMA) == name
+    assert meshrun_name("model.layers.0.self_attn.o_proj.bias", LLAMA) is None
 
 
 def test_tensors_the_model_cannot_hold_are_refused(tmp_path):

@@ -18,8 +18,17 @@ TORCH_FREE_PARALLEL = ("parallel.dims", "parallel.tp_plan", "parallel.parallelis
                        "parallel.cost")
 # The rank entry point the launcher hands to torchrun / submitit (it imports torch only when run).
 RANK_ENTRY = ("training.slurm_entry",)
+# The torch-free part of the model families (training/models/: the registry, the ModelFamily
+# protocol, each family's facts): every package may import it (conf reads config.json through
+# it, the cost model counts its parameter table, the passes ask it for names). It is every
+# module under FAMILY_ROOT except a family's torch module (FAMILY_TORCH_MODULE).
+FAMILY_ROOT = "training.models"
+FAMILY_TORCH_MODULE = "model"
+# What the family facts may import of ours besides each other: conf's leaves only.
+FAMILY_LEAVES = ("conf.choices", "conf.errors", "conf.spec")
 
-# package -> the modules of ours it may import (a prefix: "conf" allows conf.anything).
+# package -> the modules of ours it may import (a prefix: "conf" allows conf.anything), besides
+# the family facts, which every package may import.
 ALLOWED = {
     "conf": (),
     "parallel": ("conf",),
@@ -27,8 +36,14 @@ ALLOWED = {
     "launcher": ("conf", *TORCH_FREE_PARALLEL, *RANK_ENTRY),
     "sweeps": ("conf", "launcher", *TORCH_FREE_PARALLEL),
 }
-# Modules that must not import torch at all (top level or inside a function).
+# Modules that must not import torch at all (top level or inside a function); the family
+# facts too (`is_family_fact`).
 TORCH_FREE = ("conf", *TORCH_FREE_PARALLEL)
+
+
+def is_family_fact(module: str) -> bool:
+    """A torch-free module of the model families (see FAMILY_ROOT)."""
+    return under(module, (FAMILY_ROOT,)) and module.split(".")[-1] != FAMILY_TORCH_MODULE
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -60,7 +75,7 @@ def wrong_arrows() -> list[str]:
                 top = module.split(".")[0]
                 if top not in PACKAGES or top == package or module in PACKAGES:
                     continue
-                if not under(module, ALLOWED[package]):
+                if not under(module, ALLOWED[package]) and not is_family_fact(module):
                     wrong.append(f"{path.relative_to(REPO)}:{line} imports {module}")
     return wrong
 
@@ -69,7 +84,7 @@ def torch_imports() -> list[str]:
     found = []
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
-            if not under(module_name(path), TORCH_FREE):
+            if not under(module_name(path), TORCH_FREE) and not is_family_fact(module_name(path)):
                 continue
             found += [f"{path.relative_to(REPO)}:{line} imports {module}"
                       for line, module in imported_modules(path)
@@ -84,6 +99,25 @@ def test_every_arrow_between_packages_is_in_the_table():
 
 def test_the_torch_free_modules_never_import_torch():
     assert torch_imports() == []
+
+
+def family_fact_imports() -> list[str]:
+    """Imports of ours in the family facts that are neither conf leaves nor family facts."""
+    found = []
+    for path in sorted((REPO / "training" / "models").rglob("*.py")):
+        if not is_family_fact(module_name(path)):
+            continue
+        found += [f"{path.relative_to(REPO)}:{line} imports {module}"
+                  for line, module in imported_modules(path)
+                  if module.split(".")[0] in PACKAGES and module not in PACKAGES
+                  and not under(module, FAMILY_LEAVES) and not is_family_fact(module)]
+    return found
+
+
+def test_the_family_facts_import_only_conf_leaves_and_each_other():
+    assert is_family_fact("training.models.llama") and is_family_fact("training.models")
+    assert not is_family_fact("training.models.llama.model")
+    assert family_fact_imports() == []
 
 
 def test_the_check_sees_a_wrong_arrow():

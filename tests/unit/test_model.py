@@ -9,6 +9,9 @@ import torch
 from tests.support.specs import tiny_model_spec
 from training.export import export_hf, hf_name
 from training.model import build_model, count_params
+from training.models import model_family
+
+LLAMA = model_family("llama")
 
 CPU = torch.device("cpu")
 
@@ -122,7 +125,7 @@ def test_count_params_counts_tied_weights_once():
 
 
 def test_meta_model_can_be_counted_without_memory():
-    from training.model import Transformer
+    from training.models.llama.model import Transformer
 
     with torch.device("meta"):
         model = Transformer(tiny_model_spec())
@@ -130,10 +133,10 @@ def test_meta_model_can_be_counted_without_memory():
 
 
 def test_hf_name_mapping():
-    assert hf_name("layers.11.feed_forward.w3.weight") == "model.layers.11.mlp.up_proj.weight"
-    assert hf_name("output.weight") == "lm_head.weight"
+    assert hf_name("layers.11.feed_forward.w3.weight", LLAMA) == "model.layers.11.mlp.up_proj.weight"
+    assert hf_name("output.weight", LLAMA) == "lm_head.weight"
     with pytest.raises(KeyError):
-        hf_name("layers.0.attention.wqkv.weight")
+        hf_name("layers.0.attention.wqkv.weight", LLAMA)
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])

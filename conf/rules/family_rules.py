@@ -1,0 +1,30 @@
+"""The model family rules: `model.family` names a family, and that family computes the model
+knobs and has the submodules each recompute target names."""
+from __future__ import annotations
+
+from conf.errors import ProblemList
+from conf.schema import RecomputeConfig, RecomputeMode, RecomputeTarget
+from conf.spec import ModelSpec
+from training.models import UnknownFamily, family_of, known_families
+
+
+def check_model_family(model: ModelSpec, recompute: RecomputeConfig,
+                       problems: ProblemList) -> None:
+    """An unknown family is one problem; a known one adds a problem for each knob it refuses
+    and for selective recompute targets it has no submodules for (ops needs none)."""
+    try:
+        family = family_of(model)
+    except UnknownFamily:
+        problems.add("model.family", model.family, "is not a model family",
+                     f"use {', '.join(known_families())}, or the import path of a module "
+                     f"that defines FAMILY (training/models/__init__.py)")
+        return
+    family.check(model, problems)
+    if recompute.mode is not RecomputeMode.selective:
+        return
+    known = {RecomputeTarget.ops, *family.recompute}
+    missing = [t for t in recompute.targets if t in tuple(RecomputeTarget) and t not in known]
+    if missing:
+        problems.add("recompute.targets", list(recompute.targets),
+                     f"model.family={model.family} has nothing to re-run for "
+                     f"{', '.join(missing)}", f"choose from {', '.join(sorted(known))}")

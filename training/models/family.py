@@ -1,0 +1,151 @@
+"""What every model family tells the rest of meshrun: the `ModelFamily` protocol. Torch-free.
+
+A family fills one frozen `ModelFamily` in its folder's torch-free module (training/models/llama
+is the first). The cost model, the parallel passes, init, export and the Hugging Face import ask
+it for names instead of spelling them; only the family's own folder spells its submodules.
+
+The contract its torch module keeps (training/models/llama/model.py is the example):
+- built from a `ModelSpec` (`module_class(spec)`), keeping it as `.spec`;
+- its blocks in `BLOCKS`, an `nn.ModuleDict` keyed by the global block index "0", "1", ... (so
+  a pipeline stage drops blocks without renumbering); parameter names `layers.{i}.<path>`;
+- every top-level module named in `first_stage` / `last_stage` may be None (a pipeline stage
+  dropped it): `forward(tokens)` then takes or gives hidden states [B, T, dim];
+- `forward(tokens, *, doc_ids=None, doc_positions=None, targets=None, loss_chunks=1)`: logits,
+  or with `targets` the sum of their token cross entropies;
+- `rope_positions` and `document_mask` attributes (context parallelism sets them), a `context`
+  attribute on each block's `attention` submodule, and `reset_rope_tables()` (called after
+  materialising; a family without RoPE tables does nothing there).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from conf.choices import RecomputeTarget
+
+if TYPE_CHECKING:
+    from conf.errors import ProblemList
+    from conf.spec import ModelSpec
+
+Shapes = tuple[tuple[str, tuple[int, ...]], ...]
+
+BLOCKS = "layers"
+"""The module holding every family's blocks; block parameters are named `layers.{i}.<path>`."""
+_BLOCK_PARAM = re.compile(r"layers\.(\d+)\.(.+)")
+
+
+def block_index(param_name: str) -> int | None:
+    """The block a parameter belongs to (`layers.{i}.…` -> i), or None outside the blocks."""
+    match = _BLOCK_PARAM.fullmatch(param_name)
+    return int(match.group(1)) if match else None
+
+
+def block_path(param_name: str) -> str | None:
+    """A block parameter's name inside its block (`layers.3.x.weight` -> `x.weight`), or None."""
+    match = _BLOCK_PARAM.fullmatch(param_name)
+    return match.group(2) if match else None
+
+
+def block_param(index: int | str, path: str) -> str:
+    """The full name of parameter `path` of block `index`."""
+    return f"{BLOCKS}.{index}.{path}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TpPlan:
+    """Which modules tensor parallelism splits (Megatron pairs), read by the TP pass
+    (parallel/tensor_parallel.py) and by the cost model (parallel/tp_plan.py `tp_split_dim`)."""
+
+    column: tuple[str, ...]
+    """Block submodules split by output features (dim 0 of an nn.Linear weight, and its bias)."""
+    row: tuple[str, ...]
+    """Block submodules split by input features (dim 1; partial sums reduced)."""
+    embedding: str
+    """The top-level token embedding: vocabulary rows split over tp."""
+    head: str
+    """The top-level output head: vocabulary columns (the logits) split over tp."""
+    sequence_norms: tuple[str, ...]
+    """Block submodules sharded over the sequence under sequence parallel (the norms)."""
+    final_norm: str
+    """The top-level norm sharded over the sequence under sequence parallel."""
+    gathered_inputs: tuple[str, ...]
+    """Block submodules whose (sequence-sharded) input is all-gathered under sequence parallel."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FsdpUnits:
+    """The FSDP units outside the blocks (each block is one unit of its own)."""
+
+    resharded: tuple[str, ...]
+    """Top-level modules, each its own unit, re-sharded after forward like the blocks."""
+    gathered: tuple[str, ...]
+    """Top-level modules forming one unit never re-sharded after forward (backward starts
+    with them, so a re-shard would be gathered again at once)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecomputeSubmodules:
+    """What a selective recompute target re-runs in each block: `method` of `submodules`."""
+
+    submodules: tuple[str, ...]
+    """Block submodules ("" = the block itself)."""
+    method: str = "forward"
+    """The method run under checkpoint (forward, or a part of it the module names)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ModelFamily:
+    """Everything that knows a family's architecture, without torch (see the module doc).
+    Compared (and hashed) by identity: one object per family."""
+
+    name: str
+    module_class: str
+    """Import path of the torch module class, "package.module:Class" (imported on demand)."""
+    parameter_shapes: Callable[[ModelSpec], Shapes]
+    """(name, shape) of every parameter of the whole model, in `module.parameters()` order."""
+    check: Callable[[ModelSpec, ProblemList], None]
+    """Adds a problem for each model knob this family does not compute (resolve())."""
+    embedding: str
+    """The top-level token embedding module (a lookup: no matmul, no autocast copy)."""
+    head: str
+    """The top-level untied output head module (absent when embeddings are tied)."""
+    attention: str
+    """The block submodule whose `context` attribute context parallelism sets."""
+    first_stage: tuple[str, ...]
+    """Top-level modules only the first pipeline stage holds."""
+    last_stage: tuple[str, ...]
+    """Top-level modules only the last pipeline stage holds."""
+    tp: TpPlan
+    fsdp_untied: FsdpUnits
+    fsdp_tied: FsdpUnits
+    recompute: Mapping[RecomputeTarget, RecomputeSubmodules]
+    """Block submodules per module target (ops is a policy over the whole block)."""
+    init_ones: tuple[str, ...]
+    """Parameter-name suffixes initialised to 1 (norm scales); biases start at 0."""
+    residual_outputs: tuple[str, ...]
+    """Parameter-name suffixes of the residual branches' outputs: N(0, init_std/sqrt(2L))."""
+    hf_architectures: tuple[str, ...]
+    """The Hugging Face classes this family computes exactly (config.json `architectures`)."""
+    hf_names: Mapping[str, str]
+    """Our parameter name -> the Hugging Face one; "{i}" stands for the block index."""
+    read_hf_config: Callable[[dict], tuple[dict[str, object], list[str]]]
+    """config.json -> (ModelConfig knob -> value, refusals: settings this family cannot model)."""
+    hf_key: Callable[[str], str]
+    """The config.json key a knob is read from (for messages)."""
+    write_hf_config: Callable[[ModelSpec, str], dict]
+    """(model, dtype name) -> config.json (without the tokenizer's special-token ids)."""
+
+    def fsdp_units(self, *, tied: bool) -> FsdpUnits:
+        return self.fsdp_tied if tied else self.fsdp_untied
+
+    @property
+    def embedding_param(self) -> str:
+        return f"{self.embedding}.weight"
+
+    def in_recomputed_submodule(self, target: RecomputeTarget, param_name: str) -> bool:
+        """Whether block parameter `param_name` belongs to a submodule `target` re-runs."""
+        path = block_path(param_name)
+        parts = self.recompute[target].submodules if target in self.recompute else ()
+        return path is not None and any(not sub or path.startswith(f"{sub}.") for sub in parts)
