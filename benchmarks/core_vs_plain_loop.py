@@ -3,7 +3,7 @@
 The plain side is the peer's `plain_loop.py` (see the peer's README), imported from its
 path at run time, never copied: its own Llama (fused QKV, F.rms_norm, SDPA, SwiGLU, untied head)
 and its own step (forward, cross-entropy, backward, clip, fused AdamW), so model-level costs in
-meshrun's training.model show up in the ratio. Both sides get the same shape (taken from the
+meshrun's training.model_builder show up in the ratio. Both sides get the same shape (taken from the
 resolved meshrun spec), the same batch tensors, one process, and are timed alternately in blocks
 within one run so machine noise hits both alike.
 
@@ -153,7 +153,7 @@ def main() -> None:
           f"threads={torch.get_num_threads()}"
           f"  blocks={args.blocks}x{args.steps_per_block} steps, alternating")
     print(f"plain loop: {PEER_SRC / 'plain_loop.py'} (its model, fused AdamW; meshrun: "
-          f"training.model + train_step)")
+          f"training.model_builder + train_step)")
     print(f"  meshrun train_step: {core_tps:,.0f} tokens/s (median of {args.blocks})")
     print(f"  plain PyTorch loop: {plain_tps:,.0f} tokens/s (median of {args.blocks})")
     print(f"  ratio meshrun/plain: {core_tps / plain_tps:.3f}")

@@ -108,7 +108,7 @@ def measure_single(spec) -> dict:
     from tests.support.layout_parity import held_bytes, local_bytes
     from training.data.build import build_train_batches
     from training.parallel_model import ParallelModel
-    from training.model import build_model
+    from training.model_builder import build_model
     from training.optim import build_optimizer
     from training.step import clip_and_step, forward_backward
 

@@ -1,7 +1,7 @@
 """Forward + backward of the three models alone: torchtitan's, meshrun's and the plain loop's.
 
 No launcher, no optimizer, no data pipeline, no FSDP: each model (torchtitan 0.3.0's llama3
-debugmodel as its model registry builds it, meshrun's training.model, the peer's plain_loop.py
+debugmodel as its model registry builds it, meshrun's training.model_builder, the peer's plain_loop.py
 Llama) takes the same token batch, computes the mean cross entropy and back-propagates, in one
 process, timed alternately round after round. This separates the model's kernels from
 everything around them when `vs_torchtitan.py` shows a gap: the default shape is one FSDP
@@ -92,7 +92,7 @@ def meshrun_model(seq: int):
 
     sys.path.insert(0, str(REPO))
     from conf.spec import ModelSpec
-    from training.model import build_model
+    from training.model_builder import build_model
 
     spec = ModelSpec(name="tt_debugmodel", **DEBUGMODEL, max_seq_len=seq,
                      tie_embeddings=False, norm_eps=1e-5, init_std=0.02)

@@ -31,7 +31,7 @@ from parallel.recompute import apply_recompute  # noqa: E402
 from tests.support.specs import cpu_spec  # noqa: E402
 from tests.support.recompute_storages import POLICIES, NewStorages  # noqa: E402
 from training.loss import token_cross_entropy_sum  # noqa: E402
-from training.model import build_model  # noqa: E402
+from training.model_builder import build_model  # noqa: E402
 
 MODELS = {"tiny": (4, 64), "debug": (2, 128)}  # model: (micro batch, seq_len)
 BYTES_FP32 = 4

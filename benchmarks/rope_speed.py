@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from conf.spec import ModelSpec  # noqa: E402
 from parallel.document_masking import document_ids_and_positions  # noqa: E402
-from training.model import build_model  # noqa: E402
+from training.model_builder import build_model  # noqa: E402
 from training.models.llama.model import Attention, apply_rope, rope_rows  # noqa: E402
 
 EOS = 1

@@ -60,7 +60,7 @@ PARALLELISMS = (
     Parallelism(
         name="tp", degrees=("tp",),
         when="parallel.tp > 1; parallel.sequence_parallel, parallel.loss_parallel",
-        passes=("parallel.tensor_parallel:apply_tp", "parallel.tp_plan:BLOCK_COLUMN_PARALLEL"),
+        passes=("parallel.tensor_parallel:apply_tp", "parallel.tp_plan:tp_split_dim", "training.models.family:TpPlan"),
         rules=("conf.rules.split_rules:check_tensor_parallel",
                "conf.rules.split_rules:check_sequence_split",
                "conf.rules.parallel_rules:check_zero"),

@@ -119,7 +119,7 @@ def load_hf_model(folder: str | Path, model: ModelSpec, *,
                   device: torch.device = torch.device("cpu")) -> nn.Module:
     """The whole model in one process, with `folder`'s weights (tools and tests)."""
     from training.init import materialize
-    from training.model import build_model_on_meta
+    from training.model_builder import build_model_on_meta
 
     module = build_model_on_meta(model)
     materialize(module, model=model, device=device, seed=0, hf_dir=str(folder))

@@ -28,7 +28,7 @@ from parallel.zero1 import Zero1Partition
 from training.hf_import import hf_start_dir
 from training.init import materialize
 from training.loss import token_cross_entropy_sum
-from training.model import build_model_on_meta
+from training.model_builder import build_model_on_meta
 from training.precision import apply_fp8, mixed_precision_policy
 
 

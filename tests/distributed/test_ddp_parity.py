@@ -35,7 +35,7 @@ def one_update(model, micro_batches, spec: RunSpec):
 def test_gradient_accumulation_matches_one_big_batch():
     """One process: 4 micro-batches of 2 accumulate to the gradients of one batch of 8."""
     from training.data.build import build_train_batches
-    from training.model import build_model
+    from training.model_builder import build_model
 
     spec = cpu_spec("model=tiny", "data=synthetic", "training.seq_len=32", "parallel=single", PARITY_LR,
                     "training.micro_batch_size=2", "training.grad_accum_steps=4")

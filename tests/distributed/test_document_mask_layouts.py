@@ -105,7 +105,7 @@ def document_mask_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) ->
 
 def _one_by_one(spec: RunSpec) -> tuple[list[float], dict[str, torch.Tensor], int]:
     """Per-document loss sums and the gradient of their sum / all targets, in one process."""
-    from training.model import build_model
+    from training.model_builder import build_model
     from training.step import token_loss_sum
 
     model = build_model(spec.model, device=CPU, seed=spec.training.seed)

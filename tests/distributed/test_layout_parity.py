@@ -11,7 +11,7 @@ from conf.run_dir.spec_io import spec_to_dict
 from tests.support.layout_parity import parity_rank
 from tests.support.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
-from training.model import build_model
+from training.model_builder import build_model
 
 pytestmark = pytest.mark.distributed
 

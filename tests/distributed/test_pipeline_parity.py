@@ -83,7 +83,7 @@ def pipeline_update(spec: RunSpec, *, rank: int, pp_group, micro_batches, dp_mes
     from parallel.pipeline import (PipelineLoss, build_schedule, is_first_stage, is_last_stage,
                                    pipeline_forward_backward, split_model)
     from training.loss import IGNORE_INDEX, token_cross_entropy_sum
-    from training.model import build_model
+    from training.model_builder import build_model
     from training.optim import build_optimizer
 
     parts = split_model(build_model(spec.model, device=CPU, seed=spec.training.seed),
@@ -115,7 +115,7 @@ def pipeline_update(spec: RunSpec, *, rank: int, pp_group, micro_batches, dp_mes
 
 def reference_update(spec: RunSpec) -> dict:
     """One process, the whole global batch as one micro-batch: mean token loss, clip, AdamW."""
-    from training.model import build_model
+    from training.model_builder import build_model
     from training.optim import build_optimizer
     from training.step import IGNORE_INDEX, token_loss_sum
 
@@ -134,7 +134,7 @@ def reference_update(spec: RunSpec) -> dict:
 
 def check_against_reference(spec: RunSpec, mine: dict, micro_batches) -> None:
     """Compare this rank's pipeline results with a single-process run on the same data."""
-    from training.model import build_model
+    from training.model_builder import build_model
 
     ref_eval_before = reference_eval_sums(
         build_model(spec.model, device=CPU, seed=spec.training.seed), micro_batches)
@@ -185,7 +185,7 @@ def test_pipeline_schedules_match_single_process(tmp_path):
     results = run_on_ranks(pipeline_rank, world_size=2, workdir=tmp_path,
                            kwargs={"cases": {k: spec_to_dict(s) for k, s in cases.items()},
                                    "fsdp_cases": set(FSDP_CASES)})
-    from training.model import build_model
+    from training.model_builder import build_model
 
     assert list(results[0]) == list(cases)
     for name, spec in cases.items():

@@ -44,7 +44,7 @@ def sft_dp_rank(*, rank: int, world_size: int, prepared: str) -> dict:
     from pathlib import Path
     from training.data.build import build_train_batches
     from training.loss import IGNORE_INDEX
-    from training.model import build_model
+    from training.model_builder import build_model
     from training.parallel_model import build_parallel_model
     from training.step import forward_backward
 

@@ -59,7 +59,7 @@ def reference_update(spec: RunSpec):
     """Loss (mean over the global batch), grads and params after one step, in one process."""
     from training.data.build import build_train_batches
     from training.parallel_model import ParallelModel
-    from training.model import build_model
+    from training.model_builder import build_model
     from training.optim import build_optimizer
     from training.step import clip_and_step, forward_backward
 

@@ -20,7 +20,7 @@ from conf.schema import RecomputeMode
 from conf.spec import RecomputeSpec
 from parallel.recompute import apply_recompute
 from tests.support.specs import tiny_model_spec
-from training.model import build_model
+from training.model_builder import build_model
 
 CPU = torch.device("cpu")
 BATCH, SEQ = 4, 64

@@ -17,7 +17,7 @@ from parallel.cost.params import numel, param_counts, parameter_shapes, tp_local
 from parallel.tp_plan import tp_split_dim
 from tests.support.specs import cpu_spec
 from training.parallel_model import ParallelModel
-from training.model import build_model, count_params
+from training.model_builder import build_model, count_params
 from training.models import family_of
 from training.optim import build_optimizer
 from training.step import clip_and_step, forward_backward

@@ -21,7 +21,7 @@ from tests.support.packed_documents import (
 )
 from tests.support.specs import tiny_model_spec
 from training.loss import IGNORE_INDEX
-from training.model import build_model
+from training.model_builder import build_model
 from training.parallel_model import ParallelModel
 from training.step import forward_backward, token_loss_sum
 

@@ -94,7 +94,7 @@ def test_qwen2_sharded_import_and_export_keep_logits(tmp_path):
 
 def test_biases_start_at_zero_and_are_counted():
     from tests.support.specs import tiny_model_spec
-    from training.model import build_model
+    from training.model_builder import build_model
 
     spec = tiny_model_spec(attention_bias=True)
     model = build_model(spec, device=CPU, seed=0)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conf.errors import ConfigError
 from parallel.cost.activations import ActivationDtypes, ActivationSplit, head_bytes_per_token
 from training.loss import IGNORE_INDEX, chunked_head_loss_sum, row_blocks, token_cross_entropy_sum
-from training.model import build_model
+from training.model_builder import build_model
 from tests.support.specs import cpu_spec
 
 BASE = ("model=tiny", "data=synthetic", "training.seq_len=32", "training.micro_batch_size=2")

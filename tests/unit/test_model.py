@@ -8,7 +8,7 @@ import torch
 
 from tests.support.specs import tiny_model_spec
 from training.export import export_hf, hf_name
-from training.model import build_model, count_params
+from training.model_builder import build_model, count_params
 from training.models import model_family
 
 LLAMA = model_family("llama")

@@ -17,7 +17,7 @@ from parallel.cost.params import param_counts, parameter_shapes, tp_local_shape
 from parallel.cost.plan import make_plan
 from tests.support.specs import cpu_spec
 from tests.support.toy_family import NAME as TOY
-from training.model import build_model, count_params
+from training.model_builder import build_model, count_params
 from training.models import family_of, model_family
 
 REPO = Path(__file__).resolve().parents[2]

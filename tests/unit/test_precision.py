@@ -7,7 +7,7 @@ import torch
 from tests.support.specs import cpu_spec
 from training.data.build import build_train_batches
 from training.parallel_model import ParallelModel
-from training.model import build_model
+from training.model_builder import build_model
 from training.optim import build_optimizer
 from training.precision import autocast_context, build_grad_scaler
 from training.step import clip_and_step, forward_backward

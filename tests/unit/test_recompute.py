@@ -28,7 +28,7 @@ from tests.support.recompute_storages import (
     selective, token_batch,
 )
 from tests.support.specs import tiny_model_spec
-from training.model import build_model
+from training.model_builder import build_model
 
 CPU = torch.device("cpu")
 ALL_TARGET_SETS = [combo for n in range(1, len(RECOMPUTE_TARGETS) + 1)

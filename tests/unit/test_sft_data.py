@@ -309,7 +309,7 @@ def test_one_training_step_loss_is_the_mean_over_assistant_tokens(tok_dir, tmp_p
     are those of the mean over all learned tokens of both (not a mean of the two means)."""
     from tests.support.specs import cpu_spec
     from training.data.build import build_train_batches, build_val_batches
-    from training.model import build_model
+    from training.model_builder import build_model
     from training.data.sft_batches import PackedBins
     from training.parallel_model import ParallelModel
     from training.step import forward_backward

@@ -97,7 +97,7 @@ def _packed_step(spec, model, inputs, targets, *, boundary: int):
 
 
 def test_packed_conversations_with_eos_turns_equal_each_alone(tok_dir, tmp_path):
-    from training.model import build_model
+    from training.model_builder import build_model
     from training.data.sft_batches import PackedBins
     from training.step import token_loss_sum
 

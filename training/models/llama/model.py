@@ -13,7 +13,7 @@ doc_positions=...)` builds one block-diagonal causal mask per forward for every 
 gives RoPE each token's position inside its document.
 
 State-dict keys: the family's table (training/models/llama/__init__.py, shapes.py; hf.py maps
-them to Hugging Face names). Built through training/model.py `build_model`.
+them to Hugging Face names). Built through training/model_builder.py `build_model`.
 """
 from __future__ import annotations
 
