@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from conf.choices import RecomputeTarget
@@ -36,12 +37,15 @@ BLOCKS = "layers"
 _BLOCK_PARAM = re.compile(r"layers\.(\d+)\.(.+)")
 
 
+@lru_cache(maxsize=1 << 16)
 def block_index(param_name: str) -> int | None:
-    """The block a parameter belongs to (`layers.{i}.…` -> i), or None outside the blocks."""
+    """The block a parameter belongs to (`layers.{i}.…` -> i), or None outside the blocks.
+    Memoised: the cost model asks it of every parameter of every candidate layout."""
     match = _BLOCK_PARAM.fullmatch(param_name)
     return int(match.group(1)) if match else None
 
 
+@lru_cache(maxsize=1 << 16)
 def block_path(param_name: str) -> str | None:
     """A block parameter's name inside its block (`layers.3.x.weight` -> `x.weight`), or None."""
     match = _BLOCK_PARAM.fullmatch(param_name)
