@@ -3,6 +3,7 @@ and the same loss with the output head run a row block at a time (`training.loss
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
@@ -76,3 +77,18 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         grad_weight = grad_weight * grad_total.to(grad_weight.dtype)
         return (grad_hidden if ctx.needs_input_grad[0] else None,
                 grad_weight if ctx.needs_input_grad[1] else None, None, None)
+
+
+class OutputHead(nn.Linear):
+    """An untied output head any model family can use: hidden states -> logits, or with
+    `targets` their loss sum in row blocks. Its forward runs once per model forward either
+    way, as FSDP's head unit expects (one gather, one reduce-scatter)."""
+
+    def __init__(self, dim: int, vocab_size: int):
+        super().__init__(dim, vocab_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor, *, targets: torch.Tensor | None = None,
+                loss_chunks: int = 1) -> torch.Tensor:
+        if targets is None:
+            return super().forward(hidden)
+        return chunked_head_loss_sum(hidden, self.weight, targets, chunks=loss_chunks)

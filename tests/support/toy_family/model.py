@@ -13,7 +13,7 @@ from torch import nn
 
 from conf.spec import ModelSpec
 from parallel.document_masking import local_document_mask, masked_attention
-from training.loss import chunked_head_loss_sum
+from training.loss import OutputHead, chunked_head_loss_sum
 
 
 class ToyAttention(nn.Module):
@@ -66,19 +66,6 @@ class ToyBlock(nn.Module):
         return h + self.mlp(self.ln_2(h))
 
 
-class ToyHead(nn.Linear):
-    """hidden -> logits, or with `targets` their loss sum (run once per forward, for FSDP)."""
-
-    def __init__(self, dim: int, vocab_size: int):
-        super().__init__(dim, vocab_size, bias=False)
-
-    def forward(self, hidden: torch.Tensor, *, targets: torch.Tensor | None = None,
-                loss_chunks: int = 1) -> torch.Tensor:
-        if targets is None:
-            return super().forward(hidden)
-        return chunked_head_loss_sum(hidden, self.weight, targets, chunks=loss_chunks)
-
-
 class ToyGPT(nn.Module):
     def __init__(self, model: ModelSpec):
         super().__init__()
@@ -86,7 +73,7 @@ class ToyGPT(nn.Module):
         self.wte = nn.Embedding(model.vocab_size, model.dim)
         self.layers = nn.ModuleDict({str(i): ToyBlock(model) for i in range(model.n_layers)})
         self.ln_f = nn.LayerNorm(model.dim, eps=model.norm_eps)
-        self.lm_head = None if model.tie_embeddings else ToyHead(model.dim, model.vocab_size)
+        self.lm_head = None if model.tie_embeddings else OutputHead(model.dim, model.vocab_size)
         self.rope_positions: torch.Tensor | None = None
 
     document_mask = staticmethod(local_document_mask)

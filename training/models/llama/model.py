@@ -25,7 +25,7 @@ from torch import nn
 
 from conf.spec import Llama3RopeScaling, ModelSpec
 from parallel.document_masking import local_document_mask, masked_attention
-from training.loss import chunked_head_loss_sum
+from training.loss import OutputHead, chunked_head_loss_sum
 
 
 class RMSNorm(nn.Module):
@@ -180,23 +180,6 @@ class TransformerBlock(nn.Module):
                 mask=None) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos=cos, sin=sin, mask=mask)
         return h + self.feed_forward(self.ffn_norm(h))
-
-
-
-class OutputHead(nn.Linear):
-    """The untied head: hidden states -> logits, or with `targets` their loss sum in blocks.
-    Its forward runs once per model forward either way, as FSDP's head unit expects (one
-    gather, one reduce-scatter)."""
-
-    def __init__(self, dim: int, vocab_size: int):
-        super().__init__(dim, vocab_size, bias=False)
-
-    def forward(self, hidden: torch.Tensor, *, targets: torch.Tensor | None = None,
-                loss_chunks: int = 1) -> torch.Tensor:
-        if targets is None:
-            return super().forward(hidden)
-        return chunked_head_loss_sum(hidden, self.weight, targets, chunks=loss_chunks)
-
 
 
 class Transformer(nn.Module):
