@@ -39,6 +39,14 @@ def test_the_toy_family_resolves_and_refuses_what_it_does_not_compute():
         cpu_spec("model.family=nope")
 
 
+@pytest.mark.parametrize("name", ["../x", ".relative.path", "a..b", "no_such.module", "conf.spec"])
+def test_a_family_named_by_a_path_that_is_not_a_family_module_is_a_config_error(name):
+    """A relative or malformed path, a missing module, a module without FAMILY: the one
+    message, never a traceback from importlib."""
+    with pytest.raises(ConfigError, match="is not a model family"):
+        cpu_spec(f"model.family={name}")
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_the_cost_model_counts_the_toy_table_as_the_built_module(tied):
     spec = cpu_spec(*TOY_MODEL, f"model.tie_embeddings={str(tied).lower()}")

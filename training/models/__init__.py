@@ -14,6 +14,7 @@ without anything registered at run time.
 from __future__ import annotations
 
 import importlib
+import re
 from functools import cache
 
 from training.models.family import ModelFamily
@@ -22,6 +23,8 @@ FAMILIES = {
     "llama": "training.models.llama",  # Llama 3 and Qwen2 dense
 }
 """Family name -> import path of its torch-free module (which defines FAMILY)."""
+MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+"""An import path a family may be named by: dotted identifiers, never a file path."""
 
 
 class UnknownFamily(ValueError):
@@ -36,11 +39,11 @@ def known_families() -> tuple[str, ...]:
 def model_family(name: str) -> ModelFamily:
     """The family `name` (a key of FAMILIES, or an import path of a module defining FAMILY)."""
     path = FAMILIES.get(name, name)
-    if path not in FAMILIES.values() and "." not in path:
+    if path not in FAMILIES.values() and not MODULE_PATH.fullmatch(path):
         raise UnknownFamily(name)
     try:
         family = importlib.import_module(path).FAMILY
-    except (ImportError, AttributeError) as err:
+    except (ImportError, AttributeError, TypeError, ValueError) as err:
         raise UnknownFamily(name) from err
     if not isinstance(family, ModelFamily):
         raise UnknownFamily(name)
