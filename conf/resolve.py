@@ -26,7 +26,7 @@ from conf.rules.cluster_rules import check_cluster, check_launch, slurm_resource
 from conf.rules.compile_rules import check_compile
 from conf.rules.data_rules import data_files
 from conf.rules.document_rules import resolve_document_eos
-from conf.rules.field_rules import finite_floats, typed_lists
+from conf.rules.field_rules import finite_floats, int64_ints, typed_lists
 from conf.rules.model_rules import BF16_MIN_CC, check_model, check_precision
 from conf.rules.parallel_rules import resolve_parallel
 from conf.rules.split_rules import check_model_split, check_recompute
@@ -54,7 +54,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     `explicit`: the keys the user's overrides set (conf.hf_model_config.explicit_model_keys);
     with model.path, an explicit shape knob must agree with that folder's config.json."""
     problems = ProblemList()
-    cfg = typed_lists(finite_floats(cfg, problems), problems)
+    cfg = typed_lists(int64_ints(finite_floats(cfg, problems), problems), problems)
     host = target_host(cfg.cluster, local=host)
     device = _resolve_device(cfg, host, problems)
     model = _resolve_model(cfg, problems, explicit)

@@ -28,6 +28,7 @@ from rich.text import Text
 
 from conf.errors import ProblemList
 from conf.run_dir.paths import RunDir
+from launcher.output_file import check_output_file, write_file_atomically
 from sweeps.compare import (OUTCOMES, RunRecord, best_run, collect_runs, differing_keys,
                             display, is_sweep_dir, select_runs,
                             table_columns, table_rows)
@@ -62,6 +63,7 @@ def register_compare(subparsers) -> None:
 
 def run_compare(args: argparse.Namespace, console: Console) -> int:
     check_paths(args.paths)
+    check_output_files(args)
     records = select_runs(collect_runs(paths=args.paths), filters=args.filters, sort=args.sort)
     keys = differing_keys(records)
     rows = table_rows(records, keys=keys)
@@ -101,6 +103,15 @@ def check_paths(paths: list[Path]) -> None:
     problems.raise_if_any("Nothing to compare")
 
 
+def check_output_files(args: argparse.Namespace) -> None:
+    """--csv, --json and --html can be written, before anything is read or written."""
+    for flag, target in (("--csv", args.csv), ("--json", args.json)):
+        if target and str(target) != "-":
+            check_output_file(flag, target)
+    if args.html:
+        check_output_file("--html", args.html, make_folder=True)
+
+
 def _title(paths: list[Path]) -> str:
     if len(paths) == 1 and is_sweep_dir(paths[0]):
         return f"Sweep {paths[0].resolve().name}"
@@ -122,7 +133,7 @@ def _write(target: str, text: str, console: Console) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    Path(target).write_text(text)
+    write_file_atomically(target, text)
     console.print(f"wrote {target}")
 
 

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from string import Template
 
+from launcher.output_file import write_file_atomically
 from sweeps.compare import OUTCOMES, RunRecord, best_run, display, table_columns
 from sweeps.compare_cli import format_cell
 from sweeps.report_plots import (SMOOTHING_CONTROL, SMOOTHING_SCRIPT, bars_plot, loss_plot,
@@ -22,7 +23,7 @@ from sweeps.report_plots import (SMOOTHING_CONTROL, SMOOTHING_SCRIPT, bars_plot,
 def write_report(*, records: list[RunRecord], keys: list[str], path: Path, title: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(records=records, keys=keys, title=title))
+    write_file_atomically(path, render_report(records=records, keys=keys, title=title))
     return path
 
 

@@ -98,7 +98,7 @@ def load_sweep_file(path: Path) -> SweepDef:
 
     try:
         data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as err:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError([Problem("file", str(path), f"cannot be read ({first})",
                                     "fix the YAML")], FILE_TITLE) from None

@@ -4,11 +4,14 @@
 """
 from __future__ import annotations
 
+import re
+
 from conf.compose.parse import quote_value, try_parse_override
 from conf.errors import ConfigError, Problem, ProblemList
 from conf.overrides import check_override
 from conf.schema import RunConfig
-from conf.search_path import CONF_DIR, SEARCHPATH_KEY, hydra_searchpath
+from conf.search_path import (CONF_DIR, SEARCHPATH_KEY, hydra_searchpath, option_sources,
+                               user_config_dirs)
 
 SCHEMA_NAME = "run_schema"
 CONFIG_NAME = "config"
@@ -17,6 +20,7 @@ HYDRA_VERSION_BASE = "1.3"
 
 def compose_config(overrides: list[str]) -> RunConfig:
     """Compose the default config with `overrides`; raise ConfigError on any bad override."""
+    import yaml
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -27,6 +31,10 @@ def compose_config(overrides: list[str]) -> RunConfig:
         run_config = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError([_problem_from_hydra(err)], "Invalid overrides") from None
+    except yaml.YAMLError as err:
+        raise ConfigError([_problem_from_yaml(err)], "Invalid config file") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(_undecodable_files(err), "Invalid config file") from None
     assert isinstance(run_config, RunConfig), type(run_config)
     return run_config
 
@@ -64,10 +72,60 @@ def compose_dict_config(overrides: list[str]):
 
 
 def _problem_from_hydra(err: Exception) -> Problem:
-    """One Problem from a Hydra/OmegaConf error, keyed by the config key it names if any."""
-    errors = [e for e in (err, err.__cause__) if e is not None]
-    key = next((e.full_key for e in errors if getattr(e, "full_key", None)), "")
+    """One Problem from a Hydra/OmegaConf error, keyed by the config key it names if any, and
+    naming the config file it came from (`In 'model/mine'` -> DIR/model/mine.yaml)."""
+    keyed = next((e for e in _chain(err) if getattr(e, "full_key", None)), None)
+    key = keyed.full_key if keyed is not None else ""
+    errors = [e for e in (err, keyed or err.__cause__) if e is not None]
     texts = [" ".join(str(e).split("full_key:")[0].split()) for e in errors if str(e).strip()]
     text = texts[-1] if texts else type(err).__name__
+    source = _source_file(str(err))
+    if source:
+        text = f"{text} (in {source})"
     return Problem(key or "overrides", "", text,
                    "check the keys and values against conf/schema.py")
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """`err` and the exceptions it was raised from, outermost first."""
+    seen: list[BaseException] = []
+    while err is not None and err not in seen:
+        seen.append(err)
+        err = err.__cause__ or err.__context__
+    return seen
+
+
+def _source_file(message: str) -> str:
+    """The config file of `In 'group/option'` in a Hydra message, when a search dir has it."""
+    match = re.match(r"In '([\w./-]+)'", message)
+    if not match:
+        return ""
+    group, _, option = match.group(1).rpartition("/")
+    source = option_sources(group).get(option) if group else None
+    return str(source) if source else ""
+
+
+def _undecodable_files(err: UnicodeDecodeError) -> list[Problem]:
+    """Hydra read a config file that is not UTF-8 text without saying which: find them."""
+    problems = []
+    for folder in user_config_dirs():
+        for path in sorted(folder.rglob("*.yaml")):
+            try:
+                path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as bad:
+                problems.append(Problem(str(path), "", f"is not UTF-8 text (byte {bad.start}: "
+                                        f"{bad.reason})", "save it as UTF-8 YAML"))
+            except OSError:
+                continue
+    return problems or [Problem("config files", "", f"one is not UTF-8 text: {err.reason}",
+                                "save every config file as UTF-8 YAML")]
+
+
+def _problem_from_yaml(err: Exception) -> Problem:
+    """A config file that is not YAML: the file, the line and column, what the parser saw."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = mark.name if mark is not None else "a config file"
+    line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    what = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return Problem(where, "", f"is not valid YAML{line}: {what}",
+                   "fix the file's YAML syntax (or move it out of the config dir)")

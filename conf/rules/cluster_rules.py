@@ -21,6 +21,10 @@ def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: DeviceKi
                      "use cluster=slurm or cluster=nodes for several nodes")
     elif c.nodes < 1:
         problems.add("cluster.nodes", c.nodes, "must be positive", "give a value >= 1")
+    if c.gpus_per_node < -1:
+        problems.add("cluster.gpus_per_node", c.gpus_per_node,
+                     "must be >= 0 (0 = CPU-only nodes), or -1 = this machine's GPUs",
+                     "give the GPUs of one node, e.g. 8")
     if c.gpu_compute_capability < 0:
         problems.add("cluster.gpu_compute_capability", c.gpu_compute_capability,
                      "must be >= 0 (0 = unknown)", "e.g. 9.0 for H100, 8.0 for A100")
@@ -34,10 +38,27 @@ def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: DeviceKi
     if procs <= 0:
         problems.add("cluster.procs_per_node", procs, "must be positive, or -1 for auto",
                      "give a value >= 1")
+    elif device is DeviceKind.cpu and procs > cpu_procs_max(host):
+        problems.add("cluster.procs_per_node", procs,
+                     f"is more CPU ranks than this machine's {host.cpu_count} core(s) can run "
+                     f"(at most {cpu_procs_max(host)}: {CPU_RANKS_PER_CORE} per core, or "
+                     f"{CPU_PROCS_FLOOR}); each rank is a whole Python and torch process",
+                     f"use cluster.procs_per_node<={cpu_procs_max(host)}, or a machine with "
+                     "more cores")
     elif device is DeviceKind.cuda and 0 < host.gpu_count < procs:  # no GPU at all: reported as device
         problems.add("cluster.procs_per_node", procs,
                      f"exceeds the {host.gpu_count} GPU(s) of this machine",
                      f"use cluster.procs_per_node<={host.gpu_count}")
+
+
+CPU_RANKS_PER_CORE = 4
+CPU_PROCS_FLOOR = 16
+"""CPU (gloo) ranks per node: oversubscribing a core a few times still trains (the layout
+tests run 8 ranks on 2 cores), thousands only thrash; the floor keeps small machines usable."""
+
+
+def cpu_procs_max(host: HostSpec) -> int:
+    return max(CPU_PROCS_FLOOR, CPU_RANKS_PER_CORE * max(host.cpu_count, 1))
 
 
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")

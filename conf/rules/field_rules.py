@@ -21,6 +21,8 @@ def check_positive(problems: ProblemList, section: str, obj: object,
 
 
 FINITE_RULE = "must be a finite number (nan and inf are refused)"
+INT64_MAX = 2**63 - 1
+INT64_RULE = f"must fit a signed 64-bit integer (|value| <= {INT64_MAX})"
 
 
 def repair_fields(cfg, problems: ProblemList, check, prefix: str = ""):
@@ -52,10 +54,42 @@ def finite_floats(cfg, problems: ProblemList):
 
 
 def _non_finite(f, value, key: str, problems: ProblemList) -> bool:
+    if isinstance(value, list):
+        return _non_finite_items(f, value, key, problems)
     if not isinstance(value, float) or math.isfinite(value):
         return False
     problems.add(key, value, FINITE_RULE,
                  f"give a finite value, e.g. the default {_schema_default(f)}")
+    return True
+
+
+def int64_ints(cfg, problems: ProblemList):
+    """Every int knob of every section fits int64: torch tensors, JSON readers of other
+    languages and the step counters all hold int64, so 2**63 or 2**80 would wrap or fail in
+    the ranks. Reported here and replaced by the schema default, like a non-finite float."""
+    return repair_fields(cfg, problems, _beyond_int64)
+
+
+def _beyond_int64(f, value, key: str, problems: ProblemList) -> bool:
+    if not isinstance(value, int) or isinstance(value, bool) or abs(value) <= INT64_MAX:
+        return False
+    problems.add(key, _short_int(value), INT64_RULE,
+                 f"give a value that means something here, e.g. the default {_schema_default(f)}")
+    return True
+
+
+def _short_int(value: int) -> str:
+    """A huge int shown readably: 2**80 as '1208925819614629174706176 (about 2^80)'."""
+    return f"{value} (about 2^{abs(value).bit_length() - 1})"
+
+
+def _non_finite_items(f, value: list, key: str, problems: ProblemList) -> bool:
+    """A list of floats (data.weights) holds only finite numbers."""
+    bad = [v for v in value if isinstance(v, float) and not math.isfinite(v)]
+    if not bad:
+        return False
+    problems.add(key, value, f"{FINITE_RULE}: found {bad[0]}",
+                 "give finite numbers, e.g. [0.7,0.3]")
     return True
 
 

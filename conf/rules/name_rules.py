@@ -87,4 +87,41 @@ def _check_folder(key: str, value: str, problems: ProblemList) -> None:
                          "give a folder path (it is created if missing)")
             return
         if p.is_dir():
+            _check_writable_folder(key, value, p, problems)
             return
+
+
+PSEUDO_FILESYSTEMS = frozenset({
+    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "securityfs",
+    "tracefs", "configfs", "pstore", "bpf", "mqueue", "hugetlbfs", "fusectl", "autofs",
+    "binfmt_misc", "efivarfs"})
+"""Kernel file systems: they hold no files of ours (a mkdir there fails, even as root)."""
+
+
+def _check_writable_folder(key: str, value: str, existing: Path, problems: ProblemList) -> None:
+    """The nearest existing folder of `value` can take new folders: writable, on a real fs."""
+    fs = _filesystem_type(existing)
+    if fs in PSEUDO_FILESYSTEMS:
+        problems.add(key, value, f"lies on the kernel's {fs} file system ({existing}), which "
+                     "cannot hold files", "give a folder on a disk, e.g. ./runs")
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problems.add(key, value, f"cannot be created or written: {existing} is not writable "
+                     "by this user", "give a folder you can write, e.g. ./runs")
+
+
+def _filesystem_type(path: Path) -> str:
+    """The type of the file system holding `path` (Linux /proc/self/mounts; '' elsewhere)."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    resolved, best, fs = str(path.resolve()), "", ""
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mount = parts[1].replace("\\040", " ")
+        inside = resolved == mount or resolved.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, fs = mount, parts[2]
+    return fs

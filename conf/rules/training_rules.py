@@ -3,11 +3,14 @@ and the optimizer."""
 from __future__ import annotations
 
 from conf.errors import ProblemList
-from conf.rules.field_rules import check_positive
+from conf.rules.field_rules import INT64_MAX, check_positive
 from conf.schema import OptimConfig, ScheduleConfig, ScheduleKind, TrainingConfig
 from conf.spec import ModelSpec, TrainingSpec
 
 SEED_MAX = 2**63 - 1
+SEQ_LEN_MAX = 2**24
+"""16,777,216 tokens: above every context anyone has trained (the longest published is 10M
+tokens); beyond it the RoPE tables and position ids alone outgrow any device."""
 
 
 def resolve_batch(t: TrainingConfig, dp: int, problems: ProblemList) -> tuple[int, int]:
@@ -42,6 +45,7 @@ def resolve_batch(t: TrainingConfig, dp: int, problems: ProblemList) -> tuple[in
 
 def check_training(t: TrainingSpec, model: ModelSpec, problems: ProblemList) -> None:
     check_positive(problems, "training", t, ("steps", "seq_len", "eval_batches", "log_every"))
+    _check_token_counts(t, model, problems)
     if t.seq_len > model.max_seq_len > 0:
         problems.add("training.seq_len", t.seq_len,
                      f"exceeds model.max_seq_len={model.max_seq_len} ({model.name})",
@@ -59,6 +63,21 @@ def check_training(t: TrainingSpec, model: ModelSpec, problems: ProblemList) -> 
     if t.cpu_peak_flops < 0:
         problems.add("training.cpu_peak_flops", t.cpu_peak_flops, "must be >= 0 (0 = measure)",
                      "give a value >= 0")
+
+
+def _check_token_counts(t: TrainingSpec, model: ModelSpec, problems: ProblemList) -> None:
+    """Sequence lengths that mean something, and a run whose token count fits the int64
+    counters the loop, the metrics and the checkpoints keep."""
+    for key, value in (("training.seq_len", t.seq_len), ("model.max_seq_len", model.max_seq_len)):
+        if value > SEQ_LEN_MAX:
+            problems.add(key, value, f"exceeds {SEQ_LEN_MAX:,} tokens (2^24), longer than any "
+                         "context ever trained", f"use {key}<={SEQ_LEN_MAX}")
+    tokens = t.steps * max(t.global_batch_size, 1) * max(t.seq_len, 1)
+    if t.steps > 0 and tokens > INT64_MAX:
+        most = INT64_MAX // (max(t.global_batch_size, 1) * max(t.seq_len, 1))
+        problems.add("training.steps", t.steps,
+                     f"the run would train {tokens:.3g} tokens, more than the int64 token "
+                     "counter holds (2^63)", f"use training.steps<={most}")
 
 
 AUTO_WARMUP_MAX_STEPS = 10

@@ -8,12 +8,14 @@ when it has train rows in metrics.jsonl, its median step time. Runs are grouped 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from rich.console import Console
 
 from conf.errors import ConfigError, Problem
 from conf.run_dir.paths import RunDir
+from launcher.output_file import check_output_file
 from parallel.cost.calibrate import COMPUTE_CONSTANTS, Sample, calibrate, read_run
 from parallel.cost.calibrate_store import default_path, device_key, read_file, store_entry
 
@@ -24,6 +26,7 @@ def run_calibrate(paths: list[Path], *, out: Path | None, console: Console) -> i
     """Fit, print and store; a path that gives nothing to fit raises ConfigError (exit 2)."""
     samples, preflights = _read(paths)
     target = out or default_path()
+    check_output_file("--out" if out else "calibration file", target, make_folder=True)
     devices = sorted({device_key(s.spec) for s in samples} | set(preflights))
     for device in devices:
         mine = [s for s in samples if device_key(s.spec) == device]
@@ -50,24 +53,44 @@ def _read(paths: list[Path]) -> tuple[list[Sample], dict[str, list[dict]]]:
                                     "give run dirs made by `meshrun run` or `meshrun preflight`"))
             continue
         found = False
-        if rd.preflight_file.exists():
-            report = json.loads(rd.preflight_file.read_text())
+        report = _preflight_report(rd)
+        if report is not None:
             if len(report.get("bandwidth", [])) >= 2 and report.get("world_size", 1) >= 2:
                 key = device_key(rd.read_spec())
                 preflights.setdefault(key, []).append(report)
                 found = True
+        why = ""
         try:
             samples.append(read_run(path))
             found = True
-        except ValueError:
-            pass
+        except ValueError as error:
+            why = str(error).removeprefix(f"{path}: ")
         if not found:
-            problems.append(Problem(KEY, path, "has neither train step times (metrics.jsonl) "
-                                    "nor a preflight bandwidth table of 2+ ranks",
+            problems.append(Problem(KEY, path, f"has no step times to fit ({why}) and no "
+                                    "preflight bandwidth table of 2+ ranks",
                                     "let the run take a few steps, or run `meshrun preflight`"))
     if problems:
         raise ConfigError(problems, title="Cannot calibrate")
     return samples, preflights
+
+
+def _preflight_report(rd: RunDir) -> dict | None:
+    """preflight.json when it is there and a JSON object of bandwidth rows; else None (the
+    run still counts by its step times)."""
+    try:
+        report = json.loads(rd.preflight_file.read_text())
+    except (OSError, ValueError):
+        return None
+    rows = report.get("bandwidth") if isinstance(report, dict) else None
+    if not isinstance(rows, list) or not all(_bandwidth_row(r) for r in rows):
+        return None
+    return report
+
+
+def _bandwidth_row(row: object) -> bool:
+    return isinstance(row, dict) and all(
+        isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)
+        and math.isfinite(row[k]) and row[k] > 0 for k in ("size_bytes", "time_ms"))
 
 
 def _stored_links(path: Path, device: str) -> dict:

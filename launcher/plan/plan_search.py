@@ -39,10 +39,13 @@ from conf.search_path import option_sources
 from conf.degrees import DEGREES
 from launcher.hardware import probe_host
 from launcher.views.plan_view import gib
+from launcher.output_file import check_output_file, write_file_atomically
 from parallel.cost.search import Ranked, SearchResult, search
 from parallel.cost.search_space import Candidate
 
 SCHEMA = "meshrun.plan_search/1"
+SWEEP_FILE_HEADER = "# Written by `meshrun plan --search`"
+"""The first line of a written sweep file: --write-sweep replaces only a file starting so."""
 SEARCHED_KEYS = ("parallel.", "recompute", "training.micro_batch_size",
                  "training.grad_accum_steps", "training.global_batch_size")
 """Override keys the search chooses (left out of the sweep's base)."""
@@ -54,6 +57,8 @@ def plan_search(overrides: list[str], *, console: Console, top: int = 10,
     """Search, then print the top layouts (and write them as a sweep file)."""
     if top < 1:
         raise _bad("--top", top, "must be at least 1", "e.g. --top 10")
+    if write_sweep is not None:
+        check_output_file("--write-sweep", write_sweep, keep_unless=SWEEP_FILE_HEADER)
     cfg = compose_config(overrides)
     global_batch_size = batch_sequences(cfg, global_batch_tokens)
     base = resolve(neutral_layout(cfg), host=probe_host(), check_paths=False,
@@ -142,9 +147,8 @@ def write_sweep_file(path: Path, result: SearchResult, overrides: list[str],
     sweep = {"name": path.stem, "base": [*base, f"training.global_batch_size={global_batch_size}"],
              "combine": "list", "points": [point_overrides(r.candidate) for r in result.top],
              "run_name": "{sweep}-{index}"}
-    header = ("# Written by `meshrun plan --search`: the top layouts, best predicted "
-              "tokens/s per device first.\n")
-    path.write_text(header + yaml.safe_dump(sweep, sort_keys=False, width=1000))
+    header = f"{SWEEP_FILE_HEADER}: the top layouts, best predicted tokens/s per device first.\n"
+    write_file_atomically(path, header + yaml.safe_dump(sweep, sort_keys=False, width=1000))
 
 
 def search_json(result: SearchResult, base, global_batch_size: int) -> dict:

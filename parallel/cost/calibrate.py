@@ -22,6 +22,7 @@ Two fits, each from what a measurement can identify:
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -114,6 +115,10 @@ def calibrate(samples: list[Sample], *, preflights: list[dict] = (), base: dict 
         constants.update(link_constants(report))
     if samples:
         constants.update(fit_compute(samples, base=constants))
+    bad = sorted(k for k, v in constants.items() if isinstance(v, float) and not math.isfinite(v))
+    if bad:
+        raise ValueError(f"the fit is degenerate ({', '.join(bad)} not finite): the runs do not "
+                         "pin the constants down")
     errors = {s.name: (s.measured_s, predict(s.spec, constants)) for s in samples}
     return Calibration(device=device, constants=constants, errors=errors)
 
@@ -197,6 +202,12 @@ def _weighted_lstsq(a: list[list[float]], r: list[float], w: list[float]) -> lis
     return [m[i][k] / m[i][i] for i in range(k)]
 
 
+def _is_time(value: object) -> bool:
+    """A measured step time: a finite number of seconds above zero (NaN, inf, 0 are not)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
 def read_run(run_dir: Path) -> Sample:
     """A finished (or running) run dir as a Sample: its spec and the median step_time_s of
     its train rows after WARMUP_STEPS. ValueError names what is missing."""
@@ -205,8 +216,10 @@ def read_run(run_dir: Path) -> Sample:
         raise ValueError(f"{run_dir}: not a run dir (no spec.json)")
     rows = [r for r in read_metrics_rows(rd.metrics_file)
             if r.get("kind") == "train" and "step_time_s" in r]
-    times = [r["step_time_s"] for r in rows[WARMUP_STEPS:]] or [r["step_time_s"] for r in rows]
+    times = [r["step_time_s"] for r in rows if _is_time(r["step_time_s"])]
+    times = times[WARMUP_STEPS:] or times
     if not times:
-        raise ValueError(f"{run_dir}: metrics.jsonl has no train rows with step_time_s")
+        raise ValueError(f"{run_dir}: metrics.jsonl has no train rows with a finite, positive "
+                         "step_time_s")
     return Sample(name=Path(run_dir).name, spec=rd.read_spec(),
                   measured_s=statistics.median(times))

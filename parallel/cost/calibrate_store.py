@@ -15,6 +15,7 @@ written; the others stay the catalogue's.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -74,7 +75,18 @@ def read_file(path: Path, *, key: str) -> dict:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or \
             not isinstance(data.get("devices"), dict):
         raise ConfigError([Problem(key, path, f"not a {SCHEMA} file", fix)])
+    bad = [f"{device}.{name}={value}" for device, entry in data["devices"].items()
+           for name, value in (entry.items() if isinstance(entry, dict) else [("", entry)])
+           if name in CONSTANTS and not _finite_number(value) or not isinstance(entry, dict)]
+    if bad:
+        raise ConfigError([Problem(key, path, f"holds a constant that is not a finite number "
+                                   f"({bad[0]})", fix)])
     return data
+
+
+def _finite_number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def store_entry(path: Path, device: str, constants: dict) -> Path:

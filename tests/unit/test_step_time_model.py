@@ -342,3 +342,32 @@ def test_calibrate_command_rejects_bad_input_with_exit_2(tmp_path, capsys):
     assert main(["plan", "--calibration-out", str(out), "--calibrate", str(empty)]) == 2
     err = capsys.readouterr().err
     assert "--calibrate" in err and "Traceback" not in err and not out.exists()
+
+
+def test_calibrate_refuses_runs_whose_step_times_are_not_finite(tmp_path, capsys):
+    """NaN, inf, 0 and negative step times are no measurement: a run of only those gives
+    nothing to fit (exit 2, no file), and mixed in they are left out of the median."""
+    from launcher.cli import main
+
+    bad = _run_dir(tmp_path, "nan-times", small("parallel=ddp"), float("nan"))
+    rows = [{"kind": "train", "step": i, "step_time_s": v}
+            for i, v in enumerate([float("inf"), 0.0, -1.0, float("nan")], start=1)]
+    (bad / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "cal.json"
+    assert main(["plan", "--calibration-out", str(out), "--calibrate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "finite, positive step_time_s" in err and "Traceback" not in err
+    assert not out.exists()
+    mixed = _run_dir(tmp_path, "mixed", small("parallel=ddp"), 0.25)
+    with (mixed / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "train", "step": 9, "step_time_s": float("nan")}) + "\n")
+    from parallel.cost.calibrate import read_run
+    assert read_run(mixed).measured_s == pytest.approx(0.25)
+
+
+def test_a_calibration_file_holding_nan_is_refused(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "devices": {"CPU core": {
+        "matmul_efficiency": float("nan")}}}))
+    with pytest.raises(ConfigError, match="not a finite number"):
+        load_entry(spec(*GPU[:-1], f"cluster.calibration={path}"))
