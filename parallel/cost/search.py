@@ -121,7 +121,7 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
     rejected: Counter = Counter()
     base_plan = make_plan(base)
     hardware = hardware_of(base)  # the cluster's constants: the same for every candidate
-    usable = memory_verdict(base, 0).usable_bytes  # reads only the device: the base's
+    usable = memory_verdict(base, 0).rank_budget_bytes  # the device's (or a CPU rank's share)
     fitting, enumerated, misfits, smallest, trainings = [], 0, 0, None, {}
     for candidate in enumerate_candidates(cfg, base, global_batch_size=global_batch_size,
                                           policies=policies, rejected=rejected):
