@@ -157,3 +157,17 @@ def test_wandb_key_is_found_where_wandb_looks(where, online_spec, tmp_path, monk
     problems = ProblemList()
     add_wandb_problem(online_spec, problems)
     assert bool(problems) == (found is None)
+
+
+def test_host_memory_from_the_os_or_the_environment(monkeypatch):
+    from launcher.host_memory import HOST_MEMORY_ENV, available_bytes
+
+    monkeypatch.delenv(HOST_MEMORY_ENV, raising=False)
+    meminfo = {line.split(":")[0]: int(line.split()[1]) * 1024
+               for line in Path("/proc/meminfo").read_text().splitlines()}
+    assert 0 < available_bytes() <= meminfo["MemTotal"]
+    monkeypatch.setenv(HOST_MEMORY_ENV, str(3 * GIB))
+    assert probe_host().mem_available_bytes == 3 * GIB
+    monkeypatch.setenv(HOST_MEMORY_ENV, "3GiB")
+    with pytest.raises(ConfigError, match=HOST_MEMORY_ENV):
+        available_bytes()
