@@ -75,7 +75,7 @@ class SearchResult:
             return "every layout resolve() accepts fits"
         return (f"does not fit: {self.does_not_fit} layouts (the smallest needs "
                 f"{self.smallest_misfit_bytes / GIB:.2f} GiB > "
-                f"{self.usable_bytes / GIB:.2f} GiB usable)")
+                f"{self.usable_bytes / GIB:.2f} GiB usable per rank)")
 
 
 def predict(spec: RunSpec, plan: Plan, hardware: Hardware | None = None) -> Prediction:
