@@ -2,7 +2,7 @@
 fits where the ranks will run (unless --force), and W&B online has a key to log in with.
 
 `meshrun run` (its dry run too), `meshrun resume`, `meshrun sweep` (every point, before any is
-submitted) and so Slurm submission ask `launch_problems`; a refusal is one ConfigError
+submitted) and so Slurm submission ask `check_launchable`; a refusal is one ConfigError
 (exit 2), printed with the re-planned suggestions of launcher.plan.fit_advice.
 """
 from __future__ import annotations
