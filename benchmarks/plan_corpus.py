@@ -54,9 +54,11 @@ SCRATCH_SUBDIR = "scratch"
 RUN_NAME = "corpus"
 STAMP = re.compile(rf"(?<={RUN_NAME}-)\d{{8}}-\d{{6}}")
 """The timestamp of a run dir's name (runs_dir/<name>-YYYYmmdd-HHMMSS)."""
-FIXED_ENV = {"COLUMNS": "80", "LINES": "25", "TERM": "dumb", "CUDA_VISIBLE_DEVICES": ""}
+FIXED_ENV = {"COLUMNS": "80", "LINES": "25", "TERM": "dumb", "CUDA_VISIBLE_DEVICES": "",
+             "MESHRUN_HOST_MEMORY_BYTES": str(24 * 1024**3)}
 """What a pipe gives rich (80 columns, no colour), so the caller's terminal does not leak in;
-and no GPU probed: `cluster=local` is this machine's CPU cores wherever the corpus is written."""
+no GPU probed: `cluster=local` is this machine's CPU cores wherever the corpus is written; and
+24 GiB of host memory for the CPU fit verdict (MemAvailable changes from one call to the next)."""
 UNSET_ENV = ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "JUPYTER_COLUMNS",
              "JUPYTER_LINES", "MESHRUN_CONFIG_PATH")
 

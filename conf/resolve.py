@@ -34,6 +34,7 @@ from conf.rules.training_rules import (check_optim, check_schedule, check_traini
                                        resolve_batch, warmup_steps)
 from conf.data_contract.prepared_corpus import check_tokenizer, resolve_prepared, resolve_sources
 from conf.data_contract.token_files import check_token_files
+from conf.data_contract.vocab_inference import with_data_vocab
 from conf.schema import (
     ClusterConfig, ClusterKind, DataKind, DeviceKind, DType, Precision, RopeScaling, RunConfig,
 )
@@ -61,6 +62,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     procs = _resolve_procs_per_node(cfg, host, device, problems)
     parallel = resolve_parallel(cfg.parallel, world_size=cfg.cluster.nodes * procs,
                                 nodes=cfg.cluster.nodes, problems=problems)
+    model = with_data_vocab(model, cfg.data, explicit=explicit, tp=parallel.tp)
     training = _resolve_training(cfg, device, parallel.dp, problems)
     check_model(model, problems)
     check_model_family(model, cfg.recompute, problems)

@@ -281,6 +281,9 @@ class HostSpec:
     compute_capability: float
     """0.0 when there is no CUDA GPU."""
     cpu_count: int
+    mem_available_bytes: int = 0
+    """Host memory the ranks may take (MemAvailable, or less under a cgroup limit) when the
+    ranks run on this machine; 0 = unknown (another machine's, e.g. a Slurm node's)."""
 
 
 @dataclasses.dataclass(**FROZEN)

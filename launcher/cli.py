@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a process killed by it
+FORCE_HELP = ("launch even when the plan says the run does not fit (a GPU's memory, or on CPU "
+              "this machine's available RAM for all its ranks): it launches anyway and you "
+              "accept that it may fail out of memory; without it such a run is refused (exit 2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prepare-only", action="store_true", dest="prepare_only",
                      help="create the run dir (data prepared, spec written), print its path and "
                           "exit; start it with the torchrun line --dry-run prints")
+    run.add_argument("--force", action="store_true", help=FORCE_HELP)
     hydra_flags.add_run_flags(run)
     run.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value, ...")
     plan = sub.add_parser("plan", help="print the numbers of a run (memory, FLOPs, tokens)")
@@ -54,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue a run dir from its latest checkpoint")
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--wait", action="store_true", help="cluster=slurm: wait for the job")
+    resume.add_argument("--force", action="store_true", help=FORCE_HELP)
     resume.add_argument("overrides", nargs="*", help="extra overrides, e.g. training.steps=2000")
     hydra_flags.add_config_dir_arg(resume)
     preflight = sub.add_parser("preflight", help="only check joins, all-reduce and bandwidth")
@@ -111,7 +116,7 @@ def _main(argv: list[str], warm: WarmTorchrun | None) -> int:
                                  as_json=args.json)
         if args.command == "resume":
             return commands.resume(args.run_dir, args.overrides, console=console, wait=args.wait,
-                                   warm=warm)
+                                   warm=warm, force=args.force)
         if args.command == "preflight":
             return commands.preflight(args.overrides, console=console, warm=warm)
         if args.command == "status":
@@ -143,7 +148,7 @@ def run_command(args: argparse.Namespace, console: Console,
     if args.cfg:
         return commands.print_composed(args.overrides)
     return commands.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait,
-                        prepare_only=args.prepare_only, warm=warm)
+                        prepare_only=args.prepare_only, warm=warm, force=args.force)
 
 
 def add_search_args(plan: argparse.ArgumentParser) -> None:

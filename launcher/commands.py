@@ -15,6 +15,7 @@ from rich.console import Console
 from conf.compose import compose_config, config_yaml
 from conf.errors import ConfigError, Problem, ProblemList
 from conf.hf_model_config import explicit_model_keys
+from conf.data_contract.vocab_inference import data_vocab
 from conf.resolve import resolve
 from conf.search_path import add_config_dirs, user_config_dirs
 from conf.spec import RunSpec
@@ -23,6 +24,7 @@ from conf.run_dir.paths import LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir
 from conf.run_dir.checkpoint_dirs import checkpoint_step
 from conf.run_dir.checkpoint_verify import prelaunch_problem
 from launcher.plan.fit_advice import suggestions
+from launcher.launch_gate import check_launchable, device_memory, launch_plan
 from launcher.data.stdlib_corpus import MANIFEST_NAME, prepare_stdlib_corpus, stdlib_corpus_dir
 from launcher.hardware import probe_host
 from launcher.backends.choose import backend_for
@@ -67,29 +69,34 @@ def print_composed(overrides: list[str]) -> int:
 
 
 def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False,
-        prepare_only: bool = False, warm: WarmTorchrun | None = None) -> int:
+        prepare_only: bool = False, warm: WarmTorchrun | None = None,
+        force: bool = False) -> int:
     """Compose, check, write the run dir and launch (or show all that: `dry_run`). A torchrun
     agent starts warm meanwhile (launcher/backends/warm_torchrun.py) for a run that may launch here
-    (`warm`: one the CLI started already)."""
+    (`warm`: one the CLI started already). A run whose plan does not fit is refused (exit 2)
+    unless `force` (launcher/launch_gate.py); the dry run says so after its printout."""
     with warm_torchrun(not (dry_run or prepare_only), started=warm) as warm:
         return _run(overrides, dry_run=dry_run, console=console, wait=wait,
-                    prepare_only=prepare_only, warm=warm)
+                    prepare_only=prepare_only, warm=warm, force=force)
 
 
 def _run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool,
-         prepare_only: bool, warm: WarmTorchrun | None) -> int:
+         prepare_only: bool, warm: WarmTorchrun | None, force: bool) -> int:
     spec, yaml_text = compose_spec(overrides)
     command = launch_command(spec)
     if dry_run:
         console.rule("resolved config")
         console.print(yaml_text, markup=False, highlight=False)
-        the_plan = make_plan(spec)
-        advice = suggestions(spec, overrides) if the_plan.verdict.fits is False else []
+        the_plan = launch_plan(spec)
+        advice = (suggestions(spec, overrides, device_bytes=device_memory(spec))
+                  if the_plan.verdict.fits is False else [])
         print_plan(spec, the_plan, console, advice)
         console.print(f"data: {_data_line(spec)}", markup=False, soft_wrap=True)
         print_launch(spec, new_run_dir_path(spec), command, console)
         print_copyable(spec, overrides, console)
+        check_launchable(spec, overrides, force=force, plan=the_plan, advice=advice)
         return 0
+    check_launchable(spec, overrides, force=force)
     spec = with_prepared_data(spec)
     run_dir = create_run_dir(spec, overrides=overrides, config_yaml=yaml_text, command=command)
     if prepare_only:  # the path alone on stdout: RUN_DIR=$(meshrun run --prepare-only ...)
@@ -203,23 +210,25 @@ def print_preflight(run_dir: Path, console: Console) -> None:
 
 
 def resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool = False,
-           warm: WarmTorchrun | None = None) -> int:
+           warm: WarmTorchrun | None = None, force: bool = False) -> int:
     """Continue `run_dir` from its newest complete checkpoint, in the same dir and W&B run,
     with the newest leg's overrides (then these). Refused (exit 2) before anything is
     written: every check runs before the run dir's lock is taken (a refused resume leaves
     every file as it was), again under the lock, and spec.json and resumes.jsonl change only
-    for a leg that launches, never while another launcher holds the lock."""
+    for a leg that launches, never while another launcher holds the lock. A leg whose plan
+    does not fit is refused unless `force`, as `run` refuses one."""
     with warm_torchrun(True, started=warm) as warm:
-        return _resume(run_dir, overrides, console=console, wait=wait, warm=warm)
+        return _resume(run_dir, overrides, console=console, wait=wait, warm=warm, force=force)
 
 
 def _resume(run_dir: Path, overrides: list[str], *, console: Console, wait: bool,
-            warm: WarmTorchrun | None) -> int:
+            warm: WarmTorchrun | None, force: bool) -> int:
     stored = _stored_overrides(run_dir)
     _reuse_config_dirs(run_dir)
     effective = stored + [LEG_UNPAUSE] + overrides
     try:
         spec = _resumable_spec(run_dir, effective)
+        check_launchable(spec, effective, force=force)
     except ConfigError:
         if RunDir(run_dir).lock_file.exists():  # a live holder is the first thing to say
             with acquire_run_lock(run_dir, action="resume"):
@@ -317,4 +326,9 @@ def _data_line(spec: RunSpec) -> str:
         return f"stdlib corpus at {where} ({state})"
     if d.kind.value == "synthetic":
         return "synthetic random tokens"
-    return f"{len(d.train_files)} train file(s), {len(d.val_files)} val file(s)"
+    files = f"{len(d.train_files)} train file(s), {len(d.val_files)} val file(s)"
+    found = data_vocab(d)
+    if found is None:
+        return files
+    return (f"{files}; tokenizer vocab {found.vocab_size} ({found.source}), "
+            f"model.vocab_size {spec.model.vocab_size}")

@@ -4,21 +4,27 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from functools import lru_cache
 
 from conf.spec import HostSpec
+from launcher.host_memory import available_bytes
+from parallel.cost.devices import gpu_memory_bytes
 
 NVIDIA_SMI_TIMEOUT_S = 10
 
 
 def probe_host() -> HostSpec:
-    """GPU name, count and compute capability from nvidia-smi; CPU count from the OS."""
+    """GPU name, count and compute capability from nvidia-smi; CPU count and the memory the
+    ranks may take (host_memory.available_bytes) from the OS."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpus = _nvidia_gpus() if os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "" else []
+    memory = available_bytes()
     if not gpus:
-        return HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=cpus or 1)
+        return HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=cpus or 1,
+                        mem_available_bytes=memory)
     name, cc = gpus[0]
     return HostSpec(gpu_name=name, gpu_count=len(gpus), compute_capability=cc,
-                    cpu_count=cpus or 1)
+                    cpu_count=cpus or 1, mem_available_bytes=memory)
 
 
 def _nvidia_gpus() -> list[tuple[str, float]]:
@@ -43,3 +49,24 @@ def _nvidia_gpus() -> list[tuple[str, float]]:
     if visible:
         gpus = gpus[: len(visible.split(","))]
     return gpus
+
+
+def device_memory(gpu_name: str, *, local: bool) -> float | None:
+    """Bytes of one GPU: from its name in the device catalogue, or nvidia-smi on this machine."""
+    known = gpu_memory_bytes(gpu_name)
+    if known is not None:
+        return known
+    return _local_gpu_memory() if local else None
+
+
+@lru_cache(maxsize=1)
+def _local_gpu_memory() -> float | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+        return float(out.stdout.split()[0]) * 1024**2 if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None

@@ -101,7 +101,8 @@ def multirun(args: argparse.Namespace, build_parser) -> int:
     """`meshrun run -m ...`: hand the overrides to `meshrun sweep` (same expansion, checks,
     preview and runs)."""
     argv = ["sweep", *args.overrides] + (["--dry-run"] if args.dry_run else []) \
-        + (["--yes"] if args.yes else []) + (["--wait"] if args.wait else [])
+        + (["--yes"] if args.yes else []) + (["--wait"] if args.wait else []) \
+        + (["--force"] if getattr(args, "force", False) else [])
     try:
         sweep_args = build_parser().parse_args(argv)
     except SystemExit:

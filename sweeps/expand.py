@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from conf.compose import ParsedOverride, display_value, quote_value, try_parse_override
 from conf.errors import ProblemList
 from conf.overrides import GROUPS, OPTIONAL_GROUPS, group_options
-from sweeps.naming import (base_values, check_template, default_template, render_name,
-                           wandb_group_and_tags)
+from sweeps.naming import (NAME_KEY, base_values, check_template, check_unique_names,
+                           check_user_name, point_template, render_name, wandb_group_and_tags)
 from sweeps.spec_file import SWEEP_TITLE, SweepDef
 
 MAX_POINTS = 10_000
@@ -81,17 +81,21 @@ def expand(sweep: SweepDef, *, max_points: int = MAX_POINTS) -> list[Point]:
     problems.raise_if_any(SWEEP_TITLE)
     keys = list(dict.fromkeys(key for combo in combos for _, key, _ in combo))
     fixed = base_values(sweep.base)
-    check_template(sweep.run_name, keys, fixed, problems)
+    check_template(sweep.run_name or point_template("", keys, fixed), keys, fixed, problems)
+    check_user_name(sweep.run_name, keys, fixed, problems)
     problems.raise_if_any(SWEEP_TITLE)
     points = []
     for index, combo in enumerate(combos):
         overrides = tuple(sweep.base) + tuple(line for line, _, _ in combo)
         values = {key: shown for _, key, shown in combo}
-        template = sweep.run_name or default_template(list(values))
+        template = point_template(sweep.run_name, list(values), fixed)
         name = render_name(template, values, fixed, sweep=sweep.name, index=index)
         group, tags = wandb_group_and_tags(overrides, group=sweep.name, values=values)
         points.append(Point(index=index, overrides=overrides, values=values, name=name,
                             group=group, tags=tags))
+    if NAME_KEY in fixed or NAME_KEY in keys:
+        check_unique_names([p.name for p in points], problems)
+        problems.raise_if_any(SWEEP_TITLE)
     return points
 
 

@@ -69,3 +69,49 @@ def wandb_group_and_tags(overrides: tuple[str, ...], *, group: str,
     tags += [f"{key}={value}"[:WANDB_TAG_MAX] for key, value in values.items()]
     return ("" if "logging.wandb_group" in given else group), tuple(tags)
 
+
+
+NAME_KEY = "name"
+
+
+def point_template(run_name: str, keys: list[str], fixed: dict[str, str]) -> str:
+    """The run-name template of a point varying `keys`: the sweep's run_name; else, when the
+    user set `name=` (fixed, or an axis), that name kept and made unique per point: a name
+    with {fields} is itself the template, a plain one gets the varied values appended
+    ("{name}-lr={optim.lr}"); else the varied values (default_template)."""
+    if run_name:
+        return run_name
+    others = [k for k in keys if k != NAME_KEY]
+    if NAME_KEY in keys:
+        return "-".join(["{name}", default_template(others)] if others else ["{name}"])
+    given = fixed.get(NAME_KEY)
+    if given is None:
+        return default_template(keys)
+    if FIELD.search(given):
+        return given
+    return "-".join(["{name}", default_template(keys)] if keys else ["{name}"])
+
+
+def check_user_name(run_name: str, keys: list[str], fixed: dict[str, str],
+                    problems: ProblemList) -> None:
+    """A user's name= is never silently replaced: a run_name template that does not use
+    {name} would replace it in every point."""
+    given = fixed.get(NAME_KEY) if NAME_KEY not in keys else "(an axis)"
+    if given is None or not run_name or "{name}" in run_name:
+        return
+    problems.add(NAME_KEY, given, f"is set, and the sweep's run_name template {run_name!r} "
+                 "would replace it in every point",
+                 "put {name} in the template (e.g. '{name}-{index}'), or drop name= or "
+                 "run_name")
+
+
+def check_unique_names(names: list[str], problems: ProblemList) -> None:
+    """Points named after the user's name= must stay distinguishable."""
+    seen: dict[str, int] = {}
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+    for name, count in seen.items():
+        if count > 1:
+            problems.add(NAME_KEY, name, f"would name {count} points the same",
+                         "vary the name per point: put {index} or a varied key in it "
+                         "(e.g. name='run-{index}')")

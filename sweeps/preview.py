@@ -6,19 +6,16 @@ tokens, and estimated GPU-hours at an assumed MFU. Torch-free: it uses the cost 
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
 
 from rich.console import Console
 from rich.table import Table
 
 from conf.spec import RunSpec
 from launcher.backends.choose import backend_for
+from launcher.hardware import device_memory
 from launcher.views.plan_view import gib, human
-from parallel.cost.devices import gpu_memory_bytes
 from parallel.cost.fit import Verdict
 from parallel.cost.plan import make_plan
 from parallel.cost.step_time import estimate_time
@@ -53,27 +50,6 @@ def point_cost(spec: RunSpec) -> Cost:
     return Cost(world_size=plan.world_size, nodes=spec.cluster.nodes,
                 mem_per_rank=plan.memory.total, device_mem=device_mem,
                 tokens=plan.total_tokens, gpu_hours=hours, verdict=plan.verdict)
-
-
-def device_memory(gpu_name: str, *, local: bool) -> float | None:
-    """Bytes of one GPU: from its name or the device catalogue, or nvidia-smi on this machine."""
-    known = gpu_memory_bytes(gpu_name)
-    if known is not None:
-        return known
-    return _local_gpu_memory() if local else None
-
-
-@lru_cache(maxsize=1)
-def _local_gpu_memory() -> float | None:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10)
-        return float(out.stdout.split()[0]) * 1024**2 if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return None
 
 
 def preview_table(checked: list[Checked], *, title: str, max_rows: int = 50) -> Table:
@@ -141,7 +117,7 @@ def _memory_text(cost: Cost) -> str:
     usable = cost.verdict.usable_bytes
     if usable is None:
         return f"{need:.2f}" if need < 10 else f"{need:.1f}"
-    return f"{need:.1f}/{usable / 1024**3:.1f}"
+    return f"{cost.verdict.need_bytes / 1024**3:.1f}/{usable / 1024**3:.1f}"
 
 
 def _fit_text(cost: Cost) -> str:

@@ -12,10 +12,12 @@ from pathlib import Path
 from rich.console import Console
 
 from conf.compose import config_yaml, quote_value
-from conf.errors import ConfigError, Problem
+from conf.errors import ConfigError, Problem, ProblemList
 from launcher.backends.choose import backend_for
 from launcher.backends.interface import LaunchBackend
 from launcher.hardware import probe_host
+from launcher.launch_gate import add_fit_problem, add_wandb_problem, device_memory, launch_plan
+from launcher.plan.fit_advice import suggestions
 from sweeps.expand import MAX_POINTS, Point, expand
 from sweeps.preview import confirm, not_fitting, preview_table
 from sweeps.run_local import Prepared
@@ -25,6 +27,8 @@ from sweeps.track import RETRYABLE, point_status
 from sweeps.validate import Checked, InvalidSweep, describe_invalid, point_label, validate
 
 SWEEPS_SUBDIR = "sweeps"
+SUGGESTED_POINTS = 3
+"""Points that do not fit whose refusal lists re-planned suggestions (each costs a compose)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +40,8 @@ class Options:
     wait: bool = False
     max_rows: int = 50
     max_points: int = MAX_POINTS
+    force: bool = False
+    """Launch points whose plan does not fit too (launcher/launch_gate.py)."""
 
 
 def run_sweep(sweep: SweepDef, opts: Options, console: Console, *,
@@ -59,11 +65,11 @@ def run_sweep(sweep: SweepDef, opts: Options, console: Console, *,
     console.print(preview_table(todo, title=f"Sweep {sweep.name}: {len(todo)} point"
                                 f"{'s' if len(todo) != 1 else ''} to run",
                                 max_rows=opts.max_rows))
-    _warn_not_fitting(todo, console)
     for backend, points in by_backend(todo):
         for line in backend.describe_points([c.spec for c in points],
                                             array_parallelism=sweep.array_parallelism):
             console.print(line, markup=False)
+    check_points_launchable(todo, force=opts.force)
     if opts.dry_run:
         console.print("dry run: nothing was written or submitted", markup=False)
         return 0
@@ -117,12 +123,21 @@ def _split_by_state(state: SweepState, checked: list[Checked]):
     return todo, done, active
 
 
-def _warn_not_fitting(todo: list[Checked], console: Console) -> None:
-    tight = not_fitting(todo)
-    if tight:
-        console.print(f"warning: {len(tight)} point(s) may not fit in GPU memory (estimate): "
-                      + ", ".join(str(c.point.index) for c in tight[:20]), markup=False,
-                      soft_wrap=True)
+def check_points_launchable(todo: list[Checked], *, force: bool) -> None:
+    """Every point before any is submitted (launcher/launch_gate.py): those whose plan does not
+    fit are refused unless `force` (the first SUGGESTED_POINTS with re-planned suggestions),
+    and W&B online needs a key."""
+    problems = ProblemList()
+    tight = [] if force else not_fitting(todo)
+    for n, c in enumerate(tight):
+        advice = suggestions(c.spec, list(c.point.overrides),
+                             device_bytes=device_memory(c.spec)) if n < SUGGESTED_POINTS else []
+        add_fit_problem(launch_plan(c.spec), advice, problems,
+                        key=f"point {c.point.index} [{point_label(c.point)}]")
+    online = [c for c in todo if c.spec.logging.wandb_mode.value == "online"]
+    if online:
+        add_wandb_problem(online[0].spec, problems)
+    problems.raise_if_any("Cannot sweep (nothing was submitted)")
 
 
 def by_backend(todo: list[Checked]) -> list[tuple[LaunchBackend, list[Checked]]]:
@@ -181,7 +196,7 @@ def _launch_all(state: SweepState, sweep: SweepDef, todo: list[Checked], opts: O
     for backend, points in by_backend(todo):
         resumable = [c for c in points if _checkpointed_run_dir(state, c) is not None]
         fresh = [c for c in points if c not in resumable]
-        ok = _resume(state, backend, resumable, console) and ok
+        ok = _resume(state, backend, resumable, console, force=opts.force) and ok
         if fresh:
             ok = _launch_fresh(state, sweep, backend, fresh, console) and ok
         submitted = submitted or (backend.detached and bool(fresh))
@@ -222,7 +237,7 @@ def _checkpointed_run_dir(state: SweepState, checked: Checked) -> Path | None:
 
 
 def _resume(state: SweepState, backend: LaunchBackend, resumable: list[Checked],
-            console: Console) -> bool:
+            console: Console, *, force: bool = False) -> bool:
     """Points whose last run left a checkpoint continue it (same run dir, same W&B run)."""
     from launcher import commands
 
@@ -233,7 +248,7 @@ def _resume(state: SweepState, backend: LaunchBackend, resumable: list[Checked],
                       "checkpoint", markup=False)
         state.add_attempt(c.point.index, run_dir, backend=backend.kind)
         try:
-            status = commands.resume(run_dir, [], console=console)
+            status = commands.resume(run_dir, [], console=console, force=force)
         except ConfigError as err:
             console.print(str(err), markup=False, highlight=False, soft_wrap=True)
             state.finish_attempt(c.point.index, error=str(err).splitlines()[0])

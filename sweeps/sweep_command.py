@@ -24,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 from conf.errors import ConfigError, Problem
+from launcher.cli import FORCE_HELP
 from sweeps.spec_file import COMBINES, extend, find_sweep_file, inline_sweep, load_sweep_file
 
 SUBCOMMANDS = ("status", "retry")
@@ -50,6 +51,8 @@ def register(subparsers) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="expand, validate and preview only; write and submit nothing")
     parser.add_argument("-y", "--yes", action="store_true", help="run without asking")
+    parser.add_argument("--force", action="store_true",
+                        help="every point, as for `meshrun run`: " + FORCE_HELP)
     parser.add_argument("--skip-invalid", action="store_true",
                         help="drop invalid points (reported) instead of refusing the sweep")
     parser.add_argument("--parallel", type=int,
@@ -98,6 +101,7 @@ def _options(args: argparse.Namespace, sweep_dir: Path | None):
 
     return Options(sweep_dir=sweep_dir, dry_run=args.dry_run, yes=args.yes,
                    skip_invalid=args.skip_invalid, wait=args.wait, max_rows=args.rows,
+                   force=args.force,
                    **({} if args.max_points is None else {"max_points": args.max_points}))
 
 

@@ -51,15 +51,17 @@ class SlurmBackend(LaunchBackend):
                          show_progress=show_progress)
 
     def state(self, run_dir: Path, *, scheduler: dict | None = None) -> dict:
-        """The newest submission's job as sacct sees it (nothing before the first one)."""
+        """The newest submission's job as sacct sees it, or squeue without accounting (then
+        `scheduler_note` says so); nothing before the first submission."""
         jobs = recorded_jobs(run_dir)
         if not jobs:
             return {}
         job_id = jobs[-1]["job_id"]
         job = (scheduler or {}).get(job_id) or job_state(job_id)
-        return {"job_id": job.job_id, "state": state_from_scheduler(job.state, run_dir),
-                "scheduler_state": job.state, "elapsed": job.elapsed, "nodes": job.nodes,
-                "submissions": len(jobs)}
+        found = {"job_id": job.job_id, "state": state_from_scheduler(job.state, run_dir),
+                 "scheduler_state": job.state, "elapsed": job.elapsed, "nodes": job.nodes,
+                 "submissions": len(jobs)}
+        return {**found, "scheduler_note": job.note} if job.note else found
 
     def stop(self, run_dir: Path) -> str:
         """scancel the newest job: Slurm sends its tasks SIGTERM; the ranks checkpoint first."""

@@ -1,6 +1,7 @@
 """A Slurm job's state from sacct (accounting), torch-free; a poll()-able handle for progress."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
@@ -11,6 +12,7 @@ from conf.errors import ConfigError, Problem
 from conf.run_dir.failure_diagnosis import failure_tail, looks_oom
 from conf.run_dir.paths import RunDir
 from conf.run_dir.run_states import RunState, state_from_files
+from launcher.backends.slurm_queue import NOT_IN_QUEUE, squeue_rows
 
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
           "RESIZING", "REQUEUE_FED", "REQUEUE_HOLD")
@@ -41,6 +43,8 @@ class JobState:
     exit_code: str
     elapsed: str
     nodes: str
+    note: str = ""
+    """How the state was found when sacct could not say (slurm_queue.py); empty: from sacct."""
 
     @property
     def active(self) -> bool:
@@ -55,7 +59,8 @@ def job_state(job_id: str) -> JobState:
 def job_states(job_ids: list[str]) -> dict[str, JobState]:
     """The states of all `job_ids` from ONE sacct call (`sacct -j a,b,c`), however many jobs are
     watched; a job accounting has no record of yet is PENDING, and all are UNKNOWN when sacct
-    does not answer in time.
+    does not answer in time. When sacct fails (no accounting), one squeue call answers instead
+    and each state says so in its `note` (slurm_queue.py); RuntimeError when neither can.
 
     Slurm 22.05's sacct has no restart count: requeues are counted from the run's events.
     """
@@ -67,10 +72,28 @@ def job_states(job_ids: list[str]) -> dict[str, JobState]:
     except subprocess.TimeoutExpired:
         return {j: JobState(job_id=j, state="UNKNOWN", exit_code="", elapsed="", nodes="")
                 for j in wanted}
+    except OSError as err:  # no sacct on this machine
+        return states_without_accounting(wanted, reason=f"cannot run sacct ({err.strerror})")
     if out.returncode != 0:
-        raise RuntimeError(f"sacct failed for job(s) {','.join(wanted)}: {out.stderr.strip()} "
-                           "(is SLURM_CONF set and accounting (slurmdbd) running?)")
+        reason = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else \
+            f"sacct exited with status {out.returncode}"
+        return states_without_accounting(wanted, reason=reason)
     return parse_sacct(out.stdout, wanted)
+
+
+def states_without_accounting(wanted: list[str], *, reason: str) -> dict[str, JobState]:
+    """The jobs' states from squeue (a job it no longer lists: NOT_IN_QUEUE), each noting that
+    accounting was unavailable and why."""
+    rows = squeue_rows(wanted)
+    if rows is None:
+        raise RuntimeError(f"sacct failed for job(s) {','.join(wanted)}: {reason}; squeue did "
+                           "not answer either (is SLURM_CONF set and slurmctld running?)")
+    head = f"accounting unavailable (sacct: {reason})"
+    found = parse_sacct(rows, wanted, missing=NOT_IN_QUEUE)
+    return {j: dataclasses.replace(
+        job, note=f"{head}; squeue no longer lists the job, so its run dir says how it ended"
+        if job.state == NOT_IN_QUEUE else f"{head}; state from squeue")
+        for j, job in found.items()}
 
 
 def sacct_command(job_ids: list[str]) -> list[str]:
@@ -78,10 +101,11 @@ def sacct_command(job_ids: list[str]) -> list[str]:
             "--format=JobID,State,ExitCode,Elapsed,NodeList"]
 
 
-def parse_sacct(text: str, job_ids: list[str]) -> dict[str, JobState]:
+def parse_sacct(text: str, job_ids: list[str], *,
+                missing: str = "PENDING") -> dict[str, JobState]:
     """sacct's `JobID|State|ExitCode|Elapsed|NodeList` rows -> a state per asked id (the last row
-    that names it). A pending array's tasks share one row, `123_[0-3%2]`: each task in its range
-    takes that row's state."""
+    that names it; `missing` for an id no row names). A pending array's tasks share one row,
+    `123_[0-3%2]`: each task in its range takes that row's state."""
     found: dict[str, JobState] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -91,7 +115,7 @@ def parse_sacct(text: str, job_ids: list[str]) -> dict[str, JobState]:
             if _row_names(row_id, job_id):
                 found[job_id] = JobState(job_id=job_id, state=(state.split() or ["UNKNOWN"])[0],
                                          exit_code=exit_code, elapsed=elapsed, nodes=nodes)
-    return {j: found.get(j, JobState(job_id=j, state="PENDING", exit_code="", elapsed="",
+    return {j: found.get(j, JobState(job_id=j, state=missing, exit_code="", elapsed="",
                                      nodes="")) for j in job_ids}
 
 
@@ -143,6 +167,10 @@ def state_from_scheduler(slurm_state: str, run_dir: Path) -> RunState:
     """Slurm's word for a run's job, made exact by the run dir: a job that ended cleanly
     without summary.json stopped early (e.g. out of requeues), unless it was a preflight that
     passed; a failure whose logs say so ran out of memory."""
+    if slurm_state == NOT_IN_QUEUE:  # ended, and nothing but the run dir remembers how
+        files = state_from_files(run_dir)
+        unsure = (RunState.created, RunState.pending, RunState.running)
+        return RunState.unknown if files in unsure else files
     state = SLURM_STATES.get(slurm_state, RunState.failed)
     if state is RunState.completed and not RunDir(run_dir).summary_file.exists():
         passed = state_from_files(run_dir) is RunState.preflight_passed

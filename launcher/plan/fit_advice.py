@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from conf.compose import compose_many
 from conf.errors import ConfigError
+from conf.hf_model_config import explicit_model_keys
 from conf.resolve import resolve
 from conf.spec import RunSpec
 from parallel.cost.plan import Plan, make_plan
@@ -59,7 +60,8 @@ def suggestions(spec: RunSpec, overrides: list[str], *,
             try:
                 if isinstance(cfg, ConfigError):
                     raise cfg
-                other = resolve(cfg, host=spec.host, check_paths=False)
+                other = resolve(cfg, host=spec.host, check_paths=False,
+                                explicit=explicit_model_keys([*overrides, *extra]))
             except ConfigError:
                 continue
             found.append(Suggestion(what=what, overrides=extra,

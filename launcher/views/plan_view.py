@@ -90,6 +90,10 @@ def _memory_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
 
 
 def _time_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
+    if plan.verdict.fits is False:
+        return [("est. step time", f"none: the run does not fit {_where(spec)} (see 'fits "
+                                   "device'; a step time for a run that cannot start means "
+                                   "nothing)")]
     estimate = estimate_time(spec, plan)
     if estimate is None:
         return [("est. step time", f"unknown peak for {spec.host.gpu_name} "
@@ -101,7 +105,7 @@ def time_rows(e) -> list[tuple[str, str]]:
     """The step-time model's lines (parallel.cost.step_time), one term each."""
     b, hw = e.breakdown, e.hardware
     axes = ", ".join(f"{axis} {s * 1e3:.1f}" for axis, s in b.comm_by_axis.items()) or "none"
-    rows = [("est. step time", f"{e.step_s:.3f} s; {e.tokens_per_s_per_device:,.0f} tokens/s "
+    rows = [("est. step time", f"{e.step_s:.3f} s; {_rate(e.tokens_per_s_per_device)} tokens/s "
                                f"per device; MFU {e.mfu:.1%} of {e.peak.source}"),
             ("  compute", f"{b.compute_s * 1e3:.1f} ms at {hw.matmul_efficiency:.0%} matmul "
                           f"efficiency ({hw.sources.get('matmul_efficiency')}); recompute "
@@ -118,6 +122,17 @@ def time_rows(e) -> list[tuple[str, str]]:
     if e.gpu_hours is not None:
         rows.append(("est. run time", f"{e.run_hours:.2f} h; {e.gpu_hours:.1f} GPU-hours"))
     return rows
+
+
+def _rate(per_s: float) -> str:
+    """Tokens/s as a person reads it: whole numbers, significant digits below 10."""
+    return f"{per_s:,.0f}" if per_s >= 10 else f"{per_s:.2g}"
+
+
+def _where(spec: RunSpec) -> str:
+    if spec.training.device == "cuda":
+        return f"its {spec.host.gpu_name or 'GPU'}s"
+    return "this machine's memory"
 
 
 def suggestion_table(suggestions: list) -> Table:
@@ -141,6 +156,18 @@ def print_plan(spec: RunSpec, plan: Plan, console: Console,
         console.print(rank_table(spec))
     if suggestions:
         console.print(suggestion_table(suggestions))
-    elif plan.verdict.fits is False:
-        console.print("Does not fit, and no single change (zero, recompute, tp, micro-batch) "
-                      "resolves for this run", markup=False)
+    if plan.verdict.fits is False:
+        console.print(does_not_fit_line(spec, plan, suggestions), markup=False, soft_wrap=True)
+
+
+def does_not_fit_line(spec: RunSpec, plan: Plan, suggestions: list | None) -> str:
+    """In plain words: this model, in this layout, does not fit where it would run."""
+    v = plan.verdict
+    head = (f"model {spec.model.name} does not fit {_where(spec)}: it needs "
+            f"{v.need_bytes / GIB:.2f} GiB, {v.usable_bytes / GIB:.2f} GiB usable")
+    if any(s.plan.verdict.fits for s in suggestions or []):
+        return head + "; the changes above that say 'fits' would"
+    if suggestions:
+        return head + "; none of the single changes above is enough (combine them, or use " \
+                      "more or larger devices)"
+    return head + "; no single change (zero, recompute, tp, micro-batch) resolves for this run"

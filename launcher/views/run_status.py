@@ -75,6 +75,8 @@ def print_status(status: dict, console: Console) -> None:
     for what, value in rows:
         table.add_row(what, value)
     console.print(table)
+    if status.get("scheduler_note"):
+        console.print(f"note: {status['scheduler_note']}", markup=False, soft_wrap=True)
     if status["state"] in (RunState.paused, RunState.stopped):
         console.print(f"{status['state']} at step {status['step']}; continue with: "
                       f"meshrun resume {status['run_dir']}", markup=False, soft_wrap=True)

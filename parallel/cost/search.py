@@ -75,7 +75,7 @@ class SearchResult:
             return "every layout resolve() accepts fits"
         return (f"does not fit: {self.does_not_fit} layouts (the smallest needs "
                 f"{self.smallest_misfit_bytes / GIB:.2f} GiB > "
-                f"{self.usable_bytes / GIB:.2f} GiB usable)")
+                f"{self.usable_bytes / GIB:.2f} GiB usable per rank)")
 
 
 def predict(spec: RunSpec, plan: Plan, hardware: Hardware | None = None) -> Prediction:
@@ -121,7 +121,7 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
     rejected: Counter = Counter()
     base_plan = make_plan(base)
     hardware = hardware_of(base)  # the cluster's constants: the same for every candidate
-    usable = memory_verdict(base, 0).usable_bytes  # reads only the device: the base's
+    usable = memory_verdict(base, 0).rank_budget_bytes  # the device's (or a CPU rank's share)
     fitting, enumerated, misfits, smallest, trainings = [], 0, 0, None, {}
     for candidate in enumerate_candidates(cfg, base, global_batch_size=global_batch_size,
                                           policies=policies, rejected=rejected):

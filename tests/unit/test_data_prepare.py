@@ -11,6 +11,7 @@ import pytest
 
 from conf.compose import compose_config
 from conf.errors import ConfigError
+from conf.hf_model_config import explicit_model_keys
 from conf.data_contract.prepared_corpus import MANIFEST, read_manifest
 from conf.resolve import resolve
 from conf.spec import HostSpec
@@ -108,7 +109,7 @@ def test_cli_prepare_says_it_did_nothing_the_second_time(made, tmp_path):
 
 def _resolve(*overrides: str):
     return resolve(compose_config(["model=tiny", "training.seq_len=64", "data=files",
-                                   *overrides]), host=CPU)
+                                   *overrides]), host=CPU, explicit=explicit_model_keys(overrides))
 
 
 def test_torn_shard_is_never_read_as_complete(made, monkeypatch):
@@ -144,12 +145,13 @@ def test_torn_shard_is_never_read_as_complete(made, monkeypatch):
 def test_resolve_refuses_tokenizer_vocab_mismatch(made, tmp_path):
     out = tmp_path / "p"
     _prepare(made, out)
-    with pytest.raises(ConfigError) as err:
-        _resolve(f"data.prepared={out}")  # tiny: vocab 256 < 320
+    with pytest.raises(ConfigError) as err:  # given explicitly: checked, never replaced
+        _resolve(f"data.prepared={out}", "model.vocab_size=256")  # 256 < 320
     assert "model.vocab_size=256" in str(err.value) and "model.vocab_size=320" in str(err.value)
     assert len(err.value.problems) == 1
     with pytest.raises(ConfigError, match="set model.vocab_size=320"):
-        _resolve(f"data.tokenizer={made['tok']}", "data.train_files=x", "data.val_files=y")
+        _resolve(f"data.tokenizer={made['tok']}", "data.train_files=x", "data.val_files=y",
+                 "model.vocab_size=256")
     other = train_bpe([made["corpus"] / "doc01.txt"], vocab_size=300, out_dir=tmp_path / "t2")
     with pytest.raises(ConfigError, match="is not the tokenizer"):
         _resolve(f"data.prepared={out}", f"data.tokenizer={other}", "model.vocab_size=320")

@@ -81,7 +81,7 @@ def test_prints_the_plan_numbers(dry_run):
         assert "MiB" in _row(out, f"  {label}"), label
     assert "memory per rank" in out
     assert "weight copies" in out
-    assert "no verdict: CPU run" in _row(out, "fits device")
+    assert "fits: " in _row(out, "fits device") and "CPU: 2 rank(s)" in _row(out, "fits device")
 
 
 def test_dry_run_says_when_a_run_does_not_fit_and_what_would(tmp_path):
@@ -90,10 +90,12 @@ def test_dry_run_says_when_a_run_does_not_fit_and_what_would(tmp_path):
             "cluster.nodes=1", "cluster.gpus_per_node=8", "cluster.gpu_name=H100",
             f"runs_dir={tmp_path}"]
     proc = meshrun(*args, env=_env(), timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 2, proc.stderr  # the dry run shows all, then refuses: no --force
     assert "DOES NOT FIT" in _row(proc.stdout, "fits device")
     assert "Does not fit: what would (each re-planned)" in proc.stdout
     assert "parallel.zero=2" in proc.stdout
+    assert "Cannot launch" in proc.stderr and "--force" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_prints_the_launch_command(dry_run):
