@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from conf.data_contract.prepared_corpus import FORMAT, MANIFEST, SPLITS, incomplete_shards, read_manifest
+from conf.data_contract.manifest_schema import confined
 from conf.data_contract.prepared_corpus import shard_checksums
 from conf.data_contract.shard_checks import ShardChecksumError, verify_shard
 from launcher.data.document_inputs import expand_inputs, hash_and_check, read_documents
@@ -273,9 +274,13 @@ def _progress(out: Path, fingerprint: str, dtype: str) -> dict | None:
     try:
         splits = record["splits"]
         view = {"dtype": dtype, "splits": {s: {"shards": splits[s]["shards"]} for s in SPLITS}}
-        tails = [(out / splits[s]["pending_file"], splits[s]["pending_tokens"]) for s in SPLITS]
+        tails = [(confined(out, splits[s]["pending_file"], "pending_file"),
+                  splits[s]["pending_tokens"]) for s in SPLITS]
+        for s in SPLITS:
+            for shard in splits[s]["shards"]:
+                confined(out, shard["file"], "file")
         whole = not incomplete_shards(out, view)
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):  # not a record this module wrote: start over
         return None
     item = np.dtype(dtype).itemsize
     tails_ok = all(f.is_file() and f.stat().st_size == n * item for f, n in tails)
