@@ -308,10 +308,19 @@ def _check_resumable(run_dir: Path, spec: RunSpec) -> None:
 
 def with_prepared_data(spec: RunSpec) -> RunSpec:
     """Prepare the stdlib corpus once (cached) and point the spec at its token files."""
+    from launcher.data.prelaunch_checks import (check_stdlib_windows, stdlib_corpus_problem,
+                                                verify_prepared_checksums)
+
+    verify_prepared_checksums(spec.data)
     if spec.data.kind.value != "stdlib":
         return spec
-    corpus = prepare_stdlib_corpus(cache_dir=Path(spec.data.cache_dir),
-                                   val_every_nth_file=spec.data.val_every_nth_file)
+    try:
+        corpus = prepare_stdlib_corpus(cache_dir=Path(spec.data.cache_dir),
+                                       val_every_nth_file=spec.data.val_every_nth_file)
+    except ValueError as err:
+        raise stdlib_corpus_problem(err, val_every_nth_file=spec.data.val_every_nth_file) \
+            from None
+    check_stdlib_windows(corpus, seq_len=spec.training.seq_len)
     data = dataclasses.replace(spec.data, train_files=corpus.train_files,
                                val_files=corpus.val_files)
     return dataclasses.replace(spec, data=data)

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from conf.data_contract.shard_checks import ShardChecksumError
+from conf.errors import ConfigError
 from conf.run_dir.paths import RunDir
 
 STARTED = time.time()
@@ -61,6 +63,11 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
         log.info("train state built in %.2f s (model, optimizer, data, MFU peak, loggers)",
                  time.time() - building)
         outcome = train(state)
+    except (ConfigError, ShardChecksumError) as err:  # bad input found here: named, no traceback
+        log.error("rank %d stopped: %s", ctx.rank, err)
+        if wandb is not None:
+            wandb.abandon()
+        return "failed"
     except BaseException:
         log.exception("rank %d failed", ctx.rank)
         if wandb is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from conf.errors import ProblemList
 from conf.schema import DataConfig, DataKind
 from conf.spec import TOKEN_DTYPES
+from conf.data_contract.manifest_schema import check_manifest, confined
 from conf.data_contract.tokenizer_info import read_tokenizer_info
 
 MANIFEST = "manifest.json"
@@ -37,18 +38,36 @@ def read_manifest(folder: str | Path) -> dict:
         raise ValueError(f"holds no {MANIFEST}: `meshrun data prepare` did not finish there "
                          "(its shards are incomplete)")
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as err:
+        raise ValueError(f"{path} is not readable JSON ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else manifest
+        raise ValueError(f"{path} has format {found!r}, this meshrun reads {FORMAT!r}")
+    try:
+        check_manifest(manifest, folder=path.parent, sft=is_sft(manifest))
     except ValueError as err:
-        raise ValueError(f"{MANIFEST} is not JSON ({err})") from None
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{MANIFEST} has format {manifest.get('format')!r}, this meshrun "
-                         f"reads {FORMAT!r}")
+        raise ValueError(f"{path}: {err}") from None
     return manifest
 
 
-def shard_paths(folder: str | Path, manifest: dict, split: str) -> list[str]:
-    base = Path(folder).expanduser().resolve()
-    return [str(base / s["file"]) for s in manifest["splits"][split]["shards"]]
+def shard_paths(folder: str | Path, manifest: dict, split: str, *,
+                key: str = "file") -> list[str]:
+    """Absolute paths of a split's shards (`key` "mask_file": their loss masks), each confined
+    to the prepared dir (see conf/data_contract/manifest_schema.py)."""
+    return [str(confined(Path(folder), s[key], key))
+            for s in manifest["splits"][split]["shards"]]
+
+
+def shard_checksums(folder: str | Path, manifest: dict) -> dict[str, str]:
+    """Absolute shard path (token and mask files) -> the sha256 the manifest records."""
+    out = {}
+    for split in SPLITS:
+        for shard in manifest["splits"][split]["shards"]:
+            for name_key, hash_key in (("file", "sha256"), ("mask_file", "mask_sha256")):
+                if name_key in shard:
+                    out[str(confined(Path(folder), shard[name_key], name_key))] = shard[hash_key]
+    return out
 
 
 def incomplete_shards(folder: str | Path, manifest: dict) -> list[str]:

@@ -14,6 +14,9 @@ import sys
 from rich.console import Console
 
 EXIT_BAD_INPUT = 2
+KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool", "ipython", "developer",
+                         "function"})
+"""Roles chat templates know; another one is reported (a misspelt "asistant" is never learned)."""
 
 
 def register(sub) -> None:
@@ -40,6 +43,9 @@ def register(sub) -> None:
     prep.add_argument("--workers", type=int, default=0, help="processes (0 = CPU count)")
     prep.add_argument("--bos-token", default="", help="name the BOS token (default: detected)")
     prep.add_argument("--eos-token", default="", help="name the EOS token (default: detected)")
+    prep.add_argument("--parse-special", action="store_true",
+                      help="a special token's text inside a document (e.g. '</s>') becomes "
+                           "that token; by default it stays text, with either tokenizer kind")
     prep.add_argument("inputs", nargs="+", help="text files (one document each), .jsonl, "
                       ".parquet, or folders of them")
     prep.set_defaults(handler=prepare)
@@ -81,7 +87,7 @@ def train_tokenizer(args: argparse.Namespace, console: Console) -> int:
         path = train_bpe(args.files, vocab_size=args.vocab_size, out_dir=args.out,
                          min_frequency=args.min_frequency)
         info = load_tokenizer(path).info
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         return _bad_input(err)
     console.print(f"wrote {path}: vocab size {info.vocab_size}, bos id {info.bos_id}, "
                   f"eos id {info.eos_id}, pad id {info.pad_id}", markup=False, highlight=False)
@@ -93,12 +99,13 @@ def prepare(args: argparse.Namespace, console: Console) -> int:
 
     options = PrepareOptions(text_field=args.text_field, column=args.column,
                              val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
-                             bos_token=args.bos_token, eos_token=args.eos_token)
+                             bos_token=args.bos_token, eos_token=args.eos_token,
+                             parse_special=args.parse_special)
     try:
         result = run_prepare(args.inputs, tokenizer=args.tokenizer, out_dir=args.out,
                              options=options, workers=args.workers,
                              progress=sys.stderr if sys.stderr.isatty() else None)
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         return _bad_input(err)
     m = result.manifest
     verb = "up to date (same inputs, tokenizer and options): nothing to do" if result.skipped \
@@ -126,7 +133,7 @@ def prepare_sft(args: argparse.Namespace, console: Console) -> int:
     try:
         out, m, skipped = run_prepare_sft(args.inputs, tokenizer=args.tokenizer,
                                           out_dir=args.out, options=options)
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         return _bad_input(err)
     verb = "up to date (same inputs, tokenizer and options): nothing to do" if skipped \
         else "prepared"
@@ -136,6 +143,10 @@ def prepare_sft(args: argparse.Namespace, console: Console) -> int:
         lines.append(f"  {split}: {s['conversations']:,} conversations in {s['bins']:,} bins of "
                      f"{m['bin_tokens']} tokens, {s['learned_tokens']:,} learned tokens, "
                      f"packing efficiency {s['packing_efficiency']:.1%}")
+    unknown = sorted(set(m.get("roles", {})) - KNOWN_ROLES)
+    if unknown:
+        lines.append(f"  warning: roles {', '.join(map(repr, unknown))} are none of "
+                     f"{', '.join(sorted(KNOWN_ROLES))}; only 'assistant' turns are learned")
     lines.append(f"  too long for a bin: {m['dropped_too_long']:,} dropped, "
                  f"{m['truncated']:,} truncated; {m['dropped_nothing_learned']:,} dropped "
                  "with no assistant token")
@@ -157,6 +168,10 @@ def prepare_sft(args: argparse.Namespace, console: Console) -> int:
 
 
 def _bad_input(err: Exception) -> int:
+    """The one line (or lines) of a refusal on stderr; exit 2. An OSError that no step named
+    (a folder that vanished, a permission) is said as the OS says it, with its path."""
+    if isinstance(err, OSError) and not isinstance(err, ValueError):
+        err = f"cannot use {err.filename or 'a file'}: {err.strerror or err}"
     Console(stderr=True).print(f"meshrun data: {err}", markup=False, highlight=False,
                                soft_wrap=True)
     return EXIT_BAD_INPUT

@@ -42,13 +42,19 @@ from conf.data_contract.prepared_corpus import FORMAT, MANIFEST, SFT_KIND, SPLIT
 from launcher.data.document_inputs import expand_inputs
 from launcher.data.hf_tokenizer import Tokenizer, load_tokenizer
 from launcher.data.sft_pack import first_fit_decreasing, packing_efficiency
-from launcher.data.sft_template import ChatTemplate, load_chat_template
-from launcher.data.token_shards import _clear, _fingerprint, _finished, _write_atomic, token_dtype
+from launcher.data.output_dir import check_out_dir, os_problem, prepared_name, staged_dir
+from launcher.data.sft_template import ASSISTANT, ChatTemplate, load_chat_template
+from launcher.data.template_render import BoundedTemplate
+from launcher.data.token_shards import (MAX_SHARD_TOKENS, _fingerprint, _finished, _write_atomic,
+                                        token_dtype)
 
 TOO_LONG = ("drop", "truncate")
 MASK_DTYPE = "uint8"
 LAYOUT = "separator-v2"
 """Part of the fingerprint: bumped when the bins' layout changes, so a dir is re-prepared."""
+MAX_SEQ_LEN = 1 << 24
+"""--seq-len above this (16 Mi tokens a bin) is refused."""
+COMMAND = "data prepare-sft"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +82,8 @@ class _Split:
     truncated: int = 0
     dropped_too_long: int = 0
     dropped_nothing_learned: int = 0
+    roles: dict = field(default_factory=dict)
+    """role -> messages seen with it (before any filter)."""
 
 
 def prepare_sft(inputs: list[str], *, tokenizer: str, out_dir: str,
@@ -88,24 +96,74 @@ def prepare_sft(inputs: list[str], *, tokenizer: str, out_dir: str,
                          "it with --eos-token)")
     template = load_chat_template(tok.info.path, bos_token=_token_text(tok, tok.info.bos_id),
                                   eos_token=_token_text(tok, tok.info.eos_id))
-    files = expand_inputs(inputs)
-    out = Path(out_dir).expanduser()
+    out = check_out_dir(out_dir, command=COMMAND, own_name=prepared_name)
+    files = expand_inputs(inputs, exclude=out)
     fingerprint = _fingerprint(files, tok.info.sha256 + template.source + LAYOUT,
                                options)
     done = _finished(out, fingerprint)
     if done is not None:
         return out, done, True
-    splits = {s: _Split() for s in SPLITS}
-    bin_tokens = options.seq_len + 1
-    for i, messages in enumerate(_conversations(files, options.messages_field)):
-        f = options.val_fraction
-        split = splits["val" if int((i + 1) * f) > int(i * f) else "train"]
-        _add(split, encode_conversation(messages, tok, template), bin_tokens, options.too_long)
+    splits = _encode_all(files, tok, template, options)
+    check_usable(splits, options)
     separator = choose_separator(tok, [c for split in splits.values()
                                        for c in split.conversations])
     if separator is not None:
         _end_with(splits.values(), separator)
-    _clear(out)
+    try:
+        with staged_dir(out, command=COMMAND) as stage:
+            manifest = _write(stage, splits, tok, template, fingerprint, files, options,
+                              separator)
+    except OSError as err:
+        raise os_problem(err, out) from None
+    return out, manifest, False
+
+
+def _encode_all(files: list[Path], tok: Tokenizer, template: ChatTemplate,
+                options: SftOptions) -> dict[str, _Split]:
+    """Every conversation rendered (bounded: launcher/data/template_render.py), encoded and
+    filtered into its split."""
+    splits = {s: _Split() for s in SPLITS}
+    with BoundedTemplate(template) as bounded:
+        for i, (where, messages) in enumerate(_conversations(files, options.messages_field)):
+            f = options.val_fraction
+            split = splits["val" if int((i + 1) * f) > int(i * f) else "train"]
+            for m in messages:
+                split.roles[m["role"]] = split.roles.get(m["role"], 0) + 1
+            conv = encode_conversation(messages, tok, bounded, where=where)
+            _add(split, conv, options.seq_len + 1, options.too_long)
+    return splits
+
+
+def check_usable(splits: dict[str, _Split], options: SftOptions) -> None:
+    """ValueError saying which filter dropped how many when no conversation is left to train
+    on (none at all, or none in the train split)."""
+    if splits["train"].conversations:
+        return
+    every = splits.values()
+    dropped = {"with no assistant token to learn": sum(s.dropped_nothing_learned for s in every),
+               f"longer than a bin of --seq-len+1={options.seq_len + 1} tokens (--too-long "
+               "drop)": sum(s.dropped_too_long for s in every)}
+    kept = sum(len(s.conversations) for s in every)
+    roles: dict[str, int] = {}
+    for s in every:
+        for role, n in s.roles.items():
+            roles[role] = roles.get(role, 0) + n
+    total = kept + sum(dropped.values())
+    why = "; ".join(f"{n:,} dropped {reason}" for reason, n in dropped.items() if n)
+    seen = ", ".join(f"{r!r} ({n:,})" for r, n in sorted(roles.items())) or "none"
+    raise ValueError(
+        f"no conversation to train on: {total:,} read, {kept:,} usable"
+        f"{' (all in the val split: lower --val-fraction)' if kept else ''}"
+        f"{'; ' + why if why else ''}. Roles seen: {seen}; only {ASSISTANT!r} turns are learned "
+        "(fix: check the role names, give a larger --seq-len or --too-long truncate, or more "
+        "conversations); nothing was written")
+
+
+def _write(out: Path, splits: dict[str, _Split], tok: Tokenizer, template: ChatTemplate,
+           fingerprint: str, files: list[Path], options: SftOptions,
+           separator: int | None) -> dict:
+    """Shards, masks and the manifest (last) into `out`; the manifest."""
+    bin_tokens = options.seq_len + 1
     dtype = token_dtype(tok.vocab_size)
     pad_id = tok.info.pad_id if tok.info.pad_id is not None else tok.info.eos_id
     bins_per_shard = max(1, options.shard_tokens // bin_tokens)
@@ -125,15 +183,18 @@ def prepare_sft(inputs: list[str], *, tokenizer: str, out_dir: str,
                    for name, split in splits.items()},
     }
     _totals(manifest)
+    manifest["roles"] = {r: sum(s.roles.get(r, 0) for s in splits.values())
+                         for r in sorted({r for s in splits.values() for r in s.roles})}
     _write_atomic(out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
-    return out, manifest, False
+    return manifest
 
 
-def encode_conversation(messages: list[dict], tok: Tokenizer,
-                        template: ChatTemplate) -> Conversation:
+def encode_conversation(messages: list[dict], tok: Tokenizer, template,
+                        where: str = "") -> Conversation:
     """Tokens and loss mask of one conversation, closed by the EOS (mask 0); `prepare_sft`
-    swaps that EOS for another separator when conversations hold EOS inside."""
-    segments = template.segments(messages)
+    swaps that EOS for another separator when conversations hold EOS inside. `template`: a
+    ChatTemplate, or a BoundedTemplate (which names `where` in its errors)."""
+    segments = template.segments(messages, where) if where else template.segments(messages)
     encoded = tok.encode_batch([s.text for s in segments], special_text=True)
     head = [tok.info.bos_id] if template.origin == "default" and tok.info.bos_id is not None \
         else []
@@ -230,12 +291,19 @@ def _totals(manifest: dict) -> None:
     manifest["packing_efficiency"] = manifest["real_tokens"] / max(manifest["tokens"], 1)
 
 
-def _conversations(files: list[Path], messages_field: str) -> Iterator[list[dict]]:
+def _conversations(files: list[Path], messages_field: str) -> Iterator[tuple[str, list[dict]]]:
+    """(file:line, messages) of every non-empty line."""
+    seen = False
     for path in files:
         with path.open(encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 if line.strip():
-                    yield _messages(line, messages_field, f"{path}:{number}")
+                    seen = True
+                    yield f"{path}:{number}", _messages(line, messages_field, f"{path}:{number}")
+    if not seen:
+        raise ValueError(f"no conversations: {len(files)} input file(s) ({files[0]}, ...) hold "
+                         "no non-empty line (fix: give chat JSONL, one conversation a line); "
+                         "nothing was written")
 
 
 def _messages(line: str, messages_field: str, where: str) -> list[dict]:
@@ -256,9 +324,12 @@ def _messages(line: str, messages_field: str, where: str) -> list[dict]:
 
 
 def _check_options(options: SftOptions) -> None:
-    if options.seq_len < 1:
-        raise ValueError(f"--seq-len={options.seq_len}: must be positive (the training.seq_len "
-                         "you will train with; bins hold seq_len+1 tokens)")
+    if not 1 <= options.seq_len <= MAX_SEQ_LEN:
+        raise ValueError(f"--seq-len={options.seq_len}: must be in 1..{MAX_SEQ_LEN} (the "
+                         "training.seq_len you will train with; bins hold seq_len+1 tokens)")
+    if not 1 <= options.shard_tokens <= MAX_SHARD_TOKENS:
+        raise ValueError(f"--shard-tokens={options.shard_tokens}: must be in "
+                         f"1..{MAX_SHARD_TOKENS}")
     if not 0 <= options.val_fraction < 1:
         raise ValueError(f"--val-fraction={options.val_fraction}: must be in [0, 1)")
     if options.too_long not in TOO_LONG:

@@ -32,31 +32,69 @@ class Segment:
     learned: bool
 
 
+MAX_RENDER_CHARS = 1 << 24
+"""A rendering longer than this many characters (16 Mi) is stopped: a template's loop, not a chat."""
+
+
 class ChatTemplate:
-    """A compiled chat template and the special-token strings it may use."""
+    """A compiled chat template and the special-token strings it may use. Rendering runs in
+    jinja2's immutable sandbox and stops (ValueError) past `max_chars` characters; the time
+    bound is launcher/data/template_render.py's (it renders in a child process)."""
 
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "",
-                 origin: str = "default"):
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        try:
-            self._template = env.from_string(source)
-        except TemplateError as err:
-            raise ValueError(f"chat template ({origin}) does not compile: {err}") from None
-        self.source, self.origin = source, origin
+                 origin: str = "default", max_chars: int = MAX_RENDER_CHARS):
+        self.source, self.origin, self.max_chars = source, origin, max_chars
         self.bos_token, self.eos_token = bos_token, eos_token
+        self._compiled = None
+
+    def compiled(self):
+        """The jinja2 template, compiled on first use: compiling folds constants (`'x' * 10**10`
+        would be built then), so only the bounded renderer's child process compiles a
+        tokenizer's template (launcher/data/template_render.py)."""
+        if self._compiled is None:
+            from jinja2 import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            try:
+                self._compiled = env.from_string(self.source)
+            except TemplateError as err:
+                raise ValueError(f"chat template ({self.origin}) does not compile: {err}") \
+                    from None
+            except Exception as err:  # a constant folded at compile time (MemoryError, ...)
+                raise ValueError(f"chat template ({self.origin}) does not compile: "
+                                 f"{type(err).__name__}: {str(err)[:200]}") from None
+        return self._compiled
 
     def render(self, messages: list[dict]) -> str:
         from jinja2 import TemplateError
 
+        parts, size = [], 0
+        template = self.compiled()
         try:
-            return self._template.render(messages=messages, bos_token=self.bos_token,
-                                         eos_token=self.eos_token, add_generation_prompt=False)
+            for part in template.generate(messages=messages, bos_token=self.bos_token,
+                                                eos_token=self.eos_token,
+                                                add_generation_prompt=False):
+                parts.append(part)
+                size += len(part)
+                if size > self.max_chars:
+                    raise ValueError(f"chat template ({self.origin}) rendered over "
+                                     f"{self.max_chars:,} characters for one conversation: a "
+                                     "loop in the template, not a chat (fix: correct the "
+                                     "template)")
         except TemplateError as err:
             raise ValueError(f"chat template ({self.origin}) failed: {err}") from None
+        except ValueError:
+            raise
+        except MemoryError:
+            raise ValueError(f"chat template ({self.origin}) ran out of memory rendering one "
+                             "conversation: a huge string or loop in the template, not a chat "
+                             "(fix: correct the template)") from None
+        except Exception as err:  # a template's own error (TypeError, ZeroDivisionError, ...)
+            raise ValueError(f"chat template ({self.origin}) failed: {type(err).__name__}: "
+                             f"{str(err)[:200]}") from None
+        return "".join(parts)
 
     def segments(self, messages: list[dict]) -> list[Segment]:
         """The rendered conversation cut into learned / not-learned segments (see the module
@@ -113,20 +151,67 @@ def _raise(message: str):
     raise TemplateError(message)
 
 
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+"""transformers (4.43+) saves a tokenizer's chat template here; it wins over the config's."""
+
+
 def load_chat_template(tokenizer_json: str | Path, *, bos_token: str = "",
                        eos_token: str = "") -> ChatTemplate:
-    """The tokenizer's chat template (tokenizer_config.json `chat_template`, a string or the
-    named list transformers writes, taking "default"), else DEFAULT_CHAT_TEMPLATE."""
-    config_path = Path(tokenizer_json).parent / "tokenizer_config.json"
+    """The tokenizer's chat template, found as transformers finds it: chat_template.jinja beside
+    the tokenizer, else tokenizer_config.json's `chat_template` (a string, or the list of
+    {"name", "template"} transformers writes for several: the one named "default"); without
+    either, DEFAULT_CHAT_TEMPLATE. ValueError naming the file for a config that is not JSON, a
+    template that is not text, or several templates none of them named "default"."""
+    folder = Path(tokenizer_json).parent
+    jinja = folder / CHAT_TEMPLATE_FILE
+    if jinja.is_file():
+        try:
+            source = jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{jinja}: not a readable UTF-8 chat template ({err})") from None
+        return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token, origin=str(jinja))
+    config_path = folder / "tokenizer_config.json"
+    source = _configured_template(config_path)
+    if source is None:
+        return ChatTemplate(DEFAULT_CHAT_TEMPLATE, bos_token=bos_token, eos_token=eos_token)
+    return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token,
+                        origin=str(config_path))
+
+
+def _configured_template(config_path: Path) -> str | None:
+    """tokenizer_config.json's chat template, None when there is no file or no template."""
+    if not config_path.is_file():
+        return None
     try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError):
-        config = {}
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{config_path}: not readable JSON ({err}) (fix: repair it, or remove "
+                         "it to use meshrun's default chat template)") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: must be a JSON object")
     source = config.get("chat_template")
-    if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-        source = named.get("default")
-    if isinstance(source, str) and source:
-        return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token,
-                            origin=str(config_path))
-    return ChatTemplate(DEFAULT_CHAT_TEMPLATE, bos_token=bos_token, eos_token=eos_token)
+    if isinstance(source, list):
+        source = _default_of_named(source, config_path)
+    if source is None:
+        return None
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(f"{config_path}: chat_template={str(source)[:60]!r} is not a template "
+                         "(a non-empty string, or a list of {\"name\", \"template\"}) (fix: "
+                         "correct it, or remove the key to use meshrun's default template)")
+    return source
+
+
+def _default_of_named(templates: list, config_path: Path) -> str:
+    """The template named "default" of transformers' list of named templates."""
+    named = {}
+    for entry in templates:
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("template"), str)):
+            raise ValueError(f"{config_path}: chat_template entry {str(entry)[:60]!r} is not "
+                             "{\"name\": str, \"template\": str}")
+        named[entry["name"]] = entry["template"]
+    if "default" not in named:
+        raise ValueError(f"{config_path}: several chat templates ({', '.join(named) or 'none'})"
+                         " and none named \"default\", the one transformers and meshrun use "
+                         "(fix: name the one to train with \"default\")")
+    return named["default"]

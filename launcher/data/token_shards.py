@@ -30,13 +30,21 @@ from pathlib import Path
 import numpy as np
 
 from conf.data_contract.prepared_corpus import FORMAT, MANIFEST, SPLITS, incomplete_shards, read_manifest
-from launcher.data.document_inputs import expand_inputs, read_documents
+from conf.data_contract.manifest_schema import confined
+from conf.data_contract.prepared_corpus import shard_checksums
+from conf.data_contract.shard_checks import ShardChecksumError, verify_shard
+from launcher.data.document_inputs import expand_inputs, hash_and_check, read_documents
 from launcher.data.hf_tokenizer import encode_batch, load_tokenizer
+from launcher.data.output_dir import check_out_dir, os_problem, prepared_name, write_marker
 
 PROGRESS = "progress.json"
 CHUNK_DOCS = 512
 CHUNK_CHARS = 4 << 20
 """A chunk (one task for a worker) holds at most this many documents / characters."""
+MAX_SHARD_TOKENS = 1 << 32
+"""--shard-tokens above this (16 GiB of uint32 per shard, held in memory while cut) is refused."""
+MAX_WORKERS_PER_CPU = 4
+COMMAND = "data prepare"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +55,9 @@ class PrepareOptions:
     shard_tokens: int = 1 << 28
     bos_token: str = ""
     eos_token: str = ""
+    parse_special: bool = False
+    """True: a special token's text inside a document becomes that token (default: it stays
+    text, with either tokenizer backend, so a document cannot end itself by quoting EOS)."""
 
 
 @dataclass
@@ -64,20 +75,27 @@ def token_dtype(vocab_size: int) -> str:
 def prepare(inputs: list[str], *, tokenizer: str, out_dir: str, options: PrepareOptions,
             workers: int = 0, progress=None) -> PrepareResult:
     """ValueError for bad input (named); see the module docstring for everything else."""
-    if not 0 <= options.val_fraction < 1:
-        raise ValueError(f"--val-fraction={options.val_fraction}: must be in [0, 1)")
-    if options.shard_tokens < 1:
-        raise ValueError(f"--shard-tokens={options.shard_tokens}: must be positive")
+    check_options(options, workers=workers)
     tok = load_tokenizer(tokenizer, bos_token=options.bos_token, eos_token=options.eos_token)
     if tok.info.eos_id is None:
         raise ValueError(f"tokenizer {tok.info.path} has no EOS token I recognise (fix: name "
                          "it with --eos-token)")
-    files = expand_inputs(inputs)
-    out = Path(out_dir).expanduser()
+    out = check_out_dir(out_dir, command=COMMAND, own_name=prepared_name)
+    files = expand_inputs(inputs, exclude=out)
     fingerprint = _fingerprint(files, tok.info.sha256, options)
     done = _finished(out, fingerprint)
     if done is not None:
         return PrepareResult(out, done, skipped=True)
+    if next(_chunks(files, options), None) is None:
+        raise ValueError(no_documents(files, options))
+    try:
+        return _prepare(out, files, tok, fingerprint, options, workers, progress)
+    except OSError as err:
+        raise os_problem(err, out) from None
+
+
+def _prepare(out: Path, files: list[Path], tok, fingerprint: str, options: PrepareOptions,
+             workers: int, progress) -> PrepareResult:
     dtype = token_dtype(tok.vocab_size)
     saved = _resume_or_clear(out, fingerprint, dtype)
     writers = {s: ShardWriter(out, s, dtype=dtype, shard_tokens=options.shard_tokens,
@@ -155,40 +173,75 @@ class ShardWriter:
                             "sha256": hashlib.sha256(data).hexdigest()})
 
 
+def check_options(options: PrepareOptions, *, workers: int) -> None:
+    """ValueError naming the flag of the first option out of its range."""
+    if not 0 <= options.val_fraction < 1:
+        raise ValueError(f"--val-fraction={options.val_fraction}: must be in [0, 1)")
+    if not 1 <= options.shard_tokens <= MAX_SHARD_TOKENS:
+        raise ValueError(f"--shard-tokens={options.shard_tokens}: must be in 1..{MAX_SHARD_TOKENS}"
+                         " (a shard is cut in memory)")
+    cpus = os.cpu_count() or 1
+    if not 0 <= workers <= MAX_WORKERS_PER_CPU * cpus:
+        raise ValueError(f"--workers={workers}: must be in 0..{MAX_WORKERS_PER_CPU * cpus} "
+                         f"(0 = one per CPU; this host has {cpus})")
+
+
+def no_documents(files: list[Path], options: PrepareOptions) -> str:
+    """Why a prepare would write nothing."""
+    return (f"no documents in {len(files)} input file(s) ({files[0]}, ...): every text file is "
+            f"empty and every JSONL line / Parquet row has an empty {options.text_field!r} / "
+            f"{options.column!r} (fix: give non-empty text, or --text-field / --column naming "
+            "the field that holds it); nothing was written")
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
+    """path.tmp, fsynced, renamed to path; a failed write leaves no .tmp behind."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.filename is None:
+            err.filename = str(path)
+        raise
 
 
-def _fingerprint(files: list[Path], tokenizer_sha: str, options: PrepareOptions) -> str:
+def _fingerprint(files: list[Path], tokenizer_sha: str, options) -> str:
+    """sha256 over format, tokenizer, options and every input's path and bytes; refuses (a
+    named ValueError) a text/JSONL input that is not UTF-8 text."""
     h = hashlib.sha256(f"{FORMAT}\n{tokenizer_sha}\n{sorted(asdict(options).items())}\n".encode())
     for f in files:
         h.update(f"{f.resolve()}\n".encode())
-        with open(f, "rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                h.update(block)
+        hash_and_check(f, h)
     return h.hexdigest()
 
 
 def _finished(out: Path, fingerprint: str) -> dict | None:
-    """The manifest, when `out` is already prepared from these inputs and every shard is whole."""
+    """The manifest, when `out` is already prepared from these inputs and every shard is whole
+    and holds the bytes the manifest's sha256 records."""
     try:
         manifest = read_manifest(out)
     except ValueError:
         return None
     if manifest.get("fingerprint") != fingerprint or incomplete_shards(out, manifest):
         return None
+    try:
+        for path, expected in shard_checksums(out, manifest).items():
+            verify_shard(path, expected)
+    except (ShardChecksumError, OSError):
+        return None
     return manifest
 
 
-def _clear(out: Path) -> None:
+def _clear(out: Path, *, command: str = COMMAND) -> None:
     """Make `out` an empty prepared dir: the manifest goes first, so no reader sees it list a
     shard being rewritten. Only files this module writes are removed."""
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)
+    write_marker(out, command=command)
     (out / MANIFEST).unlink(missing_ok=True)
     for split in SPLITS:
         for f in out.glob(f"{split}_*.bin*"):
@@ -221,9 +274,13 @@ def _progress(out: Path, fingerprint: str, dtype: str) -> dict | None:
     try:
         splits = record["splits"]
         view = {"dtype": dtype, "splits": {s: {"shards": splits[s]["shards"]} for s in SPLITS}}
-        tails = [(out / splits[s]["pending_file"], splits[s]["pending_tokens"]) for s in SPLITS]
+        tails = [(confined(out, splits[s]["pending_file"], "pending_file"),
+                  splits[s]["pending_tokens"]) for s in SPLITS]
+        for s in SPLITS:
+            for shard in splits[s]["shards"]:
+                confined(out, shard["file"], "file")
         whole = not incomplete_shards(out, view)
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):  # not a record this module wrote: start over
         return None
     item = np.dtype(dtype).itemsize
     tails_ok = all(f.is_file() and f.stat().st_size == n * item for f, n in tails)
@@ -262,20 +319,20 @@ def _chunks(files: list[Path], options: PrepareOptions) -> Iterator[tuple[int, l
 _WORKER: dict = {}
 
 
-def _init_worker(info, val_fraction: float, threads: bool) -> None:
+def _init_worker(info, val_fraction: float, threads: bool, parse_special: bool = False) -> None:
     if not threads:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from launcher.data.hf_tokenizer import load_backend
 
     _WORKER.update(backend=load_backend(info), kind=info.kind, bos=info.bos_id, eos=info.eos_id,
-                   f=val_fraction)
+                   f=val_fraction, parse_special=parse_special)
 
 
 def _encode_chunk(task: tuple[int, list[str]]):
     """(characters, ((train tokens, train docs), (val tokens, val docs))) for one chunk."""
     first, docs = task
     w = _WORKER
-    encoded = encode_batch(w["backend"], docs, kind=w["kind"])
+    encoded = encode_batch(w["backend"], docs, kind=w["kind"], special_text=w["parse_special"])
     head = [] if w["bos"] is None else [w["bos"]]
     parts: dict[bool, list[list[int]]] = {False: [], True: []}
     for i, ids in enumerate(encoded, first):
@@ -291,7 +348,7 @@ def _encode_all(files: list[Path], info, options: PrepareOptions, workers: int, 
     """Encoded chunks in order, after the first `skip` (read, not tokenized): in this process
     for workers=1, else a process pool."""
     workers = workers or os.cpu_count() or 1
-    init = (info, options.val_fraction, workers == 1)
+    init = (info, options.val_fraction, workers == 1, options.parse_special)
     chunks = itertools.islice(_chunks(files, options), skip, None)
     if workers == 1:
         _init_worker(*init)

@@ -123,6 +123,6 @@ def test_resolve_checks_sources_and_weights(sources, tmp_path):
                      '{"role": "assistant", "content": "zulu"}]}\n' * 4)
     tok = str(Path(sources[0]).parent / "tok")
     sft, *_ = prepare_sft([str(chats)], tokenizer=tok, out_dir=str(tmp_path / "sft"),
-                          options=SftOptions(seq_len=SEQ * 2 + 1, val_fraction=0.25))
+                          options=SftOptions(seq_len=SEQ * 8 + 1, val_fraction=0.25))
     with pytest.raises(ConfigError, match="is SFT data"):
         cpu_spec(*base[:-1], f"data.sources=[{sources[0]},{sft}]")

@@ -109,11 +109,12 @@ class TrainBatches(_StepBatches):
 
     def __init__(self, *, files: Sequence[str], dtype: str, seq_len: int, seed: int,
                  global_batch_size: int, micro_batch_size: int, grad_accum_steps: int,
-                 dp_rank: int, dp_size: int, vocab_size: int | None = None):
+                 dp_rank: int, dp_size: int, vocab_size: int | None = None,
+                 checksums: dict[str, str] | None = None):
         super().__init__(seq_len=seq_len, seed=seed, global_batch_size=global_batch_size,
                          micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
                          dp_rank=dp_rank, dp_size=dp_size)
-        self.dataset = TokenDataset(files, dtype=dtype, seq_len=seq_len)
+        self.dataset = TokenDataset(files, dtype=dtype, seq_len=seq_len, checksums=checksums)
         self.order = ShuffledOrder(n_windows=self.dataset.n_windows, seed=seed)
         self.vocab_size = vocab_size
 
@@ -193,10 +194,10 @@ class ValBatches:
 
 
 def val_batches(*, files: Sequence[str], dtype: str, seq_len: int, micro_batch_size: int,
-                n_batches: int, dp_rank: int, dp_size: int,
-                vocab_size: int | None = None) -> ValBatches:
+                n_batches: int, dp_rank: int, dp_size: int, vocab_size: int | None = None,
+                checksums: dict[str, str] | None = None) -> ValBatches:
     """Validation micro-batches from token files (unshuffled, sharded by dp rank)."""
-    dataset = TokenDataset(files, dtype=dtype, seq_len=seq_len)
+    dataset = TokenDataset(files, dtype=dtype, seq_len=seq_len, checksums=checksums)
     return ValBatches(
         samples=lambda idx: check_token_ids(dataset.windows(idx), vocab_size=vocab_size,
                                             files=dataset.files),

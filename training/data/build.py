@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from conf.data_contract.prepared_corpus import is_sft, read_manifest
+from conf.data_contract.prepared_corpus import is_sft, read_manifest, shard_checksums
 from conf.data_contract.stdlib_tokens import STDLIB_TOKEN_DTYPE
 from conf.schema import DataKind
 from conf.spec import DataSpec, TrainingSpec
@@ -29,7 +29,8 @@ def build_train_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
     if is_sft_data(data):
         return SftTrainBatches(prepared=data.prepared, vocab_size=data.vocab_size, **common)
     return TrainBatches(files=_required(data.train_files, "train_files"),
-                        dtype=token_dtype(data), vocab_size=data.vocab_size, **common)
+                        dtype=token_dtype(data), vocab_size=data.vocab_size,
+                        checksums=prepared_checksums(data), **common)
 
 
 def build_val_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
@@ -42,7 +43,14 @@ def build_val_batches(data: DataSpec, training: TrainingSpec, *, dp_rank: int,
     if is_sft_data(data):
         return sft_val_batches(prepared=data.prepared, vocab_size=data.vocab_size, **common)
     return val_batches(files=_required(data.val_files, "val_files"), dtype=token_dtype(data),
-                       vocab_size=data.vocab_size, **common)
+                       vocab_size=data.vocab_size, checksums=prepared_checksums(data), **common)
+
+
+def prepared_checksums(data: DataSpec) -> dict[str, str] | None:
+    """Shard path -> sha256 of data.prepared's manifest (None without one): every shard a rank
+    opens is verified against it."""
+    return shard_checksums(data.prepared, read_manifest(data.prepared)) if data.prepared \
+        else None
 
 
 def is_sft_data(data: DataSpec) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from conf.data_contract.prepared_corpus import read_manifest, shard_paths
+from conf.data_contract.prepared_corpus import read_manifest, shard_checksums, shard_paths
 from training.data.batches import (MicroBatch, _StepBatches, rank_micro_batch_positions,
                                    to_micro_batch)
 from training.data.token_windows import ShuffledOrder, TokenDataset, check_token_ids
@@ -93,4 +93,4 @@ class MixtureBatches(_StepBatches):
 def _train_windows(source: str, *, seq_len: int) -> TokenDataset:
     manifest = read_manifest(source)
     return TokenDataset(shard_paths(source, manifest, "train"), dtype=manifest["dtype"],
-                        seq_len=seq_len)
+                        seq_len=seq_len, checksums=shard_checksums(source, manifest))

@@ -12,12 +12,10 @@ bins (split by conversation when prepared).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
-from conf.data_contract.prepared_corpus import read_manifest, shard_paths
+from conf.data_contract.prepared_corpus import read_manifest, shard_checksums, shard_paths
 from training.data.batches import MicroBatch, ValBatches, _StepBatches
 from training.data.token_windows import ShuffledOrder, TokenDataset, check_token_ids
 from training.loss import IGNORE_INDEX
@@ -32,13 +30,15 @@ class PackedBins:
             raise ValueError(f"{prepared}: bins of {manifest['bin_tokens']} tokens, but "
                              f"training.seq_len+1 = {seq_len + 1}")
         files = shard_paths(prepared, manifest, split)
-        base = Path(prepared).expanduser().resolve()
-        masks = [str(base / s["mask_file"]) for s in manifest["splits"][split]["shards"]]
+        masks = shard_paths(prepared, manifest, split, key="mask_file")
         if not files:
             raise ValueError(f"{prepared}: the {split} split holds no bins (prepare with more "
                              "conversations, or another --val-fraction)")
-        self.tokens = TokenDataset(files, dtype=manifest["dtype"], seq_len=seq_len)
-        self.mask = TokenDataset(masks, dtype=manifest["mask_dtype"], seq_len=seq_len)
+        checksums = shard_checksums(prepared, manifest)
+        self.tokens = TokenDataset(files, dtype=manifest["dtype"], seq_len=seq_len,
+                                   checksums=checksums)
+        self.mask = TokenDataset(masks, dtype=manifest["mask_dtype"], seq_len=seq_len,
+                                 checksums=checksums)
         self.vocab_size = vocab_size
         self.n_bins = self.tokens.n_windows
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from conf.data_contract.shard_checks import verify_shard
 from conf.spec import TOKEN_DTYPES
 
 
@@ -35,12 +36,17 @@ def open_token_file(path: str, *, dtype: str) -> np.ndarray:
 
 
 class TokenDataset:
-    """Non-overlapping windows of seq_len+1 tokens over token files concatenated in order."""
+    """Non-overlapping windows of seq_len+1 tokens over token files concatenated in order.
+    `checksums` (path -> sha256, from a prepared dir's manifest): each file is verified the
+    first time a window reads from it (ShardChecksumError naming it)."""
 
-    def __init__(self, files: Sequence[str], *, dtype: str, seq_len: int):
+    def __init__(self, files: Sequence[str], *, dtype: str, seq_len: int,
+                 checksums: dict[str, str] | None = None):
         if not files:
             raise ValueError("no token files given")
         self.files = tuple(files)
+        self._unverified = {i: checksums[f] for i, f in enumerate(self.files)
+                            if checksums and f in checksums}
         self.seq_len = seq_len
         self._arrays = [open_token_file(f, dtype=dtype) for f in self.files]
         self._starts = np.cumsum([0] + [len(a) for a in self._arrays])
@@ -63,6 +69,8 @@ class TokenDataset:
         file_index = int(np.searchsorted(self._starts, start, side="right")) - 1
         parts = []
         while length > 0:
+            if file_index in self._unverified:
+                verify_shard(self.files[file_index], self._unverified.pop(file_index))
             tokens = self._arrays[file_index]
             offset = start - int(self._starts[file_index])
             take = min(length, len(tokens) - offset)
