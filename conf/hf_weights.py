@@ -102,7 +102,8 @@ def check_weights(folder: str | Path, model) -> int:
         else:
             rules += _tensor_rules(name, entry, expected, model, path.name)
     missing = [name for name in expected if name not in files and not _optional(name, model)]
-    rules += [f"{name} is missing (config.json implies shape {list(expected[name])})"
+    rules += [f"{name} is missing from {_source(folder)} (config.json implies shape "
+              f"{list(expected[name])})"
               for name in missing]
     if rules:
         raise BadWeights(rules)
@@ -184,3 +185,7 @@ def add_weight_problems(folder: str, model, *, key: str, problems: ProblemList) 
             problems.add(key, folder, rule,
                          "pass a folder as save_pretrained writes it (config.json and its "
                          "complete, intact safetensors), e.g. download it again")
+
+
+def _source(folder: Path) -> str:
+    return SAFETENSORS_INDEX if (folder / SAFETENSORS_INDEX).is_file() else SAFETENSORS_FILE

@@ -23,9 +23,12 @@ class ConfigFields:
         self.data = data
         self.prefix = prefix
         self.refusals = [] if refusals is None else refusals
+        self.bad: set[str] = set()
+        """The keys refused so far (a rule between keys skips them)."""
 
     def refuse(self, key: str, value: object, rule: str) -> None:
         shown = " is missing" if value is MISSING else f"={_json(value)}"
+        self.bad.add(key)
         self.refusals.append(f"{self.prefix}{key}{shown}: {rule}")
 
     def get(self, key: str, default: object = MISSING) -> object:

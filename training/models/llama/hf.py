@@ -82,7 +82,8 @@ def _unmodelled(fields: ConfigFields, arch: str, knobs: dict) -> None:
         fields.refuse("mlp_bias", True, "is not modelled")
     if fields.flag("use_sliding_window", False):
         fields.refuse("use_sliding_window", True, "is not modelled (full causal attention only)")
-    if fields.get("head_dim", None) is not None:
+    if fields.get("head_dim", None) is not None and not {
+            "hidden_size", "num_attention_heads"} & fields.bad:
         head_dim = fields.size("head_dim")
         if head_dim * knobs["n_heads"] != knobs["dim"]:
             fields.refuse("head_dim", head_dim,
