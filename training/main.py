@@ -35,6 +35,7 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     import torch
 
     from training.dist import init_distributed, node_name, teardown
+    from training.hf_import import HfWeightsError
     from training.loggers import BackgroundWandb
     from training.loop import train
     from training.train_state import build_train_state
@@ -61,6 +62,13 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
         log.info("train state built in %.2f s (model, optimizer, data, MFU peak, loggers)",
                  time.time() - building)
         outcome = train(state)
+    except HfWeightsError as err:  # bad input only a rank could see: one line, no traceback
+        log.error("rank %d failed: %s", ctx.rank, err)
+        if ctx.is_main:
+            record_input_failure(run_dir, str(err))
+        if wandb is not None:
+            wandb.abandon()
+        return "failed"
     except BaseException:
         log.exception("rank %d failed", ctx.rank)
         if wandb is not None:
@@ -72,6 +80,16 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     gc.collect()
     teardown()
     return outcome
+
+
+def record_input_failure(run_dir: Path, message: str) -> None:
+    """The "failed" event `meshrun status` and the launcher show as the reason (one line)."""
+    from conf.run_dir.metrics_rows import FAILED_EVENT
+    from training.loggers import MetricsFile
+
+    rows = MetricsFile(run_dir, resume_step=None)
+    rows.write({"kind": "event", "event": FAILED_EVENT, "step": 0, "message": message})
+    rows.close()
 
 
 def preflight(spec, run_dir: Path, ctx, *, full_table: bool) -> None:

@@ -6,10 +6,12 @@ equal LlamaForCausalLM with attention_bias (a zero o_proj bias), which meshrun i
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
 
+from conf.errors import ConfigError
 from launcher.data.hf_tokenizer import load_tokenizer, train_bpe
 from tests.support.hf_models import VOCAB, make_llama, make_qwen2
 from tests.support.specs import hf_spec
@@ -39,10 +41,16 @@ def _loss(model, ids: torch.Tensor) -> float:
     (lambda d: make_llama(d, tied=False), "LlamaForCausalLM"),
     (make_qwen2, "LlamaForCausalLM"),  # a Qwen2 shape with a non-Qwen2 tokenizer
 ], ids=["llama", "qwen2"])
-def test_export_keeps_the_training_ids_and_the_loss(tmp_path, tokenizer, make, exported_class):
+def test_export_keeps_the_training_ids_and_the_loss(tmp_path, tokenizer, make, exported_class,
+                                                    caplog):
     reference = make(tmp_path / "hf")
     spec = hf_spec(tmp_path / "hf", f"data.tokenizer={tokenizer}")
-    ours = load_hf_model(spec.model.path, spec.model)
+    with caplog.at_level(logging.INFO, logger="meshrun.hf_import"):
+        ours = load_hf_model(spec.model.path, spec.model)
+    loaded_lines = [r.getMessage() for r in caplog.records if "loaded Hugging Face" in r.getMessage()]
+    count = len(list(ours.parameters()))
+    assert loaded_lines == [f"loaded Hugging Face weights from {spec.model.path}: {count} tensors "
+                            "(this rank read its part from 1 file(s))"]
     out = export_hf(ours.state_dict(), spec.model, tmp_path / "export", tokenizer=str(tokenizer))
     trained = load_tokenizer(tokenizer).encode(TEXT)
     assert len(trained) < len(TEXT.replace(" ", "")) - 6  # the tokenizer merges digits
@@ -64,3 +72,29 @@ def test_only_a_qwen2_pipeline_keeps_the_qwen2_class(tokenizer):
     assert not is_qwen2_tokenizer(ours) and not is_qwen2_tokenizer(None)
     qwen = transformers.Qwen2Tokenizer(vocab={"a": 0, "b": 1, "ab": 2}, merges=[("a", "b")])
     assert is_qwen2_tokenizer(json.loads(qwen.backend_tokenizer.to_str()))
+
+
+def test_a_llama_with_attention_bias_loads_only_when_its_o_proj_bias_is_zero(tmp_path):
+    """The class the Qwen2-shaped export becomes, as a user might bring it: q/k/v biases and
+    an o_proj bias. A zero o_proj bias is the same function (imported, equal logits); any other
+    is refused before launch, naming the tensor."""
+    from tests.support.hf_models import SHAPE, hf_logits, tokens
+    from tests.support.specs import checked_hf_spec as checked_spec
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE, attention_bias=True))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(0, 0.05 if "norm" not in name else 1.0)
+    model.save_pretrained(tmp_path / "biased")
+    with pytest.raises(ConfigError, match=r"o_proj\.bias is not all zero"):
+        checked_spec(tmp_path / "biased")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.bias.zero_()
+    model.save_pretrained(tmp_path / "zero")
+    spec = checked_spec(tmp_path / "zero")
+    assert spec.model.attention_bias
+    ours = load_hf_model(spec.model.path, spec.model)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens()), hf_logits(model.eval(), tokens()), atol=1e-5,
+                                   rtol=0)

@@ -4,11 +4,9 @@ never a traceback from a rank. A few go through the real command: exit 2, no tra
 dir. The ranks run the same check before they read a byte (a file changed after launch)."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,9 +15,7 @@ from conf.errors import ConfigError
 from tests.support import safetensors_edits as st
 from tests.support.hf_models import make_llama, make_qwen2
 from tests.support.meshrun_cli import meshrun
-from conf.compose import compose_config
-from conf.resolve import resolve
-from tests.support.specs import CPU_HOST
+from tests.support.specs import checked_hf_spec as hf_spec
 
 pytest.importorskip("transformers")
 
@@ -40,21 +36,6 @@ def saved(tmp_path_factory):
 
 def _copy(saved: Path, tmp_path: Path, which: str = "llama") -> Path:
     return Path(shutil.copytree(saved / which, tmp_path / which))
-
-
-@functools.cache
-def _composed():
-    """Composed once (Hydra costs most of a second here); each test points it at its folder."""
-    return compose_config(["logging=disabled", "model=hf", "model.path=PLACEHOLDER",
-                           "data=synthetic", "training.seq_len=40"])
-
-
-def hf_spec(folder: Path, load_from: Path | str = ""):
-    """resolve() as `meshrun run` calls it: with the files checked (check_paths)."""
-    cfg = _composed()
-    cfg = replace(cfg, model=replace(cfg.model, path=str(folder)),
-                  checkpoint=replace(cfg.checkpoint, load_from=str(load_from)))
-    return resolve(cfg, host=CPU_HOST, check_paths=True)
 
 
 def _refusal(folder: Path, load_from: Path | str = "") -> str:

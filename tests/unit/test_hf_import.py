@@ -136,7 +136,6 @@ def _edit_config(folder, **changes):
     ({"architectures": ["MistralForCausalLM"]}, "architectures=MistralForCausalLM is not supported"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
      'rope_type="yarn": is not modelled'),
-    ({"attention_bias": True}, "o_proj bias"),
     ({"hidden_act": "gelu"}, 'hidden_act="gelu": is not modelled'),
     ({"head_dim": 32}, "head_dim=32"),
 ])
