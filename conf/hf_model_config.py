@@ -4,9 +4,10 @@
 checks the run's shape against it, without importing torch or transformers. The model family
 whose `hf_architectures` name config.json's class reads it (training/models/: for Llama,
 LlamaForCausalLM and Qwen2ForCausalLM) and sets `model.family`; anything the family would
-compute differently is a problem, never a silent approximation. The weights
-(training/hf_import.py) are `model.safetensors`, or shards listed by
-`model.safetensors.index.json`.
+compute differently is a problem, never a silent approximation; a value of the wrong type or
+range, or a missing key, is a problem naming the key (training/models/config_json.py). The
+weights (`model.safetensors`, or shards listed by `model.safetensors.index.json`) are checked
+torch-free against the resolved shape by conf/hf_weights.py before launch.
 """
 from __future__ import annotations
 

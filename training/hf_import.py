@@ -4,8 +4,8 @@ The model is built on the meta device, split and sharded as usual (training/para
 then each rank allocates its parts and reads, for every parameter it holds, only its own slice
 of the matching Hugging Face tensor (`safe_open(...).get_slice`): a pipeline stage reads only
 its blocks, an FSDP or TP shard only its rows or columns. No rank ever holds the whole model.
-Names map through the model family's one table (`ModelFamily.hf_names`, via training/export.py),
-read here in reverse to refuse tensors the model would ignore. One file (`model.safetensors`)
+Names map through the model family's one table (`ModelFamily.hf_names`, training/models/hf_names.py);
+the folder is checked first with the launcher's torch-free check (conf/hf_weights.py). One file (`model.safetensors`)
 or shards listed by `model.safetensors.index.json`. The folder's config.json was checked by resolve()
 (conf/hf_model_config.py).
 """
@@ -85,8 +85,8 @@ class LoadRecord:
 def load_hf_weights(module: nn.Module, *, folder: str | Path) -> LoadRecord:
     """Fill every parameter of `module` (a model or a pipeline stage, materialised, maybe
     sharded) with its slice of `folder`'s weights, opening a file only when one of its
-    tensors is needed; return what it opened and read. ValueError names missing or extra
-    tensors."""
+    tensors is needed; return what it opened and read. HfWeightsError (one line) when the
+    folder fails the launcher's own check (conf/hf_weights.py) or a read fails."""
     try:
         count = check_weights(folder, module.spec)  # headers only: the launcher's own check
         files = weight_files(folder)

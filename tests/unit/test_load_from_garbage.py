@@ -60,3 +60,25 @@ def test_a_checkpoint_of_another_shape_is_refused(tmp_path):
         assert "holds another model" in text and "spec.json" in text
         assert "n_layers=" in text and "(the run has model.n_layers=" in text
     assert _spec(step, "debug").checkpoint.load_from == str(step)  # the same shape: fine
+
+
+def test_a_bare_step_folder_of_another_shape_is_refused_by_its_tensors(tmp_path):
+    """No run dir above it: DCP's own .metadata (read torch-free, allow-listed) says the shapes."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from parallel.cost.params import parameter_shapes
+
+    debug = cpu_spec("model=debug", "data=synthetic").model
+    step = tmp_path / "step_00000003"
+    state = {"model": {name: torch.zeros(shape) for name, shape in parameter_shapes(debug)}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(state, checkpoint_id=step, no_dist=True)
+    (step / META_FILENAME).write_text(json.dumps({"format_version": 1, "step": 3,
+                                                  "world_size": 1, "metadata": {}}))
+    text = _refusal(step, "tiny")
+    assert "holds another model (its .metadata): tok_embeddings.weight is [" in text
+    assert _spec(step, "debug").checkpoint.load_from == str(step)
