@@ -4,9 +4,10 @@ The model is built on the meta device, split and sharded as usual (training/para
 then each rank allocates its parts and reads, for every parameter it holds, only its own slice
 of the matching Hugging Face tensor (`safe_open(...).get_slice`): a pipeline stage reads only
 its blocks, an FSDP or TP shard only its rows or columns. No rank ever holds the whole model.
-Names map through the model family's one table (`ModelFamily.hf_names`, training/models/hf_names.py);
-the folder is checked first with the launcher's torch-free check (conf/hf_weights.py). One file (`model.safetensors`)
-or shards listed by `model.safetensors.index.json`. The folder's config.json was checked by resolve()
+Names map through the model family's one table (`ModelFamily.hf_names`,
+training/models/hf_names.py); the folder is checked first with the launcher's torch-free check
+(conf/hf_weights.py). One file (`model.safetensors`) or shards listed by
+`model.safetensors.index.json`. The folder's config.json was checked by resolve()
 (conf/hf_model_config.py).
 """
 from __future__ import annotations

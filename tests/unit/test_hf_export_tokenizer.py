@@ -47,7 +47,8 @@ def test_export_keeps_the_training_ids_and_the_loss(tmp_path, tokenizer, make, e
     spec = hf_spec(tmp_path / "hf", f"data.tokenizer={tokenizer}")
     with caplog.at_level(logging.INFO, logger="meshrun.hf_import"):
         ours = load_hf_model(spec.model.path, spec.model)
-    loaded_lines = [r.getMessage() for r in caplog.records if "loaded Hugging Face" in r.getMessage()]
+    loaded_lines = [r.getMessage() for r in caplog.records
+                    if "loaded Hugging Face" in r.getMessage()]
     count = len(list(ours.parameters()))
     assert loaded_lines == [f"loaded Hugging Face weights from {spec.model.path}: {count} tensors "
                             "(this rank read its part from 1 file(s))"]
