@@ -4,9 +4,10 @@
 checks the run's shape against it, without importing torch or transformers. The model family
 whose `hf_architectures` name config.json's class reads it (training/models/: for Llama,
 LlamaForCausalLM and Qwen2ForCausalLM) and sets `model.family`; anything the family would
-compute differently is a problem, never a silent approximation. The weights
-(training/hf_import.py) are `model.safetensors`, or shards listed by
-`model.safetensors.index.json`.
+compute differently is a problem, never a silent approximation; a value of the wrong type or
+range, or a missing key, is a problem naming the key (training/models/config_json.py). The
+weights (`model.safetensors`, or shards listed by `model.safetensors.index.json`) are checked
+torch-free against the resolved shape by conf/hf_weights.py before launch.
 """
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from conf.errors import ProblemList
+from conf.hf_weights import SAFETENSORS_FILE, SAFETENSORS_INDEX, add_weight_problems
 from training.models import family_for_architecture, hf_architectures, model_family
 
 CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 SHAPE_KNOBS = ("family", "n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",
                "rope_theta", "tie_embeddings", "norm_eps", "attention_bias", "rope_scaling",
@@ -49,15 +49,27 @@ def read_hf_model_config(path: str | Path, *, key: str,
         problems.add(key, path, f"is not a Hugging Face model folder (needs {CONFIG_FILE} and "
                      f"{SAFETENSORS_FILE} or {SAFETENSORS_INDEX})", fix)
         return None
-    try:
-        hf = json.loads((folder / CONFIG_FILE).read_text())
-        knobs, refusals = _knobs(hf)
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        problems.add(key, path, f"{CONFIG_FILE} is not a readable model config ({err!r})", fix)
+    hf, unreadable = _read_json(folder / CONFIG_FILE)
+    if hf is None:
+        problems.add(key, path, f"{folder / CONFIG_FILE} {unreadable}", fix)
         return None
+    knobs, refusals = _knobs(hf)
     for rule in refusals:
-        problems.add(key, path, f"{CONFIG_FILE}: {rule}", fix)
+        problems.add(key, path, f"{folder / CONFIG_FILE}: {rule}", fix)
     return None if refusals else knobs
+
+
+def _read_json(path: Path) -> tuple[dict | None, str]:
+    """(the JSON object in `path`, "") or (None, why it is not one)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        return None, f"cannot be read ({err.strerror or err})"
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return None, f"is not UTF-8 JSON ({err})"
+    if not isinstance(data, dict):
+        return None, f"holds a JSON {type(data).__name__}, not an object of model settings"
+    return data, ""
 
 
 def explicit_model_keys(overrides: Iterable[str]) -> frozenset[str]:
@@ -105,10 +117,13 @@ def _hf_key(name: str, knobs: dict[str, object]) -> str:
 
 def _knobs(hf: dict) -> tuple[dict[str, object], list[str]]:
     """The knobs of the family whose class config.json names (its `family` among them)."""
-    arch = (hf.get("architectures") or ["?"])[0]
-    family = family_for_architecture(arch)
+    arch = hf.get("architectures")
+    if not isinstance(arch, list) or not arch or not all(isinstance(a, str) for a in arch):
+        return {}, [f"architectures={json.dumps(arch)[:60]}: must be a list naming the model "
+                    f"class ({', '.join(hf_architectures())})"]
+    family = family_for_architecture(arch[0])
     if family is None:
-        return {}, [f"architectures={arch} is not supported (meshrun models "
+        return {}, [f"architectures={arch[0]} is not supported (meshrun models "
                     f"{', '.join(hf_architectures())})"]
     knobs, refusals = family.read_hf_config(hf)
     return {"family": family.name, **knobs}, refusals
@@ -125,3 +140,15 @@ def check_hf_load_from(path: str, model: object, problems: ProblemList) -> None:
         problems.add("checkpoint.load_from", path,
                      f"its {CONFIG_FILE} describes another model: {'; '.join(differ)}",
                      f"use model=hf model.path={path} to take its shape")
+
+
+def check_start_weights(load_from: str, model: object, problems: ProblemList) -> None:
+    """The safetensors the run starts from (checkpoint.load_from's Hugging Face folder, else
+    model.path; training/hf_import.py `hf_start_dir` picks the same), checked torch-free
+    against the resolved model, unless the shape itself already has a problem."""
+    if load_from and not is_hf_model_dir(load_from):
+        return  # a meshrun checkpoint (or nothing loadable: checkpoint_rules says so)
+    key, folder = ("checkpoint.load_from", load_from) if load_from else ("model.path",
+                                                                         model.path)
+    if folder and not any(p.key == key or p.key.startswith("model.") for p in problems.items):
+        add_weight_problems(str(Path(folder).expanduser()), model, key=key, problems=problems)

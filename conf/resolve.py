@@ -18,10 +18,11 @@ from pathlib import Path
 from conf.degrees import DEGREES
 from conf.errors import ProblemList
 from conf.rules.family_rules import check_model_family
-from conf.hf_model_config import (apply_explicit, check_hf_load_from, is_hf_model_dir,
-                                  read_hf_model_config)
+from conf.hf_model_config import (apply_explicit, check_hf_load_from, check_start_weights,
+                                  is_hf_model_dir, read_hf_model_config)
 from conf.rules import name_rules
 from conf.rules.checkpoint_rules import check_checkpoint
+from conf.rules.checkpoint_shape import check_checkpoint_shape
 from conf.rules.cluster_rules import check_cluster, check_launch, slurm_resources
 from conf.rules.compile_rules import check_compile
 from conf.rules.data_rules import data_files
@@ -74,6 +75,10 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     check_checkpoint(cfg.checkpoint, problems, check_paths=check_paths)
     if check_paths and cfg.checkpoint.load_from and is_hf_model_dir(cfg.checkpoint.load_from):
         check_hf_load_from(cfg.checkpoint.load_from, model, problems)
+    if check_paths:
+        check_start_weights(cfg.checkpoint.load_from, model, problems)
+    if check_paths and cfg.checkpoint.load_from:
+        check_checkpoint_shape(cfg.checkpoint.load_from, model, problems)
     name_rules.check_wandb(cfg.logging, problems)
     name_rules.check_paths(cfg, problems, check_paths=check_paths)
     data = _resolve_data(cfg, model, problems, check_paths=check_paths)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -24,38 +22,11 @@ from conf.data_contract.tokenizer_info import (TIKTOKEN_MODEL, TOKENIZER_FILE, T
                                                read_tokenizer_info)
 from parallel.cost.params import parameter_shapes
 from training.models import family_of
-from training.models.family import BLOCKS, ModelFamily, block_index, block_path
+from training.models.hf_names import hf_name, meshrun_name
+
+__all__ = ["export_hf", "hf_name", "meshrun_name", "gather_full_state"]
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def hf_name(name: str, family: ModelFamily) -> str:
-    """Map one of our state-dict keys to its Hugging Face name (KeyError if unknown)."""
-    index = block_index(name)
-    if index is None:
-        return family.hf_names[name]
-    return family.hf_names[f"{BLOCKS}.{{i}}.{block_path(name)}"].format(i=index)
-
-
-@lru_cache(maxsize=16)
-def _meshrun_names(family: ModelFamily) -> tuple[dict[str, str], re.Pattern]:
-    """(Hugging Face name with "{i}" -> ours, the pattern of a Hugging Face block name)."""
-    names = {hf: ours for ours, hf in family.hf_names.items()}
-    prefix = {hf.split("{i}")[0] for hf in names if "{i}" in hf}
-    assert len(prefix) <= 1, f"{family.name}: block names under several prefixes {prefix}"
-    block = re.escape(next(iter(prefix), "\0")) + r"(\d+)\.(.+)"
-    return names, re.compile(block)
-
-
-def meshrun_name(name: str, family: ModelFamily) -> str | None:
-    """The inverse of `hf_name`: our state-dict key for a Hugging Face name, or None."""
-    names, block = _meshrun_names(family)
-    match = block.fullmatch(name)
-    if match is None:
-        return names.get(name)
-    index, rest = match.groups()
-    ours = names.get(name[:match.start(1)] + "{i}." + rest)
-    return ours.format(i=index) if ours is not None else None
 
 
 def hf_state_dict(state_dict: dict[str, torch.Tensor], model: ModelSpec) -> dict[str, torch.Tensor]:
@@ -101,9 +72,14 @@ def export_hf(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = hf_state_dict(state_dict, model)
     dtype = state_dict[family_of(model).embedding_param].dtype
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     info = export_tokenizer(tokenizer or _model_dir_tokenizer(model), out_dir)
-    written = {"config.json": hf_config(model, dtype=dtype, tokenizer=info)}
+    config = hf_config(model, dtype=dtype, tokenizer=info)
+    if info is not None:
+        config = family_of(model).hf_config_for_tokenizer(config, _tokenizer_json(out_dir))
+    for name, shape in family_of(model).hf_zero_tensors(model, config).items():
+        tensors[name] = torch.zeros(shape, dtype=dtype)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    written = {"config.json": config}
     if special_token_ids(info):
         written["generation_config.json"] = {**special_token_ids(info),
                                              "_from_model_config": True}
@@ -113,6 +89,12 @@ def export_hf(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Pa
         if path.is_file():
             make_shareable(path)
     return out_dir
+
+
+def _tokenizer_json(out_dir: Path) -> dict | None:
+    """The exported tokenizer.json (None: the tokenizer is a tiktoken file)."""
+    path = out_dir / TOKENIZER_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _model_dir_tokenizer(model: ModelSpec) -> str:
@@ -141,6 +123,9 @@ def export_tokenizer(tokenizer: str, out_dir: Path) -> TokenizerInfo | None:
     else:
         (out_dir / TOKENIZER_FILE).write_bytes(source.read_bytes())
         by_id = _names_by_id(json.loads(source.read_text()))
+        # tokenizer.json is what the run trained with: a model-specific class (LlamaTokenizer,
+        # Qwen2Tokenizer) would rebuild the pipeline its own way and change the ids.
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
     ids = {"bos_token": info.bos_id, "eos_token": info.eos_id, "pad_token": info.pad_id}
     names = {key: by_id[i] for key, i in ids.items() if i is not None and i in by_id}
     for key, name in names.items():

@@ -4,14 +4,15 @@ The model is built on the meta device, split and sharded as usual (training/para
 then each rank allocates its parts and reads, for every parameter it holds, only its own slice
 of the matching Hugging Face tensor (`safe_open(...).get_slice`): a pipeline stage reads only
 its blocks, an FSDP or TP shard only its rows or columns. No rank ever holds the whole model.
-Names map through the model family's one table (`ModelFamily.hf_names`, via training/export.py),
-read here in reverse to refuse tensors the model would ignore. One file (`model.safetensors`)
-or shards listed by `model.safetensors.index.json`. The folder's config.json was checked by resolve()
+Names map through the model family's one table (`ModelFamily.hf_names`,
+training/models/hf_names.py); the folder is checked first with the launcher's torch-free check
+(conf/hf_weights.py). One file (`model.safetensors`) or shards listed by
+`model.safetensors.index.json`. The folder's config.json was checked by resolve()
 (conf/hf_model_config.py).
 """
 from __future__ import annotations
 
-import json
+import logging
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +23,18 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from conf.hf_model_config import SAFETENSORS_FILE, SAFETENSORS_INDEX, is_hf_model_dir
+from conf.hf_model_config import is_hf_model_dir
+from conf.hf_weights import BadWeights, check_weights, weight_map
 from conf.spec import ModelSpec, RunSpec
-from training.export import hf_name, meshrun_name
 from training.models import family_of
-from training.models.family import ModelFamily
+from training.models.hf_names import hf_name
+
+log = logging.getLogger("meshrun.hf_import")
+
+
+class HfWeightsError(ValueError):
+    """The folder's weights cannot fill the model (found in the ranks: a file changed after
+    the launcher checked it, or a read failed). One line, never a traceback."""
 
 
 def hf_start_dir(spec: RunSpec) -> str:
@@ -39,14 +47,8 @@ def hf_start_dir(spec: RunSpec) -> str:
 
 
 def weight_files(folder: str | Path) -> dict[str, Path]:
-    """Hugging Face tensor name -> the safetensors file holding it."""
-    folder = Path(folder)
-    index = folder / SAFETENSORS_INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: folder / file for name, file in weight_map.items()}
-    with safe_open(str(folder / SAFETENSORS_FILE), framework="pt") as f:
-        return {name: folder / SAFETENSORS_FILE for name in f.keys()}
+    """Hugging Face tensor name -> the safetensors file holding it (conf/hf_weights.py)."""
+    return weight_map(folder)
 
 
 def local_region(param: torch.Tensor) -> tuple[slice, ...]:
@@ -84,11 +86,14 @@ class LoadRecord:
 def load_hf_weights(module: nn.Module, *, folder: str | Path) -> LoadRecord:
     """Fill every parameter of `module` (a model or a pipeline stage, materialised, maybe
     sharded) with its slice of `folder`'s weights, opening a file only when one of its
-    tensors is needed; return what it opened and read. ValueError names missing or extra
-    tensors."""
-    files = weight_files(folder)
+    tensors is needed; return what it opened and read. HfWeightsError (one line) when the
+    folder fails the launcher's own check (conf/hf_weights.py) or a read fails."""
+    try:
+        count = check_weights(folder, module.spec)  # headers only: the launcher's own check
+        files = weight_files(folder)
+    except BadWeights as err:
+        raise HfWeightsError(f"{folder}: {err}") from None
     family = family_of(module.spec)
-    _check_names(module, files, folder, family)
     reads = []
     with ExitStack() as stack:
         opened: dict[Path, object] = {}
@@ -96,23 +101,37 @@ def load_hf_weights(module: nn.Module, *, folder: str | Path) -> LoadRecord:
             source = hf_name(name, family)
             path = files[source]
             if path not in opened:
-                opened[path] = stack.enter_context(safe_open(str(path), framework="pt"))
+                opened[path] = stack.enter_context(_open(path))
             region = local_region(param)
-            value = opened[path].get_slice(source)[region]
+            value = _read(opened[path], source, region, path)
             local = param.to_local() if isinstance(param, DTensor) else param
             local.copy_(value.to(dtype=local.dtype, device=local.device))
             reads.append(TensorRead(path.name, source, tuple((r.start, r.stop) for r in region)))
-        return LoadRecord(opened=tuple(p.name for p in opened), reads=tuple(reads))
+    _log_once(folder, count=count, opened=len(opened))
+    return LoadRecord(opened=tuple(p.name for p in opened), reads=tuple(reads))
 
 
-def _check_names(module: nn.Module, files: dict[str, Path], folder: str | Path,
-                 family: ModelFamily) -> None:
-    wanted = {hf_name(name, family) for name, _ in module.named_parameters()}
-    missing = sorted(wanted - files.keys())
-    unknown = sorted(name for name in files if meshrun_name(name, family) is None)
-    if missing or unknown:
-        raise ValueError(f"{folder}: the model needs {missing or 'nothing missing'}; "
-                         f"tensors the model has no place for: {unknown or 'none'}")
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as err:  # noqa: BLE001 - safetensors' own errors have no common type
+        raise HfWeightsError(f"{path}: cannot be opened ({err})") from None
+
+
+def _read(handle, name: str, region: tuple[slice, ...], path: Path) -> torch.Tensor:
+    try:
+        return handle.get_slice(name)[region]
+    except Exception as err:  # noqa: BLE001 - an I/O error, or a file changed under us
+        raise HfWeightsError(f"{path}: reading {name} failed ({err})") from None
+
+
+def _log_once(folder: str | Path, *, count: int, opened: int) -> None:
+    """One line on global rank 0: where the weights came from and how many tensors."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        log.info("loaded Hugging Face weights from %s: %d tensors (this rank read its part "
+                 "from %d file(s))", folder, count, opened)
 
 
 def load_hf_model(folder: str | Path, model: ModelSpec, *,

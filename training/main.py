@@ -37,6 +37,7 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     import torch
 
     from training.dist import init_distributed, node_name, teardown
+    from training.hf_import import HfWeightsError
     from training.loggers import BackgroundWandb
     from training.loop import train
     from training.train_state import build_train_state
@@ -63,8 +64,10 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
         log.info("train state built in %.2f s (model, optimizer, data, MFU peak, loggers)",
                  time.time() - building)
         outcome = train(state)
-    except (ConfigError, ShardChecksumError) as err:  # bad input found here: named, no traceback
-        log.error("rank %d stopped: %s", ctx.rank, err)
+    except (ConfigError, ShardChecksumError, HfWeightsError) as err:  # bad input only a rank
+        log.error("rank %d failed: %s", ctx.rank, err)               # could see: one line
+        if ctx.is_main:
+            record_input_failure(run_dir, str(err))
         if wandb is not None:
             wandb.abandon()
         return "failed"
@@ -79,6 +82,16 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     gc.collect()
     teardown()
     return outcome
+
+
+def record_input_failure(run_dir: Path, message: str) -> None:
+    """The "failed" event `meshrun status` and the launcher show as the reason (one line)."""
+    from conf.run_dir.metrics_rows import FAILED_EVENT
+    from training.loggers import MetricsFile
+
+    rows = MetricsFile(run_dir, resume_step=None)
+    rows.write({"kind": "event", "event": FAILED_EVENT, "step": 0, "message": message})
+    rows.close()
 
 
 def preflight(spec, run_dir: Path, ctx, *, full_table: bool) -> None:

@@ -2,6 +2,9 @@
 take (`cpu_spec` and the presets built on it), and a bare ModelSpec for model-only tests."""
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
 from conf.compose import compose_config
 from conf.resolve import resolve
 from conf.spec import HostSpec, ModelSpec, RunSpec
@@ -31,6 +34,22 @@ def hf_spec(folder, *extra: str) -> RunSpec:
     """A run that starts from the Hugging Face model saved in `folder` (synthetic data)."""
     return cpu_spec("model=hf", f"model.path={folder}", "data=synthetic", "training.seq_len=40",
                     *extra)
+
+
+@functools.cache
+def _hf_config_composed():
+    """Composed once (Hydra costs most of a second here); checked_hf_spec points it at a folder."""
+    return compose_config(["logging=disabled", "model=hf", "model.path=PLACEHOLDER",
+                           "data=synthetic", "training.seq_len=40"])
+
+
+def checked_hf_spec(folder, load_from="") -> RunSpec:
+    """hf_spec as `meshrun run` resolves it: with the files read (check_paths=True), so the
+    folder's safetensors are checked too."""
+    cfg = _hf_config_composed()
+    cfg = replace(cfg, model=replace(cfg.model, path=str(folder)),
+                  checkpoint=replace(cfg.checkpoint, load_from=str(load_from)))
+    return resolve(cfg, host=CPU_HOST, check_paths=True)
 
 
 def tiny_model_spec(**overrides) -> ModelSpec:

@@ -123,7 +123,7 @@ def test_a_rank_stops_on_a_damaged_shard_with_one_named_line(made, copy, tmp_pat
                           capture_output=True, text=True, timeout=120)
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "rank 0 stopped: shard" in log and "sha256" in log
+    assert "rank 0 failed: shard" in log and "sha256" in log
     assert "Traceback" not in log + done.stderr
 
 

@@ -140,6 +140,15 @@ class ModelFamily:
     """The config.json key a knob is read from (for messages)."""
     write_hf_config: Callable[[ModelSpec, str], dict]
     """(model, dtype name) -> config.json (without the tokenizer's special-token ids)."""
+    hf_config_for_tokenizer: Callable[[dict, dict | None], dict] = lambda config, tok: config
+    """(config.json, the run's tokenizer.json or None for a tiktoken file) -> the config.json
+    under which transformers' AutoTokenizer loads that tokenizer as it is (some Hugging Face
+    classes impose their own tokenizer pipeline; a family then writes an equal class)."""
+    hf_zero_tensors: Callable[[ModelSpec, dict], Mapping[str, tuple[int, ...]]] = (
+        lambda model, config: {})
+    """(model, config.json) -> Hugging Face tensors config.json's class holds and our module
+    does not (e.g. a zero o_proj bias): the export writes them as zeros; on import they must
+    be all zero and are not loaded."""
 
     def fsdp_units(self, *, tied: bool) -> FsdpUnits:
         return self.fsdp_tied if tied else self.fsdp_untied

@@ -58,4 +58,6 @@ FAMILY = ModelFamily(
     read_hf_config=hf.read_hf_config,
     hf_key=hf.hf_key,
     write_hf_config=hf.write_hf_config,
+    hf_config_for_tokenizer=hf.config_for_tokenizer,
+    hf_zero_tensors=hf.zero_tensors,
 )

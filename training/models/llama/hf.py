@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from training.models.config_json import ConfigFields
+
 if TYPE_CHECKING:
     from conf.spec import ModelSpec
 
@@ -54,51 +56,60 @@ def hf_key(name: str) -> str:
 
 
 def read_hf_config(hf: dict) -> tuple[dict[str, object], list[str]]:
-    """config.json (a class this family computes) -> (ModelConfig knobs, refusals)."""
-    arch = (hf.get("architectures") or ["?"])[0]
-    knobs: dict[str, object] = {name: int(hf[hf_key]) for name, hf_key in _HF_KEYS.items()}
-    knobs["n_kv_heads"] = int(hf.get("num_key_value_heads") or knobs["n_heads"])
-    knobs["norm_eps"] = float(hf.get("rms_norm_eps", 1e-6))
-    knobs["tie_embeddings"] = bool(hf.get("tie_word_embeddings", False))
-    knobs["init_std"] = float(hf.get("initializer_range", 0.02))
+    """config.json (a class this family computes) -> (ModelConfig knobs, refusals: a value of
+    the wrong type or range, a missing key, a setting our module does not compute)."""
+    fields = ConfigFields(hf)
+    arch = hf["architectures"][0]
+    knobs: dict[str, object] = {name: fields.size(key) for name, key in _HF_KEYS.items()}
+    knobs["n_kv_heads"] = fields.size("num_key_value_heads", knobs["n_heads"])
+    knobs["norm_eps"] = fields.number("rms_norm_eps", 1e-6)
+    knobs["tie_embeddings"] = fields.flag("tie_word_embeddings", False)
+    knobs["init_std"] = fields.number("initializer_range", 0.02, positive=False)
     knobs["attention_bias"] = arch == QWEN2
-    refusals = _unmodelled(hf, arch, knobs)
-    rope, rope_refusals = _rope(hf)
-    return {**knobs, **rope}, refusals + rope_refusals
+    _unmodelled(fields, arch, knobs)
+    rope = _rope(fields)
+    return {**knobs, **rope}, fields.refusals
 
 
-def _unmodelled(hf: dict, arch: str, knobs: dict) -> list[str]:
-    """The config.json settings our module does not compute."""
-    out = []
-    if hf.get("hidden_act", "silu") != "silu":
-        out.append(f"hidden_act={hf['hidden_act']} is not modelled (SwiGLU uses silu)")
-    if arch == LLAMA and hf.get("attention_bias"):
-        out.append("attention_bias=true (Llama: also an o_proj bias) is not modelled")
-    if hf.get("mlp_bias"):
-        out.append("mlp_bias=true is not modelled")
-    if hf.get("use_sliding_window"):
-        out.append("use_sliding_window=true is not modelled (full causal attention only)")
-    head_dim = hf.get("head_dim")
-    if head_dim is not None and knobs["n_heads"] and head_dim * knobs["n_heads"] != knobs["dim"]:
-        out.append(f"head_dim={head_dim} != hidden_size/num_attention_heads is not modelled")
-    return out
+def _unmodelled(fields: ConfigFields, arch: str, knobs: dict) -> None:
+    """Refuse the config.json settings our module does not compute."""
+    act = fields.text("hidden_act", "silu")
+    if act and act != "silu":
+        fields.refuse("hidden_act", act, "is not modelled (SwiGLU uses silu)")
+    if arch == LLAMA and fields.flag("attention_bias", False):  # q/k/v biases, o_proj's zero
+        knobs["attention_bias"] = True
+    if fields.flag("mlp_bias", False):
+        fields.refuse("mlp_bias", True, "is not modelled")
+    if fields.flag("use_sliding_window", False):
+        fields.refuse("use_sliding_window", True, "is not modelled (full causal attention only)")
+    if fields.get("head_dim", None) is not None and not {
+            "hidden_size", "num_attention_heads"} & fields.bad:
+        head_dim = fields.size("head_dim")
+        if head_dim * knobs["n_heads"] != knobs["dim"]:
+            fields.refuse("head_dim", head_dim,
+                          "!= hidden_size/num_attention_heads is not modelled")
 
 
-def _rope(hf: dict) -> tuple[dict[str, object], list[str]]:
+def _rope(fields: ConfigFields) -> dict[str, object]:
     """RoPE knobs from `rope_scaling` (transformers < 5) or `rope_parameters` (>= 5)."""
-    params = dict(hf.get("rope_parameters") or {})
-    params.update(hf.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    params = fields.section("rope_parameters")
+    scaling = fields.section("rope_scaling")
+    merged = ConfigFields({**params.data, **scaling.data}, refusals=fields.refusals,
+                          prefix="rope_scaling." if scaling.data else "rope_parameters.")
+    theta = (merged.number("rope_theta") if "rope_theta" in merged.data
+             else fields.number("rope_theta", 10000.0))
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
     if rope_type not in ROPE_TYPES:
-        return {}, [f"rope_type={rope_type} is not modelled (supported: {', '.join(ROPE_TYPES)})"]
+        merged.refuse("rope_type", rope_type, f"is not modelled (supported: "
+                      f"{', '.join(ROPE_TYPES)})")
+        return {}
     if rope_type == "default":
-        return {"rope_theta": theta, "rope_scaling": "none"}, []
+        return {"rope_theta": theta, "rope_scaling": "none"}
     knobs: dict[str, object] = {"rope_theta": theta, "rope_scaling": "llama3"}
-    for name, hf_key in _LLAMA3_KEYS.items():
-        knobs[name] = float(params[hf_key])
-    knobs["rope_original_max_seq_len"] = int(knobs["rope_original_max_seq_len"])
-    return knobs, []
+    for name, key in _LLAMA3_KEYS.items():
+        knobs[name] = merged.number(key)
+    knobs["rope_original_max_seq_len"] = merged.size(_LLAMA3_KEYS["rope_original_max_seq_len"])
+    return knobs
 
 
 def write_hf_config(model: ModelSpec, dtype_name: str) -> dict:
@@ -144,3 +155,44 @@ def _architecture(model: ModelSpec) -> dict:
                 "max_window_layers": model.n_layers}
     return {"architectures": [LLAMA], "model_type": "llama",
             "attention_bias": False, "mlp_bias": False}
+
+
+QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
+                           r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+"""The pre-tokenizer transformers' Qwen2Tokenizer imposes on every `model_type: qwen2` folder
+(one digit per piece), whatever its tokenizer.json or tokenizer_config.json say."""
+O_BIAS = "model.layers.{i}.self_attn.o_proj.bias"
+
+
+def is_qwen2_tokenizer(tokenizer: dict | None) -> bool:
+    """Does transformers' Qwen2Tokenizer compute this tokenizer.json as it is (NFC, Qwen2's split
+    regex, byte-level BPE)? Anything else would be tokenized differently under model_type qwen2."""
+    if not isinstance(tokenizer, dict):
+        return False
+    pre = tokenizer.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers") or [] if isinstance(pre, dict) else []
+    shapes = [(p.get("type"), (p.get("pattern") or {}).get("Regex"), p.get("use_regex"))
+              for p in parts if isinstance(p, dict)]
+    return (tokenizer.get("normalizer") == {"type": "NFC"}
+            and (tokenizer.get("model") or {}).get("type") == "BPE"
+            and shapes == [("Split", QWEN2_PRETOKENIZE_REGEX, None), ("ByteLevel", None, False)])
+
+
+def config_for_tokenizer(config: dict, tokenizer: dict | None) -> dict:
+    """A Qwen2-shaped model exported with a tokenizer Qwen2Tokenizer would change becomes a
+    `LlamaForCausalLM` with attention_bias (o_proj's bias written as zeros: the same function),
+    whose AutoTokenizer reads tokenizer.json as it is."""
+    if config.get("model_type") != "qwen2" or is_qwen2_tokenizer(tokenizer):
+        return config
+    llama = {key: value for key, value in config.items()
+             if key not in ("use_sliding_window", "sliding_window", "max_window_layers")}
+    return {**llama, "architectures": [LLAMA], "model_type": "llama", "attention_bias": True,
+            "mlp_bias": False}
+
+
+def zero_tensors(model: ModelSpec, config: dict) -> dict[str, tuple[int, ...]]:
+    """A Llama config.json with attention_bias holds an o_proj bias per block (all zero)."""
+    arch = (config.get("architectures") or [""])[0]
+    if arch != LLAMA or config.get("attention_bias") is not True:
+        return {}
+    return {O_BIAS.format(i=i): (model.dim,) for i in range(model.n_layers)}
