@@ -15,6 +15,7 @@ from parallel.cost.flops import run_flops_convention
 from training.checkpoint import save_checkpoint
 from training.dist import all_reduce_sum, barrier
 from training.export import export_hf, gather_full_state
+from training.fault_injection import kill_if_asked
 from training.metrics import StepTimer, memory_by_rank, memory_fields, mfu_fields
 from training.optim import set_lr
 from training.preemption import requeue_job, restart_count, slurm_job_id
@@ -42,6 +43,7 @@ def train(tr: TrainState) -> str:
             evaluate(tr)
         timer = StepTimer(tr.ctx.device)
         while tr.step < stop:
+            kill_if_asked(tr.ctx.rank, tr.step + 1)  # tests only (training/fault_injection.py)
             timer.begin()
             row = train_step(tr)
             row["step_time_s"] = timer.elapsed_s()
