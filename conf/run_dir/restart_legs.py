@@ -39,15 +39,16 @@ class Failure:
     launcher's exit status ("exit status N")."""
 
 
-def failure_of(run_dir: Path, exit_status: int) -> Failure:
-    """The failure a leg that ended with `exit_status` left in its run dir."""
+def failure_of(run_dir: Path, exit_status: int | None) -> Failure:
+    """The failure a leg that ended with `exit_status` left in its run dir (None: a rank
+    failed where no launcher sees an exit status: a Slurm task, a torchrun on other nodes)."""
     rd = RunDir(run_dir)
     steps = [r.get("step", 0) for r in rd.read_rows() if r.get("kind") == "train"]
     latest = rd.latest_checkpoint()
     saved = int(latest.name.split("_")[-1]) if latest is not None else 0
     first = first_failure(run_dir)
     if first is None:
-        cause = f"exit status {exit_status}"
+        cause = "a rank failed" if exit_status is None else f"exit status {exit_status}"
     else:
         rank, code, sig = first
         cause = (f"rank {rank} killed by {sig or f'signal {-code}'}" if code < 0
@@ -88,17 +89,21 @@ def restart_refusal(run_dir: Path, failure: Failure, *, max_restarts: int) -> st
 def record_refusal(run_dir: Path, failure: Failure, reason: str) -> None:
     """A repeated failure stops the run: say so where `meshrun status` reads why a run failed
     (a "failed" event in metrics.jsonl; no rank is running to write it)."""
+    said = [r for r in RunDir(run_dir).read_rows() if r.get("event") == FAILED_EVENT]
+    if said and said[-1].get("reason") == REPEATED_FAILURE_REASON:
+        return  # another rank (or torchrun's next try) said it already
     row = {"kind": "event", "event": FAILED_EVENT, "step": failure.step, "time": time.time(),
            "reason": REPEATED_FAILURE_REASON, "message": f"not restarted: {reason}"}
     with RunDir(run_dir).metrics_file.open("a") as out:
         out.write(json.dumps(row) + "\n")
 
 
-def record_restart(run_dir: Path, failure: Failure) -> int:
-    """Append the restart leg that follows `failure`; return its number."""
+def record_restart(run_dir: Path, failure: Failure, **where: str) -> int:
+    """Append the restart leg that follows `failure` (`where`: e.g. the Slurm job id); return
+    its number."""
     rd = RunDir(run_dir)
     number = len(current_restarts(run_dir)) + 1
     rd.append_resume(time=time.strftime("%Y-%m-%dT%H:%M:%S"), overrides=[],
                      effective=rd.leg_overrides(),
-                     extra={RESTART_KEY: number, "after": asdict(failure)})
+                     extra={RESTART_KEY: number, "after": asdict(failure), **where})
     return number

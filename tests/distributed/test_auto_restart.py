@@ -5,31 +5,36 @@ before step 5 (training/fault_injection.py, test-only), after the checkpoint of 
   restart leg in resumes.jsonl, and its losses equal an uninterrupted run's, bit for bit;
 - killed at step 5 every leg, max_restarts=3: one restart, then "a bug, not a fault" in one
   line, in `meshrun status`, and no second restart;
-- max_restarts=0: today's behaviour, the run fails and nothing restarts it.
+- max_restarts=0: today's behaviour, the run fails and nothing restarts it;
+- cluster=nodes (two torchrun "nodes" of one rank each, started from the printed commands):
+  torchrun --max-restarts restarts both, rank 0 records the leg, the losses are the same.
 """
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import socket
+import subprocess
 
 import pytest
 
 from conf.run_dir.paths import RunDir
 from conf.run_dir.restart_legs import RESTART_KEY
-from tests.support.meshrun_cli import meshrun
+from tests.support.meshrun_cli import REPO, meshrun
 from tests.support.run_outputs import only_run_dir
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 RUN = ["model=tiny", "training.seq_len=32", "training.micro_batch_size=4",
        "training.eval_every=0", "logging=disabled", "checkpoint.export_safetensors=false",
-       "training.steps=8", "checkpoint.every_steps=2", "schedule.warmup_steps=2",
-       "cluster.procs_per_node=2"]
+       "training.steps=8", "checkpoint.every_steps=2", "schedule.warmup_steps=2"]
+LOCAL = ["cluster.procs_per_node=2"]
 KILL = {"MESHRUN_TEST_KILL_AT": "1:5"}
 KILLED = {"step": 4, "cause": "rank 1 killed by SIGKILL"}
 
 
 def _run(runs, *overrides, env=None):
-    result = meshrun("run", *RUN, *overrides, f"runs_dir={runs}",
+    result = meshrun("run", *RUN, *LOCAL, *overrides, f"runs_dir={runs}",
                      env={**os.environ, **(env or {})}, timeout=240)
     return result, only_run_dir(runs)
 
@@ -79,3 +84,27 @@ def test_without_max_restarts_a_killed_rank_fails_the_run(tmp_path):
     assert "restart 1/" not in result.stderr and "not restart" not in result.stderr
     assert not RunDir(run_dir).resumes_file.exists()
     assert not RunDir(run_dir).summary_file.exists()
+
+
+def test_nodes_restart_through_torchrun_to_the_same_losses(tmp_path, straight):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = meshrun("run", *RUN, "training.max_restarts=1", "cluster=nodes", "cluster.nodes=2",
+                     "cluster.procs_per_node=1", "cluster.gpus_per_node=0",
+                     "cluster.rdzv_host=127.0.0.1", f"cluster.rdzv_port={port}",
+                     f"runs_dir={tmp_path / 'runs'}")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index("launch command per node:") + 1
+    commands = [shlex.split(line) for line in lines[start:start + 2]]
+    assert all("--max-restarts=1" in c for c in commands)
+    env = {**os.environ, **KILL, "MESHRUN_TEST_KILL_ONCE": str(tmp_path / "killed-once")}
+    nodes = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT) for cmd in commands]
+    assert [node.wait(timeout=300) for node in nodes] == [0, 0]
+    run_dir = only_run_dir(tmp_path / "runs")
+    (leg,) = RunDir(run_dir).read_resumes()
+    assert leg[RESTART_KEY] == 1 and leg["torchrun_restart"] == "1"
+    assert leg["after"] == {"step": 4, "cause": "a rank failed"}
+    assert _losses(run_dir) == straight
