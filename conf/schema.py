@@ -244,8 +244,9 @@ class TrainingConfig:
     newest complete checkpoint by itself, up to this many times (0 = never: the run fails, as
     before). Each restart is a leg in resumes.jsonl and continues the same W&B run; the same
     failure at the same step twice stops restarting (a bug, not a fault). Local runs restart
-    in the launcher, cluster=nodes through torchrun --max-restarts, Slurm by requeueing the
-    job (counted apart from cluster.max_requeues). A restart needs a complete checkpoint."""
+    in the launcher, Slurm jobs are requeued by a surviving rank (counted apart from
+    cluster.max_requeues); not available with cluster=nodes. A restart needs a complete
+    checkpoint."""
 
 
 @dataclass

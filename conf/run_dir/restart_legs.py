@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from conf.run_dir.checkpoint_dirs import checkpoint_step
 from conf.run_dir.failure_diagnosis import first_failure
 from conf.run_dir.metrics_rows import FAILED_EVENT
 from conf.run_dir.paths import RunDir
@@ -45,7 +46,7 @@ def failure_of(run_dir: Path, exit_status: int | None) -> Failure:
     rd = RunDir(run_dir)
     steps = [r.get("step", 0) for r in rd.read_rows() if r.get("kind") == "train"]
     latest = rd.latest_checkpoint()
-    saved = int(latest.name.split("_")[-1]) if latest is not None else 0
+    saved = checkpoint_step(latest) if latest is not None else 0
     first = first_failure(run_dir)
     if first is None:
         cause = "a rank failed" if exit_status is None else f"exit status {exit_status}"

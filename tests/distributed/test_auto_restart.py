@@ -5,23 +5,18 @@ before step 5 (training/fault_injection.py, test-only), after the checkpoint of 
   restart leg in resumes.jsonl, and its losses equal an uninterrupted run's, bit for bit;
 - killed at step 5 every leg, max_restarts=3: one restart, then "a bug, not a fault" in one
   line, in `meshrun status`, and no second restart;
-- max_restarts=0: today's behaviour, the run fails and nothing restarts it;
-- cluster=nodes (two torchrun "nodes" of one rank each, started from the printed commands):
-  torchrun --max-restarts restarts both, rank 0 records the leg, the losses are the same.
+- max_restarts=0: today's behaviour, the run fails and nothing restarts it.
 """
 from __future__ import annotations
 
 import json
 import os
-import shlex
-import socket
-import subprocess
 
 import pytest
 
 from conf.run_dir.paths import RunDir
 from conf.run_dir.restart_legs import RESTART_KEY
-from tests.support.meshrun_cli import REPO, meshrun
+from tests.support.meshrun_cli import meshrun
 from tests.support.run_outputs import only_run_dir
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
@@ -85,26 +80,3 @@ def test_without_max_restarts_a_killed_rank_fails_the_run(tmp_path):
     assert not RunDir(run_dir).resumes_file.exists()
     assert not RunDir(run_dir).summary_file.exists()
 
-
-def test_nodes_restart_through_torchrun_to_the_same_losses(tmp_path, straight):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    result = meshrun("run", *RUN, "training.max_restarts=1", "cluster=nodes", "cluster.nodes=2",
-                     "cluster.procs_per_node=1", "cluster.gpus_per_node=0",
-                     "cluster.rdzv_host=127.0.0.1", f"cluster.rdzv_port={port}",
-                     f"runs_dir={tmp_path / 'runs'}")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    start = lines.index("launch command per node:") + 1
-    commands = [shlex.split(line) for line in lines[start:start + 2]]
-    assert all("--max-restarts=1" in c for c in commands)
-    env = {**os.environ, **KILL, "MESHRUN_TEST_KILL_ONCE": str(tmp_path / "killed-once")}
-    nodes = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.STDOUT) for cmd in commands]
-    assert [node.wait(timeout=300) for node in nodes] == [0, 0]
-    run_dir = only_run_dir(tmp_path / "runs")
-    (leg,) = RunDir(run_dir).read_resumes()
-    assert leg[RESTART_KEY] == 1 and leg["torchrun_restart"] == "1"
-    assert leg["after"] == {"step": 4, "cause": "a rank failed"}
-    assert _losses(run_dir) == straight
