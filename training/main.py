@@ -35,15 +35,12 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     import torch
 
     from training.dist import init_distributed, node_name, teardown
-    from training.elastic_restart import note_elastic_restart
     from training.loggers import BackgroundWandb
     from training.loop import train
     from training.train_state import build_train_state
 
     imported = time.time()
     spec = RunDir(run_dir).read_spec()
-    if not preflight_only:  # torchrun --max-restarts on cluster=nodes restarted this group
-        note_elastic_restart(run_dir, max_restarts=spec.training.max_restarts)
     ctx = init_distributed(spec.training.device, join_timeout_s=spec.cluster.preflight_timeout_s)
     joined = time.time()
     setup_logging(run_dir, ctx.rank)

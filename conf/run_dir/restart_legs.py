@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from conf.run_dir.checkpoint_dirs import checkpoint_step
-from conf.run_dir.failure_diagnosis import first_failure
+from conf.run_dir.failure_diagnosis import ROOT_CAUSE, first_failure
 from conf.run_dir.metrics_rows import FAILED_EVENT
 from conf.run_dir.paths import RunDir
 
@@ -40,14 +40,16 @@ class Failure:
     launcher's exit status ("exit status N")."""
 
 
-def failure_of(run_dir: Path, exit_status: int | None) -> Failure:
+def failure_of(run_dir: Path, exit_status: int | None, *, torchrun_log_from: int = 0) -> Failure:
     """The failure a leg that ended with `exit_status` left in its run dir (None: a rank
-    failed where no launcher sees an exit status: a Slurm task, a torchrun on other nodes)."""
+    failed where no launcher sees an exit status: a Slurm task). torchrun's error summary
+    names the rank only when the leg wrote one (after byte `torchrun_log_from` of its log,
+    where the leg began): an older leg's summary says nothing of this one."""
     rd = RunDir(run_dir)
     steps = [r.get("step", 0) for r in rd.read_rows() if r.get("kind") == "train"]
     latest = rd.latest_checkpoint()
     saved = checkpoint_step(latest) if latest is not None else 0
-    first = first_failure(run_dir)
+    first = first_failure(run_dir) if _wrote_summary(rd, torchrun_log_from) else None
     if first is None:
         cause = "a rank failed" if exit_status is None else f"exit status {exit_status}"
     else:
@@ -55,6 +57,15 @@ def failure_of(run_dir: Path, exit_status: int | None) -> Failure:
         cause = (f"rank {rank} killed by {sig or f'signal {-code}'}" if code < 0
                  else f"rank {rank} exit code {code}")
     return Failure(step=max(steps + [saved]), cause=cause)
+
+
+def _wrote_summary(rd: RunDir, since: int) -> bool:
+    try:
+        with open(rd.torchrun_log, "rb") as log:
+            log.seek(since)
+            return ROOT_CAUSE.encode() in log.read()
+    except OSError:
+        return False
 
 
 def current_restarts(run_dir: Path) -> list[dict]:

@@ -22,14 +22,10 @@ def node_commands(spec: RunSpec, run_dir: str) -> list[list[str]]:
     python = c.python or sys.executable
     endpoint = f"{c.rdzv_host}:{c.rdzv_port or DEFAULT_NODES_PORT}"
     run_id = Path(run_dir).name
-    # training.max_restarts: every node's torchrun restarts the group together (no meshrun
-    # launcher watches these nodes); rank 0 records each restart (training/elastic_restart.py)
-    restarts = ([f"--max-restarts={spec.training.max_restarts}"]
-                if spec.training.max_restarts else [])
     return [[python, "-m", "torch.distributed.run", f"--nnodes={c.nodes}",
              f"--nproc_per_node={c.procs_per_node}", f"--node_rank={node}",
              "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}",
-             *restarts, "-m", "training", run_dir]
+             "-m", "training", run_dir]
             for node in range(c.nodes)]
 
 

@@ -30,17 +30,28 @@ def launch_with_restarts(run_dir: Path, *, max_restarts: int, lock: RunLock | No
     with contextlib.ExitStack() as stack:
         if lock is None:
             lock = stack.enter_context(acquire_run_lock(run_dir, action="run"))
+        log_from = _log_size(run_dir)
         status = launch_leg(lock, True)
         while status not in ENDED_ON_PURPOSE and max_restarts > 0:
-            if not _restart_recorded(run_dir, status, max_restarts=max_restarts):
+            if not _restart_recorded(run_dir, status, max_restarts=max_restarts,
+                                     log_from=log_from):
                 break
+            log_from = _log_size(run_dir)
             status = launch_leg(lock, False)
         return status
 
 
-def _restart_recorded(run_dir: Path, status: int, *, max_restarts: int) -> bool:
+def _log_size(run_dir: Path) -> int:
+    """Where the next leg's torchrun output will begin in logs/torchrun.log."""
+    try:
+        return RunDir(run_dir).torchrun_log.stat().st_size
+    except OSError:
+        return 0
+
+
+def _restart_recorded(run_dir: Path, status: int, *, max_restarts: int, log_from: int) -> bool:
     """Decide after a failed leg; say the decision in one line; record the restart leg."""
-    failure = failure_of(run_dir, status)
+    failure = failure_of(run_dir, status, torchrun_log_from=log_from)
     reason = restart_refusal(run_dir, failure, max_restarts=max_restarts)
     if reason is not None:
         if reason.startswith(SAME_FAILURE):  # the failure report then says it, once

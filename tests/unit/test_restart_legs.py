@@ -36,8 +36,11 @@ def test_a_failure_is_the_step_reached_and_what_torchrun_says_failed(tmp_path):
     RunDir(run_dir).torchrun_log.write_text(
         "Failures:\n  <NO_OTHER_FAILURES>\nRoot Cause (first observed failure):\n[0]:\n"
         "  time      : x\n  host      : h\n  rank      : 1 (local_rank: 1)\n"
-        "  exitcode  : -9 (pid: 12)  (SIGKILL)\n  error_file: <N/A>\n  traceback : Signal 9 (SIGKILL)\n")
+        "  exitcode  : -9 (pid: 12)  (SIGKILL)\n  error_file: <N/A>\n"
+        "  traceback : Signal 9 (SIGKILL)\n")
     assert failure_of(run_dir, 1) == KILLED
+    older = RunDir(run_dir).torchrun_log.stat().st_size  # the next leg wrote no summary
+    assert failure_of(run_dir, 1, torchrun_log_from=older).cause == "exit status 1"
 
 
 def test_restarts_until_max_then_says_out_of_restarts(tmp_path):
