@@ -239,6 +239,14 @@ class TrainingConfig:
     """A step whose loss (or, without a loss scaler, gradient norm) is nan or inf: stop (the
     run fails at once, saving and exporting nothing; the last checkpoint is the last finite
     state) or skip_step (drop that step's update, log it, train on)."""
+    max_restarts: int = 0
+    """After a rank fails (exits non-zero, is killed) or the run hangs, restart it from its
+    newest complete checkpoint by itself, up to this many times (0 = never: the run fails, as
+    before). Each restart is a leg in resumes.jsonl and continues the same W&B run; the same
+    failure at the same step twice stops restarting (a bug, not a fault). Local runs restart
+    in the launcher, Slurm jobs are requeued by a surviving rank (counted apart from
+    cluster.max_requeues); not available with cluster=nodes. A restart needs a complete
+    checkpoint."""
 
 
 @dataclass

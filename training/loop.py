@@ -15,6 +15,8 @@ from parallel.cost.flops import run_flops_convention
 from training.checkpoint import save_checkpoint
 from training.dist import all_reduce_sum, barrier
 from training.export import export_hf, gather_full_state
+from training.failure_requeue import failure_requeues
+from training.fault_injection import kill_if_asked
 from training.metrics import StepTimer, memory_by_rank, memory_fields, mfu_fields
 from training.optim import set_lr
 from training.preemption import requeue_job, restart_count, slurm_job_id
@@ -42,6 +44,7 @@ def train(tr: TrainState) -> str:
             evaluate(tr)
         timer = StepTimer(tr.ctx.device)
         while tr.step < stop:
+            kill_if_asked(tr.ctx.rank, tr.step + 1)  # tests only (training/fault_injection.py)
             timer.begin()
             row = train_step(tr)
             row["step_time_s"] = timer.elapsed_s()
@@ -72,7 +75,8 @@ def stop_early(tr: TrainState) -> str:
     if tr.last_saved_step != tr.step:
         save(tr)
     job_id = slurm_job_id()
-    requeue = bool(job_id) and restart_count() < tr.spec.cluster.max_requeues
+    preemptions = restart_count() - failure_requeues(tr.run_dir, job_id) if job_id else 0
+    requeue = bool(job_id) and preemptions < tr.spec.cluster.max_requeues
     outcome = "requeued" if requeue else "stopped"
     if tr.loggers is not None:
         tr.loggers.event({"kind": "event", "event": outcome, "step": tr.step,

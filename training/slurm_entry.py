@@ -57,7 +57,15 @@ class SlurmRankTask:
         export_rank_environment(spec.cluster)
         from training.main import run
 
-        outcome = run(Path(self.run_dir), preflight_only=self.preflight_only)
+        try:
+            outcome = run(Path(self.run_dir), preflight_only=self.preflight_only)
+        except Exception:
+            from training.failure_requeue import requeue_after_failure
+
+            if self.preflight_only or not requeue_after_failure(
+                    Path(self.run_dir), max_restarts=spec.training.max_restarts):
+                raise
+            outcome = "requeued"  # after a failure: training.max_restarts
         if outcome == "requeued":
             # The job is back in the queue and will rerun this task: write no result file.
             sys.stdout.flush()

@@ -60,6 +60,9 @@ def check_training(t: TrainingSpec, model: ModelSpec, problems: ProblemList) -> 
     if not 0 <= t.seed <= SEED_MAX:
         problems.add("training.seed", t.seed, f"must be within [0, {SEED_MAX}]",
                      "give a non-negative seed, e.g. 1234")
+    if t.max_restarts < 0:
+        problems.add("training.max_restarts", t.max_restarts, "must be >= 0 (0 = never restart)",
+                     "give a value >= 0, e.g. 2")
     if t.cpu_peak_flops < 0:
         problems.add("training.cpu_peak_flops", t.cpu_peak_flops, "must be >= 0 (0 = measure)",
                      "give a value >= 0")

@@ -11,7 +11,8 @@ files through this module, so its layout is written down once::
               env.json           Python/torch versions, host, git state
               wandb_id.txt       the W&B run id (one W&B run across resumes and requeues)
               resumes.jsonl      one line per `meshrun resume` leg: time, the overrides it
-                                 was given, the effective overrides it composed from
+                                 was given, the effective overrides it composed from; and
+                                 per automatic restart (conf/run_dir/restart_legs.py)
               launcher.lock      held (flock) by the one launcher driving the run: host, pid, start
               logs/rank<R>.log   each rank's log; logs/torchrun.log, logs/launcher.log
               metrics.jsonl      one JSON row per train step / eval / event (rank 0 appends)
@@ -129,10 +130,12 @@ class RunDir:
         lines = self.resumes_file.read_text(errors="replace").split("\n")
         return [row for row in map(parse_metrics_line, lines) if row is not None]
 
-    def append_resume(self, *, time: str, overrides: list[str], effective: list[str]) -> None:
+    def append_resume(self, *, time: str, overrides: list[str], effective: list[str],
+                      extra: dict | None = None) -> None:
+        """One leg; `extra`: more keys (an automatic restart's, conf/run_dir/restart_legs.py)."""
         with open(self.resumes_file, "a") as f:
             f.write(json.dumps({"time": time, "overrides": overrides,
-                                "effective": effective}) + "\n")
+                                "effective": effective, **(extra or {})}) + "\n")
 
     def leg_overrides(self) -> list[str]:
         """The overrides the newest leg ran with (a plain `meshrun resume` continues with

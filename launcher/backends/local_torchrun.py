@@ -14,6 +14,7 @@ from rich.console import Console
 from conf.run_dir.paths import RunDir
 from conf.spec import RunSpec
 from launcher.backends.interface import LaunchBackend
+from launcher.backends.restart_loop import launch_with_restarts
 from launcher.backends.process_lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
 from launcher.views.progress import watch_run
 from launcher.backends.run_lock import RunLock, acquire_run_lock, stop_lock_holder
@@ -119,8 +120,14 @@ class LocalBackend(LaunchBackend):
     def launch(self, spec: RunSpec, run_dir: Path, *, console: Console, show_progress: bool,
                wait: bool = False, preflight_only: bool = False, lock: RunLock | None = None,
                warm: WarmTorchrun | None = None) -> int:
-        return launch_local(spec, run_dir, show_progress=show_progress,
-                            preflight_only=preflight_only, lock=lock, warm=warm)
+        if preflight_only:
+            return launch_local(spec, run_dir, show_progress=show_progress,
+                                preflight_only=True, lock=lock, warm=warm)
+        return launch_with_restarts(
+            run_dir, max_restarts=spec.training.max_restarts, lock=lock,
+            launch_leg=lambda held, first: launch_local(
+                spec, run_dir, show_progress=show_progress, lock=held,
+                warm=warm if first else None))
 
     def stop(self, run_dir: Path) -> str:
         return stop_lock_holder(run_dir)

@@ -10,6 +10,7 @@ from rich.table import Table
 from conf.errors import ConfigError, Problem
 from conf.run_dir.failure_diagnosis import failure_tail
 from conf.run_dir.paths import RunDir
+from conf.run_dir.restart_legs import RESTART_KEY
 from conf.run_dir.run_states import FAILED_STATES, RunState, state_from_files
 from launcher.backends.choose import backend_of_run_dir
 from launcher.backends.slurm_state import JobState
@@ -46,8 +47,11 @@ def _legs(rd: RunDir) -> list[dict]:
     first = rd.read_overrides() if rd.overrides_file.is_file() else []
     legs = [{"leg": 1, "command": "run", "overrides": first}]
     for n, leg in enumerate(rd.read_resumes(), start=2):
-        legs.append({"leg": n, "command": "resume", "time": leg.get("time", ""),
-                     "overrides": leg.get("overrides", [])})
+        row = {"leg": n, "command": "resume", "time": leg.get("time", ""),
+               "overrides": leg.get("overrides", [])}
+        if RESTART_KEY in leg:  # an automatic restart (training.max_restarts)
+            row.update(command=f"restart {leg[RESTART_KEY]}", after=leg.get("after", {}))
+        legs.append(row)
     return legs
 
 
@@ -70,8 +74,10 @@ def print_status(status: dict, console: Console) -> None:
         rows += [("elapsed", status["elapsed"]), ("nodes", status["nodes"])]
     for leg in status.get("legs", []):
         when = f" {leg['time']}" if leg.get("time") else ""
-        rows.append((f"leg {leg['leg']} ({leg['command']}{when})",
-                     " ".join(leg["overrides"]) or "(no overrides)"))
+        after = leg.get("after") or {}
+        what = (f"after {after.get('cause')} at step {after.get('step')}" if after
+                else " ".join(leg["overrides"]) or "(no overrides)")
+        rows.append((f"leg {leg['leg']} ({leg['command']}{when})", what))
     for what, value in rows:
         table.add_row(what, value)
     console.print(table)
