@@ -45,13 +45,15 @@ def start_point_process(mode: str, run_dir: Path, *, env: dict[str, str],
                         log_path: Path) -> subprocess.Popen:
     """Start `python -m sweeps.point_process MODE RUN_DIR`, output appended to `log_path`,
     dying with this process (must be called from the main thread: the parent-death signal
-    fires when the creating thread ends)."""
+    fires when the creating thread ends). In a session of its own, as torchrun is: a
+    terminal's Ctrl-C reaches the runner only, which asks each point to stop once."""
     from launcher.backends.process_lifetime import parent_death_preexec
 
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "sweeps.point_process", mode, str(run_dir)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                                start_new_session=True,
                                 preexec_fn=parent_death_preexec(signal.SIGTERM))
 
 

@@ -141,8 +141,9 @@ def _parallel(state: SweepState, make_run_dir, todo: list, *, parallel: int, hos
     except KeyboardInterrupt:
         console.print("interrupted: the running points stop after their step (checkpoint)",
                       markup=False)
-        for index, (prepared, _, proc) in running.items():
-            results[index] = _ended(state, watch, prepared, _stopped(proc))
+        statuses = _stop_all([proc for _, _, proc in running.values()])
+        for (index, (prepared, _, _)), status in zip(running.items(), statuses):
+            results[index] = _ended(state, watch, prepared, status)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return results
@@ -155,21 +156,23 @@ def _start(prepared: Prepared, env: dict[str, str]):
                                log_path=RunDir(prepared.run_dir).launcher_log)
 
 
-def _stopped(proc) -> int:
-    """SIGTERM a point process (as Ctrl-C: its ranks checkpoint), wait; a second signal to
-    the runner meanwhile kills it and its ranks at once."""
+def _stop_all(procs: list) -> list[int]:
+    """SIGTERM each point process (as Ctrl-C: its ranks checkpoint) and wait for them all; a
+    second signal to the runner meanwhile kills them and their ranks at once."""
     from launcher.backends.process_lifetime import kill_tree
 
     def kill_now(signum: int, frame) -> None:
-        if proc.returncode is None:
-            kill_tree(proc.pid)
+        for proc in procs:
+            if proc.returncode is None:
+                kill_tree(proc.pid)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, kill_now)
     try:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        return proc.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        return [proc.wait() for proc in procs]
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

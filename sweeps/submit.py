@@ -139,24 +139,34 @@ def _todo_under_lock(state: SweepState, checked: list[Checked], console: Console
     runner that died may still be stopping (their ranks save a checkpoint); wait for them,
     up to STOPPING_WAIT_S, rather than run them twice or skip them."""
     todo, _, active = _split_by_state(state, checked)
-    stopping = [c for c in active if _point_alive(state, c)]
+    stopping = [c for c in active if _held_by_a_sweep(state, c)]
     if stopping:
         console.print(f"waiting up to {STOPPING_WAIT_S} s for {len(stopping)} point(s) of an "
                       "earlier runner to stop", markup=False)
         deadline = time.monotonic() + STOPPING_WAIT_S
-        while any(_point_alive(state, c) for c in stopping) and time.monotonic() < deadline:
+        while any(_held_by_a_sweep(state, c) for c in stopping) and time.monotonic() < deadline:
             time.sleep(0.5)
         todo, _, active = _split_by_state(state, checked)
-    if active:
-        console.print(f"not starting {len(active)} point(s) still alive: "
-                      + ", ".join(str(c.point.index) for c in active), markup=False)
+    alive = [c for c in active if _owner(state, c) is not None]
+    if alive:
+        console.print(f"not starting {len(alive)} point(s) that a live process holds: "
+                      + ", ".join(str(c.point.index) for c in alive), markup=False)
     return todo
 
 
-def _point_alive(state: SweepState, checked: Checked) -> bool:
+def _owner(state: SweepState, checked: Checked) -> dict | None:
     from sweeps.track import point_owner
 
-    return point_owner(state.latest_run_dir(checked.point.index)) is not None
+    return point_owner(state.latest_run_dir(checked.point.index))
+
+
+def _held_by_a_sweep(state: SweepState, checked: Checked) -> bool:
+    """The point's run dir is locked by a sweep's point (its runner is gone, as this runner
+    holds the sweep dir), not by a `meshrun resume` someone started by hand."""
+    owner = _owner(state, checked)
+    command = [str(word) for word in (owner or {}).get("command", [])]
+    return owner is not None and bool(command) and (command[0].endswith("point_process.py")
+                                                    or "sweep" in command[1:2])
 
 
 def _warn_not_fitting(todo: list[Checked], console: Console) -> None:
