@@ -4,6 +4,7 @@ over at once when it was SIGKILLed; a local point is running only while a proces
 dir's lock, and stopped (not failed, not running) once that process died with its runner."""
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from rich.console import Console
 
 from conf.errors import ConfigError
 from conf.run_dir.run_states import RunState
@@ -75,3 +77,32 @@ def test_a_point_runs_only_while_a_process_holds_its_run_dir(tmp_path):
     assert point_status(state, record, runner_alive=False)["state"] == RunState.stopped
     (run_dir / "summary.json").write_text("{}")
     assert point_status(state, record, runner_alive=False)["state"] == RunState.completed
+
+
+def test_an_interrupted_point_continues_in_its_own_run_dir(tmp_path):
+    """Retry of a point whose runner died before its first checkpoint: it starts over in the
+    same run dir (a step-0 resume marker hides the lost rows), never in a second run dir. (One
+    with a checkpoint resumes: tests/sweeps/test_sweep_supervised.py.)"""
+    from conf.run_dir.metrics_rows import read_metrics_rows
+    from conf.run_dir.paths import RunDir
+    from launcher.backends.choose import backend_for
+    from sweeps.expand import Point
+    from sweeps.point_process import RESTART, mark_restart
+    from sweeps.submit import _prepare_here
+    from sweeps.validate import Checked
+
+    run_dir = tmp_path / "runs" / "lr-1e-3"
+    write_run(run_dir, overrides=["optim.lr=1e-3"], val_losses=[5.5], steps=7, finished=False)
+    record = {"index": 0, "name": "lr-1e-3", "values": {}, "run_dir": "runs/lr-1e-3",
+              "attempts": [{"run_dir": "runs/lr-1e-3", "exit_status": None, "error": None}]}
+    state = SweepState(tmp_path, {"points": [record]})
+    point = Point(index=0, overrides=("optim.lr=1e-3",), values={}, name="lr-1e-3", group="",
+                  tags=())
+    spec = RunDir(run_dir).read_spec()
+    prepared = _prepare_here(state, Checked(point=point, spec=spec),
+                             backend_for(spec.cluster), Console(file=io.StringIO()))
+    assert (prepared.mode, prepared.run_dir) == (RESTART, run_dir)
+    assert [a["run_dir"] for a in state.record(0)["attempts"]] == ["runs/lr-1e-3"] * 2
+    mark_restart(run_dir)
+    assert [r for r in read_metrics_rows(run_dir / "metrics.jsonl")
+            if r.get("kind") == "train"] == []
