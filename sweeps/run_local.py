@@ -2,9 +2,12 @@
 when they fit (CPU cores, or whole GPUs per point). One point failing never stops the others.
 
 Each point is launched by its launch backend (launcher.backends: torchrun on this machine),
-exactly as `meshrun run` would; with --parallel each launch happens in a worker process (the
-local launch installs signal handlers, which only a main thread may do), its progress lines
-going to logs/launcher.log.
+exactly as `meshrun run` would (or resumed as `meshrun resume` would, or restarted in its own
+run dir: sweeps.point_process). One at a time, the runner launches it itself, and torchrun dies
+with the runner; with --parallel each point runs in a process of its own
+(sweeps.point_process) that dies with the runner, its progress lines going to
+logs/launcher.log. Either way a SIGKILLed runner leaves no point training: the ranks save a
+checkpoint and stop, and `meshrun sweep retry` continues them.
 
 What the sweep shows meanwhile is sweeps.watch.SweepWatch: a live table of the points on a
 terminal (each point's own progress then goes to its logs/launcher.log), plain lines elsewhere.
@@ -14,18 +17,23 @@ than N when that is so.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
+from conf.errors import ConfigError
 from conf.spec import HostSpec, RunSpec
+from sweeps.point_process import INTERRUPTED, LAUNCH, run_point, start_point_process
 from sweeps.state import SweepState
 from sweeps.watch import PointProgress, SweepWatch
 
-INTERRUPTED = 130
+POLL_S = 0.2
+"""How often the runner looks whether a point process has ended."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +44,8 @@ class Prepared:
     name: str
     spec: RunSpec
     run_dir: Path
+    mode: str = LAUNCH
+    """sweeps.point_process: launch (a fresh run dir), resume or restart (in its run dir)."""
 
 
 def run_local(state: SweepState, make_run_dir, todo: list, *, parallel: int, host: HostSpec,
@@ -81,11 +91,15 @@ def _sequential(state: SweepState, make_run_dir, todo: list,
     for n, item in enumerate(todo, 1):
         prepared = make_run_dir(item)
         watch.started(index=prepared.index, run_dir=prepared.run_dir, n=n, total=len(todo))
-        if watch.live:  # the table shows the progress; the point's own lines go to its log
-            status = run_point(str(prepared.run_dir), {})
-        else:
-            status = launch_here(prepared.spec, prepared.run_dir, console=watch.console,
-                                 show_progress=prepared.spec.logging.progress)
+        try:
+            if watch.live:  # the table shows the progress; the point's own lines go to its log
+                status = run_point_logged(prepared)
+            else:
+                status = run_point(prepared.mode, prepared.run_dir, console=watch.console,
+                                   show_progress=prepared.spec.logging.progress)
+        except ConfigError as err:  # e.g. a resume refused: this point only
+            watch.console.print(str(err), markup=False, highlight=False, soft_wrap=True)
+            status = 2
         results[prepared.index] = status
         state.finish_attempt(prepared.index, exit_status=status)
         watch.ended(index=prepared.index, status=status)
@@ -99,59 +113,80 @@ def _sequential(state: SweepState, make_run_dir, todo: list,
 
 def _parallel(state: SweepState, make_run_dir, todo: list, *, parallel: int, host: HostSpec,
               watch: SweepWatch) -> dict[int, int]:
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
+    """Up to `parallel` point processes at once (as the slots allow). Ctrl-C or SIGTERM: each
+    running point is asked to stop (its ranks checkpoint) and waited for."""
     console = watch.console
     pool = Slots(host, parallel=parallel, sizes=[item.spec.world_size for item in todo])
     queue, running, results = deque(todo), {}, {}
-    done_count, interrupted = 0, False
-    with ProcessPoolExecutor(max_workers=parallel,
-                             mp_context=multiprocessing.get_context("spawn")) as executor:
-        try:
-            while queue or running:
-                while queue and not interrupted and pool.take(queue[0].spec, busy=len(running)):
-                    item = queue.popleft()
-                    prepared = make_run_dir(item)
-                    env = pool.env_for(item.spec)
-                    done_count += 1
-                    watch.started(index=prepared.index, run_dir=prepared.run_dir, n=done_count,
-                                  total=len(todo))
-                    future = executor.submit(run_point, str(prepared.run_dir), env)
-                    running[future] = (prepared, env)
-                if not running:
-                    break
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    prepared, env = running.pop(future)
-                    pool.give_back(prepared.spec, env)
-                    try:
-                        status = future.result()
-                    except Exception as err:  # noqa: BLE001 - one point never stops the others
-                        console.print(f"point {prepared.index}: launcher error {err!r}",
-                                      markup=False)
-                        status = 1
-                    results[prepared.index] = status
-                    state.finish_attempt(prepared.index, exit_status=status)
-                    watch.ended(index=prepared.index, status=status)
-                    _report(watch, prepared, status)
-                    interrupted = interrupted or status == INTERRUPTED
-        except KeyboardInterrupt:
-            console.print("interrupted: the running points stop after their step (checkpoint)",
-                          markup=False)
-            for future, (prepared, _) in running.items():
-                status = _result_or(future, INTERRUPTED)
-                results[prepared.index] = status
-                state.finish_attempt(prepared.index, exit_status=status)
-                watch.ended(index=prepared.index, status=status)
+    started, interrupted = 0, False
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while queue or running:
+            while queue and not interrupted and pool.take(queue[0].spec, busy=len(running)):
+                prepared = make_run_dir(queue.popleft())
+                env = pool.env_for(prepared.spec)
+                started += 1
+                watch.started(index=prepared.index, run_dir=prepared.run_dir, n=started,
+                              total=len(todo))
+                running[prepared.index] = (prepared, env, _start(prepared, env))
+            if not running:
+                break
+            for index in [i for i, (_, _, proc) in running.items() if proc.poll() is not None]:
+                prepared, env, proc = running.pop(index)
+                pool.give_back(prepared.spec, env)
+                status = _ended(state, watch, prepared, proc.returncode)
+                results[index] = status
+                interrupted = interrupted or status == INTERRUPTED
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        console.print("interrupted: the running points stop after their step (checkpoint)",
+                      markup=False)
+        statuses = _stop_all([proc for _, _, proc in running.values()])
+        for (index, (prepared, _, _)), status in zip(running.items(), statuses):
+            results[index] = _ended(state, watch, prepared, status)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return results
 
 
-def _result_or(future, default: int) -> int:
+def _start(prepared: Prepared, env: dict[str, str]):
+    from conf.run_dir.paths import RunDir
+
+    return start_point_process(prepared.mode, prepared.run_dir, env=env,
+                               log_path=RunDir(prepared.run_dir).launcher_log)
+
+
+def _stop_all(procs: list) -> list[int]:
+    """SIGTERM each point process (as Ctrl-C: its ranks checkpoint) and wait for them all; a
+    second signal to the runner meanwhile kills them and their ranks at once."""
+    from launcher.backends.process_lifetime import kill_tree
+
+    def kill_now(signum: int, frame) -> None:
+        for proc in procs:
+            if proc.returncode is None:
+                kill_tree(proc.pid)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, kill_now)
     try:
-        return future.result()
-    except BaseException:  # noqa: BLE001
-        return default
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        return [proc.wait() for proc in procs]
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _ended(state: SweepState, watch: SweepWatch, prepared: Prepared, status: int) -> int:
+    status = INTERRUPTED if status in (-signal.SIGTERM, -signal.SIGINT) else status
+    state.finish_attempt(prepared.index, exit_status=status)
+    watch.ended(index=prepared.index, status=status)
+    _report(watch, prepared, status)
+    return status
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt
 
 
 class Slots:
@@ -208,25 +243,15 @@ class Slots:
             self.free_cpus += spec.world_size
 
 
-def launch_here(spec: RunSpec, run_dir: Path, *, console: Console, show_progress: bool) -> int:
-    """Launch one point that runs on this machine through its launch backend, to its end."""
-    from launcher.backends.choose import backend_for
-
-    return backend_for(spec.cluster).launch(spec, run_dir, console=console,
-                                            show_progress=show_progress)
-
-
-def run_point(run_dir: str, env: dict[str, str]) -> int:
-    """In a worker process: launch one run dir (launch_here); progress goes to its log."""
+def run_point_logged(prepared: Prepared) -> int:
+    """Run a point here (under the live table): its own lines go to its logs/launcher.log."""
     from conf.run_dir.paths import RunDir
 
-    os.environ.update(env)
-    path = Path(run_dir)
-    spec = RunDir(path).read_spec()
-    with open(RunDir(path).launcher_log, "a") as log:
+    with open(RunDir(prepared.run_dir).launcher_log, "a") as log:
         before, sys.stderr = sys.stderr, log
         try:
-            return launch_here(spec, path, console=Console(file=log), show_progress=False)
+            return run_point(prepared.mode, prepared.run_dir, console=Console(file=log),
+                             show_progress=False)
         except KeyboardInterrupt:
             return INTERRUPTED
         finally:

@@ -1,6 +1,7 @@
 """The sweep dir: sweep.json (the definition), points.json (every point and its attempts), runs/.
 
     <sweep_dir>/sweep.json      what was swept (the sweep file's fields, plus the command line)
+    <sweep_dir>/runner.lock     flock held by the live runner, naming it (sweeps.runner_lock)
     <sweep_dir>/points.json     {"sweep", "runner", "points": [{index, name, values, overrides,
                                  group, tags, run_overrides, run_dir (the latest attempt's),
                                  attempts: [{run_dir, backend, started, job_id, exit_status,
@@ -123,19 +124,16 @@ class SweepState:
                                 "started": now()} if active else None)
         self.save()
 
+    def runner(self) -> dict | None:
+        """The live runner of this sweep dir (host, pid, started, command), None when no
+        process holds its runner.lock (sweeps.runner_lock: a flock, so a dead or recycled pid
+        never passes for a live runner)."""
+        from sweeps.runner_lock import sweep_runner
+
+        return sweep_runner(self.dir)
+
     def runner_alive(self) -> bool:
-        runner = self.data.get("runner")
-        if not runner or runner.get("host") != socket.gethostname():
-            return bool(runner)  # another machine's runner: assume it is alive
-        if runner["pid"] == os.getpid():
-            return True
-        try:
-            os.kill(runner["pid"], 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return self.runner() is not None
 
     def write_definition(self, sweep: SweepDef) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ Nothing touches the filesystem (no sweep dir, no run dir, no job) until every po
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from rich.console import Console
 
 from conf.compose import config_yaml, quote_value
 from conf.errors import ConfigError, Problem, ProblemList
+from conf.run_dir.run_states import FINISHED_STATES
 from launcher.backends.choose import backend_for
 from launcher.backends.interface import LaunchBackend
 from launcher.hardware import probe_host
@@ -21,6 +23,7 @@ from launcher.plan.fit_advice import suggestions
 from sweeps.expand import MAX_POINTS, Point, expand
 from sweeps.preview import confirm, not_fitting, preview_table
 from sweeps.run_local import Prepared
+from sweeps.runner_lock import acquire_sweep_lock
 from sweeps.spec_file import SweepDef
 from sweeps.state import SweepState
 from sweeps.track import RETRYABLE, point_status
@@ -29,6 +32,10 @@ from sweeps.validate import Checked, InvalidSweep, describe_invalid, point_label
 SWEEPS_SUBDIR = "sweeps"
 SUGGESTED_POINTS = 3
 """Points that do not fit whose refusal lists re-planned suggestions (each costs a compose)."""
+
+STOPPING_WAIT_S = 90
+"""How long a runner waits for the points of a runner that died to stop (their ranks save a
+checkpoint first; torchrun kills them after its 30 s grace)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,9 +83,17 @@ def run_sweep(sweep: SweepDef, opts: Options, console: Console, *,
     where = _backends(todo)
     if not confirm(f"Run {len(todo)} point(s) {where}?", yes=opts.yes, console=console):
         return 1
-    state.write_definition(sweep)
-    state.save()
-    return _launch(state, sweep, todo, opts, console)
+    with acquire_sweep_lock(state.dir):  # the live-runner check and our record, one step
+        state = SweepState.load(state.dir, name=sweep.name)  # as the last runner left it
+        merged = state.merge([c.point for c in checked])
+        checked = [dataclasses.replace(c, point=p) for c, p in zip(checked, merged)]
+        todo = _todo_under_lock(state, checked, console)
+        if not todo:
+            console.print("nothing to run", markup=False)
+            return 0
+        state.write_definition(sweep)
+        state.save()
+        return _launch(state, sweep, todo, opts, console)
 
 
 def _validated(sweep: SweepDef, points: list[Point], opts: Options,
@@ -104,22 +119,25 @@ def _open_state(sweep_dir: Path, sweep: SweepDef) -> SweepState:
         raise ConfigError([Problem("sweep_dir", str(sweep_dir),
                                    f"holds the sweep {held!r}, not {sweep.name!r}",
                                    "choose another --dir")], "Cannot sweep")
-    if state.exists and state.data.get("runner") and state.runner_alive():
-        runner = state.data["runner"]
+    if state.exists and state.runner_alive():  # said early; checked again under the lock
+        runner = state.runner() or {}
         raise ConfigError([Problem("sweep_dir", str(sweep_dir),
-                                   f"is in use by a running sweep (pid {runner['pid']} on "
-                                   f"{runner['host']})", "wait for it, or stop it first")],
-                          "Cannot sweep")
+                                   f"is in use by a running sweep (pid {runner.get('pid', '?')} "
+                                   f"on {runner.get('host', '?')})",
+                                   "wait for it, or stop it first")], "Cannot sweep")
     return state
 
 
 def _split_by_state(state: SweepState, checked: list[Checked]):
+    """(to run, finished, alive or waiting): a point is alive while a process holds its run
+    dir's lock (sweeps.track), finished when its run dir says so."""
     todo, done, active = [], [], []
     for c in checked:
         record = state.record(c.point.index)
         row = point_status(state, record, runner_alive=False) if record["attempts"] else None
         current = row["state"] if row else "missing"
-        (done if current == "completed" else todo if current in RETRYABLE else active).append(c)
+        (done if current in FINISHED_STATES else todo if current in RETRYABLE
+         else active).append(c)
     return todo, done, active
 
 
@@ -138,6 +156,49 @@ def check_points_launchable(todo: list[Checked], *, force: bool) -> None:
     if online:
         add_wandb_problem(online[0].spec, problems)
     problems.raise_if_any("Cannot sweep (nothing was submitted)")
+
+
+def _todo_under_lock(state: SweepState, checked: list[Checked], console: Console) -> list[Checked]:
+    """The points to run, decided again now that this runner holds the sweep dir: points of a
+    runner that died may still be stopping (their ranks save a checkpoint); wait for them,
+    up to STOPPING_WAIT_S, rather than run them twice or skip them."""
+    todo, _, active = _split_by_state(state, checked)
+    stopping = [c for c in active if _held_by_a_sweep(state, c)]
+    if stopping:
+        console.print(f"waiting up to {STOPPING_WAIT_S} s for {len(stopping)} point(s) of an "
+                      "earlier runner to stop", markup=False)
+        deadline = time.monotonic() + STOPPING_WAIT_S
+        while any(_held_by_a_sweep(state, c) for c in stopping) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        todo, _, active = _split_by_state(state, checked)
+    alive = [c for c in active if _owner(state, c) is not None]
+    if alive:
+        console.print(f"not starting {len(alive)} point(s) that a live process holds: "
+                      + ", ".join(str(c.point.index) for c in alive), markup=False)
+    return todo
+
+
+def _owner(state: SweepState, checked: Checked) -> dict | None:
+    from sweeps.track import point_owner
+
+    return point_owner(state.latest_run_dir(checked.point.index))
+
+
+def _held_by_a_sweep(state: SweepState, checked: Checked) -> bool:
+    """The point's run dir is locked by a sweep's point (its runner is gone, as this runner
+    holds the sweep dir), not by a `meshrun resume` someone started by hand."""
+    owner = _owner(state, checked)
+    command = [str(word) for word in (owner or {}).get("command", [])]
+    return owner is not None and bool(command) and (command[0].endswith("point_process.py")
+                                                    or "sweep" in command[1:2])
+
+
+def _warn_not_fitting(todo: list[Checked], console: Console) -> None:
+    tight = not_fitting(todo)
+    if tight:
+        console.print(f"warning: {len(tight)} point(s) may not fit in GPU memory (estimate): "
+                      + ", ".join(str(c.point.index) for c in tight[:20]), markup=False,
+                      soft_wrap=True)
 
 
 def by_backend(todo: list[Checked]) -> list[tuple[LaunchBackend, list[Checked]]]:
@@ -194,14 +255,17 @@ def _launch_all(state: SweepState, sweep: SweepDef, todo: list[Checked], opts: O
     ended)."""
     ok, submitted, resumed, detached = True, False, False, False
     for backend, points in by_backend(todo):
+        if not backend.detached:  # fresh, resumed and restarted points alike, --parallel
+            ok = _run_here(state, sweep, backend, points, console) and ok
+            continue
         resumable = [c for c in points if _checkpointed_run_dir(state, c) is not None]
         fresh = [c for c in points if c not in resumable]
         ok = _resume(state, backend, resumable, console, force=opts.force) and ok
         if fresh:
             ok = _launch_fresh(state, sweep, backend, fresh, console) and ok
-        submitted = submitted or (backend.detached and bool(fresh))
+        submitted = submitted or bool(fresh)
         resumed = resumed or bool(resumable)
-        detached = detached or backend.detached
+        detached = True
     if opts.wait and (submitted or resumed):
         from sweeps.run_slurm import wait_for_points
 
@@ -211,20 +275,51 @@ def _launch_all(state: SweepState, sweep: SweepDef, todo: list[Checked], opts: O
 
 def _launch_fresh(state: SweepState, sweep: SweepDef, backend: LaunchBackend,
                   fresh: list[Checked], console: Console) -> bool:
-    """Points never started: submitted as job arrays, or run here (`--parallel`)."""
-    if backend.detached:
-        from sweeps.run_slurm import submit_arrays
+    """Points never started, submitted as job arrays."""
+    from sweeps.run_slurm import submit_arrays
 
-        prepared = [make_run_dir(state, c, backend=backend.kind) for c in fresh]
-        ids = submit_arrays(state, prepared, backend=backend,
-                            array_parallelism=sweep.array_parallelism, sweep_name=sweep.name,
-                            console=console)
-        return len(ids) == len(prepared)
+    prepared = [make_run_dir(state, c, backend=backend.kind) for c in fresh]
+    ids = submit_arrays(state, prepared, backend=backend,
+                        array_parallelism=sweep.array_parallelism, sweep_name=sweep.name,
+                        console=console)
+    return len(ids) == len(prepared)
+
+
+def _run_here(state: SweepState, sweep: SweepDef, backend: LaunchBackend, points: list[Checked],
+              console: Console) -> bool:
+    """Points that run on this machine (`--parallel`), each launched, resumed or restarted."""
     from sweeps.run_local import run_local
 
-    results = run_local(state, lambda c: make_run_dir(state, c, backend=backend.kind), fresh,
+    results = run_local(state, lambda c: _prepare_here(state, c, backend, console), points,
                         parallel=sweep.parallel, host=probe_host(), console=console)
-    return len(results) == len(fresh) and not any(results.values())
+    return len(results) == len(points) and not any(results.values())
+
+
+def _prepare_here(state: SweepState, checked: Checked, backend: LaunchBackend,
+                  console: Console) -> Prepared:
+    """How a point continues, decided when it starts: from its checkpoint in its run dir
+    (resume); over again in its run dir when it was interrupted before its first checkpoint
+    (restart: one run dir per point); in a new run dir when it never ran or failed."""
+    from conf.run_dir.paths import RunDir
+    from sweeps.point_process import RESTART, RESUME
+
+    index = checked.point.index
+    run_dir = state.latest_run_dir(index)
+    if run_dir is None or not RunDir(run_dir).is_run_dir:
+        return make_run_dir(state, checked, backend=backend.kind)
+    if RunDir(run_dir).latest_checkpoint() is not None:
+        mode = RESUME
+        console.print(f"point {index} [{point_label(checked.point)}]: resuming from its "
+                      "checkpoint", markup=False)
+    elif point_status(state, state.record(index), runner_alive=False)["state"] == "stopped":
+        mode = RESTART
+        console.print(f"point {index} [{point_label(checked.point)}]: interrupted before its "
+                      "first checkpoint; starting over in its run dir", markup=False)
+    else:
+        return make_run_dir(state, checked, backend=backend.kind)
+    state.add_attempt(index, run_dir, backend=backend.kind)
+    return Prepared(index=index, name=checked.point.name, spec=RunDir(run_dir).read_spec(),
+                    run_dir=run_dir, mode=mode)
 
 
 def _checkpointed_run_dir(state: SweepState, checked: Checked) -> Path | None:

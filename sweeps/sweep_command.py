@@ -2,7 +2,7 @@
 
     meshrun sweep [-f FILE] [options] [OVERRIDE ...]   expand, validate, preview, confirm, run
     meshrun sweep status SWEEP_DIR [--json]            a table of the points' states
-    meshrun sweep retry SWEEP_DIR [options]            rerun the failed and missing points
+    meshrun sweep retry SWEEP_DIR [options]            rerun failed/missing, continue stopped
 
 Examples:
     meshrun sweep model=tiny optim.lr=1e-4,3e-4,1e-3 schedule.warmup_steps=0,10 --dry-run
@@ -14,7 +14,9 @@ Axes use Hydra's sweep grammar (a,b,c  range(...)  choice(...)  glob(...)); a sw
 (see sweeps/spec_file.py and conf/sweeps/) adds zipped, random and explicit-list sweeps and a
 run-name template. Every point is validated before anything runs; the sweep dir
 (default <runs_dir>/sweeps/<name>) holds points.json and each point's run dir. Running the
-same sweep into the same dir again skips its completed points.
+same sweep into the same dir again skips its completed points. One runner per sweep dir
+(a second is refused); its points die with it, and `retry` continues the stopped ones in their
+own run dirs.
 """
 from __future__ import annotations
 
@@ -128,7 +130,8 @@ def show_status(sweep_dir: Path, args: argparse.Namespace, console: Console) -> 
 
 
 def retry(sweep_dir: Path, args: argparse.Namespace, console: Console) -> int:
-    """Rerun the failed and missing points of a sweep dir, from its stored definition."""
+    """Rerun the failed and missing points of a sweep dir and continue its stopped ones, from
+    its stored definition."""
     import dataclasses
 
     from sweeps.state import SweepState

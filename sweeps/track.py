@@ -4,7 +4,9 @@ A point's state is a `conf.run_dir.run_states.RunState` word (the vocabulary `me
 `meshrun compare` use too). It comes from its latest run dir
 (launcher.views.run_status.run_status: the scheduler's word for Slurm jobs) and, for local runs,
 from points.json (the exit status of the attempt, whether the local sweep runner is still alive)
-through `conf.run_dir.run_states.state_after_exit`.
+through `conf.run_dir.run_states.state_after_exit`. A local point is "running" only while a
+live process holds its run dir's lock (`point_owner`); one whose processes all died under a
+runner that died too is "stopped" (interrupted: `sweep retry` continues it in its run dir).
 """
 from __future__ import annotations
 
@@ -17,9 +19,13 @@ from rich.table import Table
 
 from conf.errors import ConfigError
 from conf.run_dir.paths import RunDir
-from conf.run_dir.run_states import ACTIVE_STATES, RETRYABLE_STATES, RunState, state_after_exit
+from conf.run_dir.run_states import (ACTIVE_STATES, FAILED_STATES, FINISHED_STATES,
+                                     RETRYABLE_STATES, RunState, state_after_exit,
+                                     state_from_files)
 from sweeps.state import SweepState
 
+INTERRUPTED_FILE_STATES = (RunState.paused, RunState.stopped, *FAILED_STATES)
+"""What a point's own files may say when its processes are gone and no exit was recorded."""
 STATES = tuple(RunState)
 """Counting order."""
 ACTIVE = ACTIVE_STATES
@@ -82,9 +88,34 @@ def point_status(state: SweepState, record: dict, *, runner_alive: bool,
     if "job_id" in status:  # the scheduler's word, already a RunState
         row.update(job_id=status["job_id"], state=status["state"])
     else:
-        row["state"] = state_after_exit(run_dir, exit_status=attempt.get("exit_status"),
-                                        launcher_alive=runner_alive)
+        row["state"] = local_state(run_dir, exit_status=attempt.get("exit_status"),
+                                   runner_alive=runner_alive)
     return row
+
+
+def local_state(run_dir: Path, *, exit_status: int | None, runner_alive: bool) -> RunState:
+    """A point run on this machine: running only while a live process holds its run dir's
+    lock (or, before its launcher has taken it, while the sweep's runner lives); a point whose
+    processes are all gone without an exit status recorded was interrupted (stopped), unless
+    its files say it finished or failed."""
+    files = state_from_files(run_dir)
+    if files in FINISHED_STATES:
+        return files
+    if point_owner(run_dir) is not None:
+        return RunState.running
+    if exit_status is None and not runner_alive:
+        return files if files in INTERRUPTED_FILE_STATES else RunState.stopped
+    return state_after_exit(run_dir, exit_status=exit_status, launcher_alive=runner_alive)
+
+
+def point_owner(run_dir: Path | None) -> dict | None:
+    """Who holds `run_dir`'s lock (launcher.backends.run_lock: a flock, so only a live
+    process does): the point's launcher, or its torchrun still stopping the ranks."""
+    from launcher.backends.run_lock import lock_holder
+
+    if run_dir is None or not Path(run_dir).is_dir():
+        return None
+    return lock_holder(run_dir)
 
 
 def _steps(run_dir: Path) -> int | None:
@@ -129,6 +160,6 @@ def print_sweep_status(state: SweepState, console: Console, *, as_json: bool = F
     summary = ", ".join(f"{n} {s}" for s, n in counts(rows).items())
     console.print(f"{len(rows)} point{'s' if len(rows) != 1 else ''}: {summary}", markup=False)
     if any(r["state"] in RETRYABLE for r in rows):
-        console.print(f"rerun the failed and missing points with: meshrun sweep retry {state.dir}",
-                      markup=False, soft_wrap=True)
+        console.print("rerun the failed and missing points, continue the stopped points with: "
+                      f"meshrun sweep retry {state.dir}", markup=False, soft_wrap=True)
     return rows

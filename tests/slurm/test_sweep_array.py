@@ -61,3 +61,10 @@ def test_a_two_point_sweep_runs_as_one_job_array(slurm_cluster, tmp_path):
         report = json.loads((run_dir / "preflight.json").read_text())
         assert report["world_size"] == 2  # one rank on each of the two nodes
         assert read_runs(run_dir).group == "arr"
+    # a retry never starts a finished point: no job, no run dir, its attempt alone
+    retried = meshrun("sweep", "retry", str(sweep_dir), "--yes", **QUIET)
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert "(skipping 2 completed)" in retried.stdout and "nothing to run" in retried.stdout
+    assert len(list((sweep_dir / "runs").iterdir())) == 2
+    points = json.loads((sweep_dir / "points.json").read_text())["points"]
+    assert [len(p["attempts"]) for p in points] == [1, 1]

@@ -1,0 +1,100 @@
+"""One runner per sweep dir: `meshrun sweep` and `sweep retry` hold `<sweep_dir>/runner.lock`.
+
+The lock is `flock(2)`, as a run dir's launcher.lock is (launcher.backends.run_lock): the kernel
+drops it when the runner's last descriptor goes, so a runner that is SIGKILLed never leaves a
+lock that looks held, and a recycled pid can never pass for a live runner. The check ("is a
+runner alive?") and the record of the new runner are one step: whoever gets the flock is the
+runner, a second one is refused (exit 2) with the holder's pid and host, which the file records
+(host, pid, start time, command) while the lock is held and is emptied on release.
+
+The descriptor is close-on-exec and never handed to the points: a point process that outlives
+its runner while it stops its ranks holds its own run dir's lock, and that is what sweep status
+and retry look at for the point.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from conf.errors import ConfigError, Problem
+
+RUNNER_LOCK_FILE = "runner.lock"
+
+
+class SweepLock:
+    """A held sweep-dir lock; released by `release()` (or when this process dies)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self.fd = path, fd
+
+    def release(self) -> None:
+        if self.fd < 0:
+            return
+        os.ftruncate(self.fd, 0)
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self) -> SweepLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def acquire_sweep_lock(sweep_dir: Path, *, action: str = "sweep") -> SweepLock:
+    """Become the runner of `sweep_dir`, or raise ConfigError naming the live runner."""
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    path = sweep_dir / RUNNER_LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_record(fd) or {}
+        os.close(fd)
+        raise ConfigError([Problem(
+            "sweep_dir", str(sweep_dir),
+            f"is in use by a running sweep (pid {holder.get('pid', '?')} on "
+            f"{holder.get('host', '?')}, since {holder.get('started', '?')})",
+            f"wait for it, or stop it first (kill {holder.get('pid', '<pid>')})")],
+            f"Cannot {action}") from None
+    record = {"host": socket.gethostname(), "pid": os.getpid(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    return SweepLock(path, fd)
+
+
+def sweep_runner(sweep_dir: Path) -> dict | None:
+    """The live runner of `sweep_dir` (its record; {} when unreadable), or None when no process
+    holds the lock."""
+    path = Path(sweep_dir) / RUNNER_LOCK_FILE
+    if not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_record(fd) or {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_record(fd: int) -> dict | None:
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return None
+    try:
+        record = json.loads(os.pread(fd, size, 0).decode(errors="replace"))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
