@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                      set_state_dict)
 
@@ -335,10 +336,12 @@ def save_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | No
 
 def stage_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | None = None,
                      metadata: dict | None = None, keep_last: int | None = None,
-                     copy: bool = True) -> StagedSave:
+                     copy: bool = True, buffers: dict | None = None) -> StagedSave:
     """Collective, the part of a save the step waits for: check the arguments, prepare
     `step_N.tmp`, take the state dicts and (`copy`) copy them to host memory, pinned where
-    CUDA exists, so training may go on while `write_staged` writes them."""
+    CUDA exists, so training may go on while `write_staged` writes them. `buffers`: the
+    staged state of an earlier save that is no longer being written, reused when its keys
+    match (no allocation, no page faults)."""
     root, extra, metadata = Path(root), dict(extra or {}), dict(metadata or {})
     _on_every_rank(lambda: _validate_save_inputs(extra=extra, metadata=metadata,
                                                  keep_last=keep_last),
@@ -349,7 +352,7 @@ def stage_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | N
                   where=tmp_step_dir(root, step=step))
     state = _model_and_optimizer_state(_part_state_dicts(model, optimizer))
     if copy:
-        state = host_copy(state)
+        state = host_copy(state, into=buffers)
     if optimizer_was_empty:
         _clear_optimizer_state(optimizer)  # undo get_state_dict's zero-lr init: stay exact
     meta = {"format_version": FORMAT_VERSION, "step": step,
@@ -359,11 +362,14 @@ def stage_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | N
                       meta=meta, keep_last=keep_last)
 
 
-def host_copy(state: dict) -> dict:
-    """A copy of `state` in host memory (pinned where CUDA exists); DTensors stay DTensors."""
+def host_copy(state: dict, *, into: dict | None = None) -> dict:
+    """A copy of `state` in host memory (pinned where CUDA exists); DTensors stay DTensors.
+    `into`: buffers of the same structure to copy into (else new ones)."""
     from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
-    copied = _create_cpu_state_dict(state, pin_memory=torch.cuda.is_available())
+    same = into is not None and all(into.get(k, {}).keys() == part.keys()
+                                    for k, part in state.items())
+    copied = into if same else _create_cpu_state_dict(state, pin_memory=torch.cuda.is_available())
     return _copy_state_dict(state, copied)
 
 
@@ -384,9 +390,13 @@ def _write_and_publish(staged: StagedSave, *, group) -> Path:
     tmp, root, step = staged.tmp, staged.root, staged.step
 
     def write_shards() -> None:
-        with _single_process_dcp_is_intended():
-            dcp.save(staged.state, checkpoint_id=tmp, process_group=group,
-                     no_dist=not _is_distributed())
+        try:
+            with _single_process_dcp_is_intended():
+                dcp.save(staged.state, checkpoint_id=tmp, process_group=group,
+                         no_dist=not _is_distributed())
+        except CheckpointException as exc:  # a BaseException holding each rank's error
+            failures = [error for error, _ in exc.failures.values()]
+            raise (failures[0] if failures else RuntimeError(str(exc).splitlines()[0])) from None
 
     _on_every_rank(write_shards, what=f"saving step {step} into {tmp}", group=group,
                    where=tmp)

@@ -27,26 +27,36 @@ class CheckpointSaver:
         self.async_save = async_save
         self.last_published = ""
         self.stall_s: list[float] = []
-        """How long each save held the step (staging only, when async)."""
+        """How long each save held the step (async: waiting for the previous save, if still in
+        flight, then staging)."""
+        self.waited_s: list[float] = []
+        """Of each stall, the wait for the previous save in flight."""
+        self.publish_s: list[float] = []
+        """From each save's start until its checkpoint was published."""
         self._thread: threading.Thread | None = None
         self._outcome: dict = {}
         self._group = None
+        self._buffers: dict | None = None
 
     def save(self, root: Path, *, step: int, model, optimizer, extra: dict, metadata: dict,
              keep_last: int | None) -> None:
         started = time.perf_counter()
         self.wait()  # at most one save in flight
+        self.waited_s.append(time.perf_counter() - started)
         if not self.async_save:
             path = save_checkpoint(root, step=step, model=model, optimizer=optimizer,
                                    extra=extra, metadata=metadata, keep_last=keep_last)
             self.last_published = str(path)
+            self.publish_s.append(time.perf_counter() - started)
         else:
             staged = stage_checkpoint(root, step=step, model=model, optimizer=optimizer,
-                                      extra=extra, metadata=metadata, keep_last=keep_last)
-            self._start(staged)
+                                      extra=extra, metadata=metadata, keep_last=keep_last,
+                                      buffers=self._buffers)
+            self._buffers = staged.state  # reused by the next save, once this one is written
+            self._start(staged, started=started)
         self.stall_s.append(time.perf_counter() - started)
 
-    def _start(self, staged) -> None:
+    def _start(self, staged, *, started: float) -> None:
         if self._group is None and dist.is_available() and dist.is_initialized():
             self._group = dist.new_group(backend="gloo")  # collective: every rank saves here
         outcome: dict = {}
@@ -54,6 +64,7 @@ class CheckpointSaver:
         def write() -> None:
             try:
                 outcome["path"] = str(write_staged(staged, group=self._group))
+                outcome["publish_s"] = time.perf_counter() - started
             except BaseException as exc:  # noqa: BLE001 - raised by wait() on this rank
                 outcome["error"] = exc
 
@@ -79,3 +90,4 @@ class CheckpointSaver:
             raise CheckpointError(f"background checkpoint save failed: "
                                   f"{type(error).__name__}: {error}") from error
         self.last_published = outcome["path"]
+        self.publish_s.append(outcome["publish_s"])

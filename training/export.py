@@ -10,6 +10,7 @@ family's `read_hf_config`). Every file gets the mode a plain new file gets (0644
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -112,12 +113,12 @@ def export_hf(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Pa
     try:
         tmp.mkdir()  # never parents: a removed run dir is not recreated
         _write_export(state_dict, model, tmp, tokenizer=tokenizer)
-    except OSError as exc:
+    except Exception as exc:  # safetensors raises its own error type for ENOSPC
         shutil.rmtree(tmp, ignore_errors=True)
         line = disk_full_line(exc, tmp)
         if line is None:
             raise
-        raise OSError(exc.errno, line) from None
+        raise OSError(errno.ENOSPC, line) from None
     _publish_export(tmp, out_dir)
     return out_dir
 

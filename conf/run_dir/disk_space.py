@@ -8,15 +8,22 @@ from pathlib import Path
 
 NO_SPACE = "No space left on device"
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+DISK_FULL_FREE_BYTES = 64 << 10
+"""Below this much free space, a failed write is taken for a full disk: some writers lose the
+ENOSPC (torch.save's zip writer says only "unexpected pos 704 vs 598")."""
 
 
-def is_disk_full(exc: BaseException) -> bool:
+def is_disk_full(exc: BaseException, where: Path | str | None = None) -> bool:
     """A write refused for lack of space (ENOSPC, a quota, a file-size limit), also when a
-    library wrapped the OSError in its own exception and kept only the message."""
+    library wrapped the OSError in its own exception and kept only the message, or lost it
+    while `where` (what was being written) has (almost) no free space left."""
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
         return True
     text = str(exc)
-    return NO_SPACE in text or "Disk quota exceeded" in text or "File too large" in text
+    if NO_SPACE in text or "Disk quota exceeded" in text or "File too large" in text:
+        return True
+    free = free_bytes(Path(where)) if where is not None else None
+    return free is not None and free < DISK_FULL_FREE_BYTES
 
 
 def free_bytes(path: Path) -> int | None:
@@ -44,7 +51,7 @@ def human_bytes(count: int | None) -> str:
 def disk_full_line(exc: BaseException, where: Path | str | None = None) -> str | None:
     """One line for a disk-full error (None for any other error): the file being written (the
     error's own filename, else `where`) and the free space left on its filesystem."""
-    if not is_disk_full(exc):
+    if not is_disk_full(exc, where):
         return None
     path = getattr(exc, "filename", None) or where
     if path is None:
