@@ -59,3 +59,25 @@ def test_a_background_save_onto_a_full_disk_fails_at_the_wait_saying_where(full_
     assert " free on its filesystem" in message and "\n" not in message, message
     assert complete_checkpoints(root) == [] and list(root.iterdir()) == []
     saver.wait()  # the error is raised once; nothing is in flight any more
+
+
+def test_a_run_dir_on_a_full_disk_is_refused_in_one_message_leaving_nothing(full_disk):
+    from conf.errors import ConfigError
+    from launcher.run_dir_writer import create_run_dir
+    from tests.support.specs import cpu_spec
+
+    runs = full_disk / "runs"
+    runs.mkdir()
+    try:  # fill the disk
+        with open(full_disk / "filler", "wb") as handle:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+    except OSError:
+        pass
+    spec = cpu_spec("model=tiny", f"runs_dir={runs}")
+    with pytest.raises(ConfigError) as caught:
+        create_run_dir(spec, overrides=[], config_yaml="x: 1\n", command=["meshrun", "run"])
+    message = str(caught.value)
+    assert "No space left on device writing" in message and "runs_dir" in message, message
+    assert list(runs.iterdir()) == []
