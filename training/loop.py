@@ -187,8 +187,12 @@ def save(tr: TrainState) -> None:
                   keep_last=tr.spec.checkpoint.keep_last)
     tr.last_checkpoint = tr.saver.last_published or tr.last_checkpoint
     tr.last_saved_step = tr.step
-    log.info("step %d: checkpoint %s (%.3f s stall%s)", tr.step, tr.last_checkpoint or "staged",
-             tr.saver.stall_s[-1], ", writing in the background" if tr.saver.in_flight else "")
+    if tr.saver.in_flight:
+        log.info("step %d: checkpoint staged in %.3f s, written in the background", tr.step,
+                 tr.saver.stall_s[-1])
+    else:
+        log.info("step %d: checkpoint %s (%.3f s)", tr.step, tr.last_checkpoint,
+                 tr.saver.stall_s[-1])
 
 
 def _wait_for_save(tr: TrainState, *, failing: bool = False) -> None:
