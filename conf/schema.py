@@ -255,6 +255,11 @@ class CheckpointConfig:
     """Save a checkpoint every N steps (and at the end); 0 = only at the end."""
     keep_last: int = 2
     """Keep this many newest checkpoints; older ones are deleted after a save completes."""
+    async_save: bool = False
+    """Save in the background: the step waits only for the copy to host memory (pinned with
+    CUDA); the write, SHA-256 hashes and meta.json follow in a thread, one save in flight at a
+    time; the end of the run, a stop or a failure waits for it. (`async` is a Python keyword,
+    so the knob is `checkpoint.async_save`.)"""
     export_safetensors: bool = True
     """At the end, export a Hugging Face folder (Llama, or Qwen2 with q/k/v biases): safetensors,
     config.json and, when the run has a tokenizer, its files and special-token ids."""

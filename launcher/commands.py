@@ -22,6 +22,7 @@ from conf.spec import RunSpec
 from conf.run_dir.metrics_rows import PREFLIGHT_EVENT
 from conf.run_dir.paths import LEG_UNPAUSE, OVERRIDES_FILE, SPEC_FILE, RunDir
 from conf.run_dir.checkpoint_dirs import checkpoint_step
+from conf.run_dir.export_dirs import run_outputs_complete
 from conf.run_dir.checkpoint_verify import prelaunch_problem
 from launcher.plan.fit_advice import suggestions
 from launcher.launch_gate import check_launchable, device_memory, launch_plan
@@ -294,7 +295,10 @@ def _check_resumable(run_dir: Path, spec: RunSpec) -> None:
     at = checkpoint_step(latest)
     check_same_layout(run_dir, latest, meta, spec, problems)
     t = spec.training
-    if t.steps <= at:
+    wants_export = spec.checkpoint.export_safetensors
+    if t.steps == at and not run_outputs_complete(run_dir, export_wanted=wants_export):
+        pass  # killed after its last checkpoint: the resume redoes the export and summary
+    elif t.steps <= at:
         done = "the run is complete" if t.steps == at else "it would end before its checkpoint"
         problems.add("training.steps", t.steps,
                      f"the newest checkpoint is at step {at} ({latest.name}): {done}",

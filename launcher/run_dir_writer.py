@@ -25,6 +25,8 @@ from pathlib import Path
 from conf.run_dir.paths import RunDir, safe_name
 from conf.search_path import ENV_VAR as CONFIG_PATH_ENV
 from conf.spec import RunSpec
+from conf.errors import ConfigError, Problem
+from conf.run_dir.disk_space import disk_full_line
 
 def new_run_dir_path(spec: RunSpec, *, now: float | None = None) -> Path:
     """runs_dir/<name>-<YYYYmmdd-HHMMSS>, with a numeric suffix if that already exists
@@ -77,12 +79,17 @@ def create_run_dir(spec: RunSpec, *, overrides: list[str], config_yaml: str,
         rd.logs_dir.mkdir()
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; a run dir is a plain folder
         os.rename(tmp, final)  # replaces only an empty folder: ours, claimed above
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             final.rmdir()
         except OSError:
             pass
+        full = disk_full_line(exc, tmp) if isinstance(exc, OSError) else None
+        if full:
+            raise ConfigError([Problem("runs_dir", str(final.parent), full,
+                                       "free space there, or give another runs_dir=")],
+                              "Cannot create the run dir") from None
         raise
     return final
 

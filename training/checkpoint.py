@@ -11,7 +11,6 @@ The checkpoint root must be one filesystem that every rank sees (shared across n
 """
 from __future__ import annotations
 
-import errno
 import io
 import json
 import os
@@ -20,12 +19,14 @@ import shutil
 import time
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                      set_state_dict)
 
@@ -33,6 +34,7 @@ from conf.run_dir.checkpoint_dirs import (META_FILENAME, checkpoints_beyond_newe
                                           is_complete_checkpoint, latest_checkpoint,
                                           read_checkpoint_meta, replaced_step_dir, stale_dirs,
                                           step_dir, tmp_step_dir)
+from conf.run_dir.disk_space import disk_full_line, is_disk_full
 from conf.run_dir.checkpoint_verify import MANIFEST_KEY, checkpoint_problems, describe, file_digest
 from training.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 
@@ -74,28 +76,29 @@ def _single_process_dcp_is_intended():
         yield
 
 
-def _gather_errors(error: str | None) -> list[str]:
+def _gather_errors(error: str | None, group=None) -> list[str]:
     """Every rank learns every rank's error (also serves as a barrier)."""
     if not _is_distributed():
         return [f"rank 0: {error}"] if error else []
-    errors: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
+    errors: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
     return [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
 
 
-def _on_every_rank(action, *, what: str, error_type: type[Exception] = CheckpointError) -> None:
+def _on_every_rank(action, *, what: str, error_type: type[Exception] = CheckpointError,
+                   group=None, where: Path | None = None) -> None:
     """Run `action()` on every rank; if any rank fails, raise on every rank (no rank hangs)."""
     error = None
     try:
         action()
     except Exception as exc:  # noqa: BLE001 - re-raised below on every rank
-        error = f"{type(exc).__name__}: {exc}"
-    errors = _gather_errors(error)
+        error = disk_full_line(exc, where) or f"{type(exc).__name__}: {exc}"
+    errors = _gather_errors(error, group)
     if errors:
         raise error_type(f"{what} failed: " + "; ".join(errors))
 
 
-def _run_on_rank0(action, *, what: str) -> None:
+def _run_on_rank0(action, *, what: str, group=None, where: Path | None = None) -> None:
     """Run `action()` on rank 0 only; re-raise its failure on every rank (no rank hangs)."""
     rank, _ = _rank_and_world_size()
     error = None
@@ -103,10 +106,10 @@ def _run_on_rank0(action, *, what: str) -> None:
         try:
             action()
         except Exception as exc:  # noqa: BLE001 - re-raised below on every rank
-            error = f"{type(exc).__name__}: {exc}"
+            error = disk_full_line(exc, where) or f"{type(exc).__name__}: {exc}"
     if _is_distributed():
         box = [error]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=group)
         error = box[0]
     if error:
         raise CheckpointError(f"{what} failed on rank 0: {error}")
@@ -211,7 +214,8 @@ def _prepare_tmp_dir(root: Path, *, step: int) -> None:
     tmp = tmp_step_dir(root, step=step)
     if tmp.exists():
         shutil.rmtree(tmp)  # a crashed earlier attempt at this very step
-    tmp.mkdir(parents=True)
+    root.mkdir(exist_ok=True)  # never parents: a removed run dir is not recreated
+    tmp.mkdir()
 
 
 def _write_meta(folder: Path, *, meta: dict) -> None:
@@ -296,6 +300,24 @@ def _clear_optimizer_state(optimizer) -> None:
         o.state.clear()
 
 
+@dataclass
+class StagedSave:
+    """What a save needs once the model may change again: this rank's state (copied to host
+    memory when `copy`), its RNG states and extras, and where and how to publish it."""
+
+    root: Path
+    step: int
+    state: dict
+    rng_state: dict
+    extra: dict
+    meta: dict
+    keep_last: int | None
+
+    @property
+    def tmp(self) -> Path:
+        return tmp_step_dir(self.root, step=self.step)
+
+
 def save_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | None = None,
                     metadata: dict | None = None, keep_last: int | None = None) -> Path:
     """Collective: write `root/step_<N>` atomically and return its path.
@@ -307,47 +329,95 @@ def save_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | No
     (e.g. the parallel layout). `keep_last=k` deletes complete checkpoints older than the newest
     k after this save succeeds; stale `.tmp` folders are always removed then.
     """
+    staged = stage_checkpoint(root, step=step, model=model, optimizer=optimizer, extra=extra,
+                              metadata=metadata, keep_last=keep_last, copy=False)
+    return write_staged(staged)
+
+
+def stage_checkpoint(root: Path, *, step: int, model, optimizer, extra: dict | None = None,
+                     metadata: dict | None = None, keep_last: int | None = None,
+                     copy: bool = True, buffers: dict | None = None) -> StagedSave:
+    """Collective, the part of a save the step waits for: check the arguments, prepare
+    `step_N.tmp`, take the state dicts and (`copy`) copy them to host memory, pinned where
+    CUDA exists, so training may go on while `write_staged` writes them. `buffers`: the
+    staged state of an earlier save that is no longer being written, reused when its keys
+    match (no allocation, no page faults)."""
     root, extra, metadata = Path(root), dict(extra or {}), dict(metadata or {})
-    rank, world_size = _rank_and_world_size()
     _on_every_rank(lambda: _validate_save_inputs(extra=extra, metadata=metadata,
                                                  keep_last=keep_last),
                    what="checking save_checkpoint arguments", error_type=ValueError)
     rng_state = capture_rng_state()
     optimizer_was_empty = _optimizer_is_empty(optimizer)
-
-    _run_on_rank0(lambda: _prepare_tmp_dir(root, step=step), what="preparing checkpoint folder")
-    tmp = tmp_step_dir(root, step=step)
+    _run_on_rank0(lambda: _prepare_tmp_dir(root, step=step), what="preparing checkpoint folder",
+                  where=tmp_step_dir(root, step=step))
     state = _model_and_optimizer_state(_part_state_dicts(model, optimizer))
+    if copy:
+        state = host_copy(state, into=buffers)
     if optimizer_was_empty:
         _clear_optimizer_state(optimizer)  # undo get_state_dict's zero-lr init: stay exact
+    meta = {"format_version": FORMAT_VERSION, "step": step,
+            "world_size": _rank_and_world_size()[1],
+            "optimizer_state_empty": optimizer_was_empty, "metadata": metadata}
+    return StagedSave(root=root, step=step, state=state, rng_state=rng_state, extra=extra,
+                      meta=meta, keep_last=keep_last)
+
+
+def host_copy(state: dict, *, into: dict | None = None) -> dict:
+    """A copy of `state` in host memory (pinned where CUDA exists); DTensors stay DTensors.
+    `into`: buffers of the same structure to copy into (else new ones)."""
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+    same = into is not None and all(into.get(k, {}).keys() == part.keys()
+                                    for k, part in state.items())
+    copied = into if same else _create_cpu_state_dict(state, pin_memory=torch.cuda.is_available())
+    return _copy_state_dict(state, copied)
+
+
+def write_staged(staged: StagedSave, *, group=None) -> Path:
+    """Collective over `group` (default: the world): DCP write, rank files, SHA-256 of every
+    file, then rank 0's meta.json and rename. A failure raises on every rank; after a full
+    disk rank 0 removes the partial folder at once (never resumed from; its space is freed)."""
     try:
-        with _single_process_dcp_is_intended():
-            dcp.save(state, checkpoint_id=tmp, no_dist=not _is_distributed())
-    except Exception as exc:  # DCP's own message buries ENOSPC in a per-rank traceback dump
-        if "No space left on device" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
-            raise CheckpointError(f"saving step {step} into {tmp} failed: No space left on "
-                                  "device (free space there, or lower checkpoint.keep_last); "
-                                  "the partial folder is never resumed from") from None
+        return _write_and_publish(staged, group=group)
+    except CheckpointError as exc:
+        if _rank_and_world_size()[0] == 0 and is_disk_full(exc):
+            shutil.rmtree(staged.tmp, ignore_errors=True)
         raise
 
+
+def _write_and_publish(staged: StagedSave, *, group) -> Path:
+    rank, _ = _rank_and_world_size()
+    tmp, root, step = staged.tmp, staged.root, staged.step
+
+    def write_shards() -> None:
+        try:
+            with _single_process_dcp_is_intended():
+                dcp.save(staged.state, checkpoint_id=tmp, process_group=group,
+                         no_dist=not _is_distributed())
+        except CheckpointException as exc:  # a BaseException holding each rank's error
+            failures = [error for error, _ in exc.failures.values()]
+            raise (failures[0] if failures else RuntimeError(str(exc).splitlines()[0])) from None
+
+    _on_every_rank(write_shards, what=f"saving step {step} into {tmp}", group=group,
+                   where=tmp)
     digests: dict = {}
 
     def write_and_hash() -> None:
-        _write_rank_file(tmp, rank=rank, rng_state=rng_state, extra=extra)
+        _write_rank_file(tmp, rank=rank, rng_state=staged.rng_state, extra=staged.extra)
         digests.update(_own_digests(tmp, rank=rank))
 
-    _on_every_rank(write_and_hash, what=f"writing rank files into {tmp}")  # also a barrier
-    manifest = _gather_digests(digests)
-    meta = {"format_version": FORMAT_VERSION, "step": step, "world_size": world_size,
-            "optimizer_state_empty": optimizer_was_empty, "saved_unix_s": time.time(),
-            "metadata": metadata, MANIFEST_KEY: manifest}
+    _on_every_rank(write_and_hash, what=f"writing rank files into {tmp}", group=group,
+                   where=tmp)
+    manifest = _gather_digests(digests, group)
+    meta = {**staged.meta, "saved_unix_s": time.time(), MANIFEST_KEY: manifest}
 
     def finish() -> None:
         _add_unclaimed_digests(tmp, manifest)
         _publish(root, step=step, meta=meta)
-        _remove_stale_and_old(root, keep_last=keep_last)
+        _remove_stale_and_old(root, keep_last=staged.keep_last)
 
-    _run_on_rank0(finish, what=f"publishing checkpoint step {step} in {root}")
+    _run_on_rank0(finish, what=f"publishing checkpoint step {step} in {root}", group=group,
+                  where=tmp)
     return step_dir(root, step=step)
 
 
@@ -358,11 +428,11 @@ def _own_digests(folder: Path, *, rank: int) -> dict:
     return {name: file_digest(folder / name) for name in names}
 
 
-def _gather_digests(digests: dict) -> dict:
+def _gather_digests(digests: dict, group=None) -> dict:
     if not _is_distributed():
         return dict(digests)
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, digests)
+    every: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, digests, group=group)
     return {name: entry for part in every for name, entry in part.items()}
 
 

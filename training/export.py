@@ -10,13 +10,18 @@ family's `read_hf_config`). Every file gets the mode a plain new file gets (0644
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from conf.run_dir.disk_space import disk_full_line
+from conf.run_dir.export_dirs import (EXPORT_CONFIG, EXPORT_WEIGHTS, export_replaced_dir,
+                                      export_tmp_dir)
 from conf.spec import ModelSpec
 from conf.data_contract.tokenizer_info import (TIKTOKEN_MODEL, TOKENIZER_FILE, TokenizerInfo,
                                                read_tokenizer_info)
@@ -67,9 +72,30 @@ def special_token_ids(tokenizer: TokenizerInfo | None) -> dict:
 def export_hf(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Path, *,
               tokenizer: str = "") -> Path:
     """Write out_dir/model.safetensors, config.json and, with a tokenizer (`tokenizer`, else
-    one in model.path), generation_config.json and the tokenizer files; return out_dir."""
+    one in model.path), generation_config.json and the tokenizer files; return out_dir.
+
+    Atomic (conf.run_dir.export_dirs): written into `<out_dir>.tmp`, fsynced, renamed; an
+    earlier export is replaced only once the new one is whole. A full disk raises OSError
+    with one line naming the path and the free space, and leaves no partial folder."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = export_tmp_dir(out_dir)
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left by a killed export
+    try:
+        tmp.mkdir()  # never parents: a removed run dir is not recreated
+        _write_export(state_dict, model, tmp, tokenizer=tokenizer)
+    except Exception as exc:  # safetensors raises its own error type for ENOSPC
+        shutil.rmtree(tmp, ignore_errors=True)
+        line = disk_full_line(exc, tmp)
+        if line is None:
+            raise
+        raise OSError(errno.ENOSPC, line) from None
+    _publish_export(tmp, out_dir)
+    return out_dir
+
+
+def _write_export(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Path, *,
+                  tokenizer: str) -> None:
     tensors = hf_state_dict(state_dict, model)
     dtype = state_dict[family_of(model).embedding_param].dtype
     info = export_tokenizer(tokenizer or _model_dir_tokenizer(model), out_dir)
@@ -78,8 +104,8 @@ def export_hf(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Pa
         config = family_of(model).hf_config_for_tokenizer(config, _tokenizer_json(out_dir))
     for name, shape in family_of(model).hf_zero_tensors(model, config).items():
         tensors[name] = torch.zeros(shape, dtype=dtype)
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    written = {"config.json": config}
+    save_file(tensors, str(out_dir / EXPORT_WEIGHTS), metadata={"format": "pt"})
+    written = {EXPORT_CONFIG: config}
     if special_token_ids(info):
         written["generation_config.json"] = {**special_token_ids(info),
                                              "_from_model_config": True}
@@ -88,7 +114,26 @@ def export_hf(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir: Pa
     for path in out_dir.iterdir():
         if path.is_file():
             make_shareable(path)
-    return out_dir
+            _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish_export(tmp: Path, out_dir: Path) -> None:
+    """`tmp` -> `out_dir` by rename; an existing export goes to `.old` first, then away."""
+    replaced = export_replaced_dir(out_dir)
+    if out_dir.exists():
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(out_dir, replaced)
+    os.replace(tmp, out_dir)
+    _fsync(out_dir.parent)
+    shutil.rmtree(replaced, ignore_errors=True)
 
 
 def _tokenizer_json(out_dir: Path) -> dict | None:

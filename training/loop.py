@@ -12,7 +12,6 @@ from conf.run_dir.metrics_rows import FAILED_EVENT
 from conf.run_dir.paths import RunDir
 from conf.schema import NonFinite
 from parallel.cost.flops import run_flops_convention
-from training.checkpoint import save_checkpoint
 from training.dist import all_reduce_sum, barrier
 from training.export import export_hf, gather_full_state
 from training.failure_requeue import failure_requeues
@@ -64,6 +63,7 @@ def train(tr: TrainState) -> str:
             tr.loggers.event({"kind": "event", "event": "paused", "step": tr.step})
         return outcome
     finally:
+        _wait_for_save(tr, failing=sys.exc_info()[0] is not None)
         if tr.loggers is not None:  # paused, stopped or failed: close W&B with what is known
             failed = sys.exc_info()[0] is not None
             tr.loggers.finish({"steps_done": tr.step}, exit_code=1 if failed else 0)
@@ -74,6 +74,7 @@ def stop_early(tr: TrainState) -> str:
     """A rank got a stop signal: checkpoint this step, then requeue (Slurm) or stop."""
     if tr.last_saved_step != tr.step:
         save(tr)
+    _wait_for_save(tr)  # requeue or stop only once the checkpoint is published
     job_id = slurm_job_id()
     preemptions = restart_count() - failure_requeues(tr.run_dir, job_id) if job_id else 0
     requeue = bool(job_id) and preemptions < tr.spec.cluster.max_requeues
@@ -94,6 +95,7 @@ def stop_early(tr: TrainState) -> str:
 def fail_nonfinite(tr: TrainState, row: dict) -> str:
     """Every rank saw the same non-finite loss (it is all-reduced): stop without saving or
     exporting, so the newest checkpoint stays the last finite state; record why."""
+    _wait_for_save(tr)
     where = tr.last_checkpoint or "none was saved"
     loss, norm = row["loss"], row["grad_norm"]
     what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {norm} (loss {loss:.4f})"
@@ -138,6 +140,7 @@ def train_step(tr: TrainState) -> dict:
 
 def _after_step(tr: TrainState, row: dict, stop: int) -> None:
     t, c = tr.spec.training, tr.spec.checkpoint
+    tr.run_dir_guard.check(before=f"writing step {tr.step}")
     if tr.loggers is not None and (tr.step % t.log_every == 0 or tr.step == stop):
         tr.loggers.log(row)
     if t.eval_every and tr.step % t.eval_every == 0 and tr.step < t.steps:
@@ -182,18 +185,38 @@ def save(tr: TrainState) -> None:
     extra = {"step": tr.step, "data": tr.train_batches.state_dict(),
              "scaler": tr.scaler.state_dict() if tr.scaler is not None else {}}
     metadata = {"world_size": tr.ctx.world_size, "layout": checkpoint_degrees(tr.spec)}
-    path = save_checkpoint(tr.checkpoint_root, step=tr.step, model=tr.model.parts,
-                           optimizer=tr.optimizers, extra=extra, metadata=metadata,
-                           keep_last=tr.spec.checkpoint.keep_last)
-    tr.last_checkpoint = str(path)
+    tr.run_dir_guard.check(before=f"saving the checkpoint of step {tr.step}")
+    tr.saver.save(tr.checkpoint_root, step=tr.step, model=tr.model.parts,
+                  optimizer=tr.optimizers, extra=extra, metadata=metadata,
+                  keep_last=tr.spec.checkpoint.keep_last)
+    tr.last_checkpoint = tr.saver.last_published or tr.last_checkpoint
     tr.last_saved_step = tr.step
-    log.info("step %d: checkpoint %s", tr.step, path)
+    if tr.saver.in_flight:
+        log.info("step %d: checkpoint staged in %.3f s, written in the background", tr.step,
+                 tr.saver.stall_s[-1])
+    else:
+        log.info("step %d: checkpoint %s (%.3f s)", tr.step, tr.last_checkpoint,
+                 tr.saver.stall_s[-1])
+
+
+def _wait_for_save(tr: TrainState, *, failing: bool = False) -> None:
+    """The save in flight (checkpoint.async_save) is published before the run ends, stops or
+    fails; while failing, its own error is logged, not raised over the first one."""
+    try:
+        tr.saver.wait()
+    except Exception:
+        if not failing:
+            raise
+        log.exception("the checkpoint save in flight failed too")
+    tr.last_checkpoint = tr.saver.last_published or tr.last_checkpoint
 
 
 def finish(tr: TrainState) -> None:
     """Final evaluation, safetensors export, summary (rank 0)."""
     started = time.perf_counter()
     evaluate(tr)
+    _wait_for_save(tr)
+    tr.run_dir_guard.check(before="the export and summary")
     export_dir = ""
     if tr.spec.checkpoint.export_safetensors:
         state = gather_full_state(tr.model)  # collective; the full weights land on rank 0

@@ -7,8 +7,10 @@ they came from (FLOPs convention, peak, checkpoint, export).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+from conf.run_dir.disk_space import disk_full_line
 from conf.run_dir.outcomes import outcomes_from_rows
 from conf.run_dir.paths import RunDir
 from parallel.cost.flops import FLOPS_CONVENTION
@@ -29,4 +31,16 @@ def summarize(run_dir: Path, *, peak_source: str, last_checkpoint: str, export_d
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
-    RunDir(run_dir).summary_file.write_text(json.dumps(summary, indent=2) + "\n")
+    """Atomic: written beside, then renamed (a killed write never leaves a half summary,
+    which would make the run look completed)."""
+    final = RunDir(run_dir).summary_file
+    tmp = final.with_name(final.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, final)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        line = disk_full_line(exc, final)
+        if line is None:
+            raise
+        raise OSError(exc.errno, line) from None

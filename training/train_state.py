@@ -13,6 +13,8 @@ from conf.spec import RunSpec
 from parallel.cost.devices import PeakFlops
 from parallel.cost.flops import flops_per_token
 from parallel.dims import ParallelDims
+from training.checkpoint_saver import CheckpointSaver
+from training.run_dir_guard import RunDirGuard
 from training.checkpoint import CheckpointCorrupt, CheckpointError, load_checkpoint
 from training.data.build import build_train_batches, build_val_batches
 from training.dist import RankContext
@@ -49,6 +51,16 @@ class TrainState:
     last_saved_step: int = -1
     last_checkpoint: str = ""
     resumed_from: int | None = None
+    saver: CheckpointSaver | None = None
+    """Built from spec.checkpoint.async_save when not given."""
+    run_dir_guard: RunDirGuard | None = None
+    """Stops the run if its run dir is removed or replaced (built when not given)."""
+
+    def __post_init__(self) -> None:
+        if self.saver is None:
+            self.saver = CheckpointSaver(async_save=self.spec.checkpoint.async_save)
+        if self.run_dir_guard is None:
+            self.run_dir_guard = RunDirGuard(self.run_dir)
 
     @property
     def autocast(self):

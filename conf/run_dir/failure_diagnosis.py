@@ -9,6 +9,7 @@ from pathlib import Path
 
 from conf.run_dir.metrics_rows import FAILED_EVENT
 from conf.run_dir.paths import RunDir
+from conf.run_dir.disk_space import DISK_FULL_FREE_BYTES, NO_SPACE
 
 _FAILURE_ENTRY = re.compile(
     r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*?(?:\((SIG[A-Z0-9]+)\))?\s*\n", re.S)
@@ -62,14 +63,15 @@ def failure_tail(run_dir: Path, lines: int = 30) -> str:
     rank log with an error; else torchrun's. A run the loop itself stopped (a non-finite
     loss) says why in its "failed" event: that message comes first. A full disk is named
     first (its logs may be cut mid-word), unless the tail already says so."""
+    if not Path(run_dir).is_dir():
+        return (f"run dir {run_dir} was removed while training: the ranks stopped and recreated "
+                "nothing (its logs, metrics and checkpoints went with it)")
     tail = _log_tail(run_dir, lines)
     full = disk_full_note(run_dir)
     return f"{full}\n{tail}" if full and NO_SPACE not in tail else tail
 
 
-NO_SPACE = "No space left on device"
-DISK_FULL_FREE_BYTES = 64 << 10
-"""Below this much free space on the run dir's filesystem, a failure is reported as a full disk."""
+# Below DISK_FULL_FREE_BYTES free on the run dir's filesystem, a failure is a full disk.
 
 
 def disk_full_note(run_dir: Path) -> str:

@@ -17,6 +17,7 @@ from launcher.backends.interface import LaunchBackend
 from launcher.backends.restart_loop import launch_with_restarts
 from launcher.backends.process_lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
 from launcher.views.progress import watch_run
+from launcher.backends.run_owner import owner_state
 from launcher.backends.run_lock import RunLock, acquire_run_lock, stop_lock_holder
 from launcher.backends.warm_torchrun import WarmTorchrun
 from launcher.run_dir_writer import render_command
@@ -131,3 +132,7 @@ class LocalBackend(LaunchBackend):
 
     def stop(self, run_dir: Path) -> str:
         return stop_lock_holder(run_dir)
+
+    def state(self, run_dir: Path, *, scheduler: dict | None = None) -> dict:
+        """`failed`, not "running", when no live process owns the run (run_owner.py)."""
+        return owner_state(run_dir)

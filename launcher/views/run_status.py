@@ -86,6 +86,8 @@ def print_status(status: dict, console: Console) -> None:
     if status["state"] in (RunState.paused, RunState.stopped):
         console.print(f"{status['state']} at step {status['step']}; continue with: "
                       f"meshrun resume {status['run_dir']}", markup=False, soft_wrap=True)
+    if "owner_note" in status:
+        console.print(status["owner_note"], markup=False, soft_wrap=True)
     if "log_tail" in status:
         console.print(status["log_tail"], markup=False, highlight=False, soft_wrap=True)
 
