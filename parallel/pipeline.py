@@ -3,7 +3,9 @@
 A stage is a pruned deep copy of the whole model: it keeps only its blocks (keys unchanged, so
 state-dict names equal the full model's), the model family's `first_stage` modules (the
 embedding) only on the first stage and its `last_stage` ones (final norm, head) only on the
-last. There are `ParallelSpec.n_stages` stages; in the loop
+last; with tied embeddings the last stage holds a copy of the embedding too (its weight is the
+head's), kept equal to the first stage's by summing their gradients
+(parallel/tied_embeddings.py). There are `ParallelSpec.n_stages` stages; in the loop
 layout every supported schedule uses, pp rank r owns stages r, r + pp, r + 2 pp, ...
 
 Schedules are torch.distributed.pipelining's, built with `scale_grads=False`: the loss of each
@@ -75,16 +77,16 @@ def stage_layers(*, parallel: ParallelSpec, n_layers: int, stage: int) -> list[s
 
 def build_stage_module(model: nn.Module, *, keep_layers: list[str], first: bool,
                        last: bool) -> nn.Module:
-    """Deep copy of `model` holding only `keep_layers` (+ embeddings if first, head if last).
+    """Deep copy of `model` holding only `keep_layers` (+ embeddings if first, head if last,
+    and the embedding too if last with tied embeddings: `ModelFamily.stage_holds`).
 
     Dropped submodules are never copied: deepcopy's memo maps each of them to None.
     """
     family = family_of(model.spec)
     dropped = [block for key, block in getattr(model, BLOCKS).items() if key not in keep_layers]
-    if not first:
-        dropped += [getattr(model, name) for name in family.first_stage]
-    if not last:
-        dropped += [getattr(model, name) for name in family.last_stage]
+    dropped += [getattr(model, name) for name in (*family.first_stage, *family.last_stage)
+                if not family.stage_holds(name, first=first, last=last,
+                                          tied=model.spec.tie_embeddings)]
     memo = {id(module): None for module in dropped if module is not None}
     stage = copy.deepcopy(model, memo)
     blocks = getattr(stage, BLOCKS)
