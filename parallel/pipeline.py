@@ -20,11 +20,13 @@ re-inference clears `.grad`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
@@ -121,15 +123,27 @@ class PipelineLoss:
     also records the unscaled sum in `token_loss_sums`, from which the step's loss is read.
     """
 
-    def __init__(self, token_loss) -> None:
+    def __init__(self, token_loss, *, vocab_sharded: bool = False) -> None:
         self.token_loss = token_loss
+        self.vocab_sharded = vocab_sharded
+        """The last stage's logits stay sharded over the vocabulary (tp with loss parallel):
+        the schedule runs under torch's `loss_parallel()`, forward and backward."""
         self.scale: float = 1.0
         self.token_loss_sums: list[torch.Tensor] = []
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss_sum = self.token_loss(logits, targets)
-        self.token_loss_sums.append(loss_sum.detach())
+        whole = loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum
+        self.token_loss_sums.append(whole.detach())
         return loss_sum * self.scale
+
+    def context(self):
+        """Where the schedule runs: under loss parallel when the logits are sharded."""
+        if not self.vocab_sharded:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
 
 
 def build_schedule(parts: list[nn.Module], *, parallel: ParallelSpec, pp_rank: int, pp_group,
@@ -227,7 +241,7 @@ def _run(method, schedule, *, inputs: torch.Tensor, targets: torch.Tensor, is_fi
     loss.token_loss_sums.clear()
     args, kwargs = _step_args(inputs=inputs, targets=targets, is_first=is_first, is_last=is_last,
                               documents=documents)
-    with autocast:
+    with autocast, loss.context():
         method(*args, return_outputs=False, **kwargs)
     return _loss_sum(loss, n_microbatches=schedule_microbatches(schedule), is_last=is_last,
                      device=targets.device)

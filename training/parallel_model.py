@@ -171,7 +171,7 @@ def _apply_ddp(part: nn.Module, layout: ParallelModel, device: torch.device) -> 
 def _build_pipeline(layout: ParallelModel, spec: RunSpec, device: torch.device) -> None:
     from parallel.pipeline import PipelineLoss, build_schedule
 
-    layout.pp_loss = PipelineLoss(token_cross_entropy_sum)
+    layout.pp_loss = PipelineLoss(token_cross_entropy_sum, vocab_sharded=layout.loss_parallel)
     layout.schedule = build_schedule(layout.parts, parallel=spec.parallel,
                                      pp_rank=layout.coords["pp"], pp_group=layout.group("pp"),
                                      device=device, loss=layout.pp_loss)

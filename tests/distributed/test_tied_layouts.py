@@ -5,6 +5,9 @@ every gradient and every parameter equal one process's (fp32, atol 5e-6, rtol 1e
 plan's static bytes per rank equal what each rank holds: the weight sharded by vocabulary rows
 under tp, a copy on the first and on the last stage under pp (none on the stages between).
 
+With pp x tp and loss parallel the schedule runs under torch's loss_parallel (this broke for
+untied models too: parallel/pipeline.py `PipelineLoss.context`).
+
 Then a round trip from a tied Llama that transformers made (llama3 RoPE, tie_word_embeddings,
 as Llama 3.2): loaded under tp=2 and under pp=2 (each copy is the folder's embed_tokens), one
 step, a checkpoint that stores the weight once and loads into one process and into both
@@ -40,7 +43,8 @@ TWO_RANKS = {
     "tied_zero3": ["parallel=zero3"],
 }
 FOUR_RANKS = {
-    "tied_pp2_tp2": ["parallel=pp", "parallel.pp=2", "parallel.tp=2"],
+    "tied_pp2_tp2_loss_parallel": ["parallel=pp", "parallel.pp=2", "parallel.tp=2",
+                                   "parallel.loss_parallel=true"],
     "tied_pp2_dp2": ["parallel=pp", "parallel.pp=2", "parallel.dp_shard=-1", "parallel.zero=3"],
     "tied_pp4": ["parallel=pp", "training.micro_batch_size=4", "training.grad_accum_steps=1"],
 }
