@@ -107,8 +107,9 @@ def find_tied_copy(parts: list[nn.Module], *, embedding: str, dims: ParallelDims
                    pp_group, first: bool) -> TiedCopy | None:
     """The tied weight this rank's pipeline parts hold (None without a pipeline, or on a
     rank holding neither the first nor the last stage)."""
-    group = tied_copy_group(dims, rank=rank, pp_group=pp_group)
-    held = [getattr(part, embedding) for part in parts if getattr(part, embedding, None) is not None]
+    group = tied_copy_group(dims, rank=rank, pp_group=pp_group)  # on every rank: collective
+    held = [module for module in (getattr(part, embedding, None) for part in parts)
+            if module is not None]
     if not held:
         return None
     assert len(held) == 1 and group is not None, (len(held), group)
