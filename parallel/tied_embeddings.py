@@ -76,6 +76,8 @@ class TiedCopy:
         """Collective over `group`: each copy's gradient becomes the sum of both (the
         gradient of the one tied weight). Both copies are sharded alike (the same tp and
         FSDP coordinates), so their local shards match element for element."""
+        if self.param.grad is None:  # never skip the collective: the other copy waits on it
+            self.param.grad = torch.zeros_like(self.param)
         grad = self.param.grad
         local = grad.to_local() if isinstance(grad, DTensor) else grad
         dist.all_reduce(local, group=self.group)

@@ -212,9 +212,10 @@ class Transformer(nn.Module):
                 loss_chunks: int = 1) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, vocab]; a pipeline stage may take or give hidden
         states [B, T, dim] instead (no tok_embeddings / no norm; the last stage of a tied
-        model keeps tok_embeddings for the head's weight and takes hidden states). With `targets` [B, T]: the
-        sum of their cross entropies instead, the head run `loss_chunks` row blocks at a time
-        (training/loss.py `chunked_head_loss_sum`; never the whole logits at once).
+        model keeps tok_embeddings for the head's weight and takes hidden states). With
+        `targets` [B, T]: the sum of their cross entropies instead, the head run `loss_chunks`
+        row blocks at a time (training/loss.py `chunked_head_loss_sum`; never the whole
+        logits at once).
 
         Document masking (parallel/document_masking.py): `doc_ids` [B, T] and `doc_positions` [B, T]
         of these tokens (this cp rank's share) keep attention inside each document and give
