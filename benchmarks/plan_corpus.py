@@ -16,8 +16,8 @@ output that must not change.
 
 The corpus: every shipped model (conf/model, not hf) x every layout (conf/parallel) x four
 devices (this machine's CPU, H100 on Slurm, A100 on `nodes`, H200 on Slurm), each at a world
-size its layout accepts (a tied-embedding model is untied for tp and pp except on the CPU,
-where its refusal is the case), with the recompute and precision options rotating over them so
+size its layout accepts (tied-embedding models as shipped: they plan under tp and pp too),
+with the recompute and precision options rotating over them so
 that every pair of options of any two axes appears: `plan` of each, and of each (model,
 layout) `plan --json` on two devices and `run --dry-run` on one, the devices rotating; every
 shipped sweep file (and a few inline sweeps) with `--dry-run`; `plan --search` rankings,
@@ -112,22 +112,6 @@ def world_words(device: Device, world: int) -> list[str]:
     return [f"cluster.nodes={max(1, world // GPUS_PER_NODE)}", f"cluster.gpus_per_node={per_node}"]
 
 
-def sets_any(path: Path, *keys: str) -> bool:
-    """Does the YAML file turn on any of `keys`: a flag true, or a degree other than 1 (-1 is
-    every rank)?"""
-    data = yaml.safe_load(path.read_text()) or {}
-    values = [data.get(key) for key in keys]
-    return any(v is True or (type(v) is int and v != 1) for v in values)
-
-
-def untie_words(repo: Path, model: str, layout: str, device: Device) -> list[str]:
-    """model.tie_embeddings=false where a tied model meets tp or pp, on every device but the
-    first: its refusal stays a case there, and the others plan the layout."""
-    tied = sets_any(repo / "conf" / "model" / f"{model}.yaml", "tie_embeddings")
-    split = sets_any(repo / "conf" / "parallel" / f"{layout}.yaml", "tp", "pp")
-    return ["model.tie_embeddings=false"] if tied and split and device != DEVICES[0] else []
-
-
 def spec_words(repo: Path) -> list[tuple[str, list[str]]]:
     """(case name, overrides) for every model x layout x device, recompute and precision
     rotating with different strides so every pair of options of two axes comes up."""
@@ -139,8 +123,7 @@ def spec_words(repo: Path) -> list[tuple[str, list[str]]]:
             for d, device in enumerate(DEVICES):
                 recompute = recomputes[(m + p + d) % len(recomputes)]
                 precision = precisions[(m + 2 * p + 3 * d) % len(precisions)]
-                words = [f"model={model}", *untie_words(repo, model, layout, device),
-                         f"parallel={layout}", f"recompute={recompute}",
+                words = [f"model={model}", f"parallel={layout}", f"recompute={recompute}",
                          f"precision={precision}", *device.cluster,
                          *world_words(device, LAYOUT_WORLD.get(layout, DEFAULT_WORLD))]
                 specs.append((f"{model}-{layout}-{recompute}-{precision}-{device.name}", words))

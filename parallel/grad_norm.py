@@ -32,9 +32,13 @@ def grads_by_mesh(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(by_mesh.values())
 
 
-def clip_grads(params: list[torch.Tensor], *, max_norm: float, pp_group=None) -> float:
-    """Clip to `max_norm` (inf = only measure); return the norm before clipping."""
-    norm = total_grad_norm(params, pp_group=pp_group)
+def clip_grads(params: list[torch.Tensor], *, max_norm: float, pp_group=None,
+               uncounted: tuple[torch.Tensor, ...] = ()) -> float:
+    """Clip to `max_norm` (inf = only measure); return the norm before clipping. `uncounted`:
+    parameters clipped but left out of the norm (a tied weight's second copy, whose gradient
+    another pipeline rank counts, parallel/tied_embeddings.py)."""
+    counted = [p for p in params if not any(p is u for u in uncounted)]
+    norm = total_grad_norm(counted, pp_group=pp_group)
     total = float(norm)
     coefficient = min(max_norm / (total + 1e-6), 1.0)  # torch's clip_grad_norm_ formula
     if coefficient < 1.0:

@@ -60,7 +60,8 @@ PARALLELISMS = (
     Parallelism(
         name="tp", degrees=("tp",),
         when="parallel.tp > 1; parallel.sequence_parallel, parallel.loss_parallel",
-        passes=("parallel.tensor_parallel:apply_tp", "parallel.tp_plan:tp_split_dim", "training.models.family:TpPlan"),
+        passes=("parallel.tensor_parallel:apply_tp", "parallel.tp_plan:tp_split_dim", "training.models.family:TpPlan",
+                "parallel.tied_embeddings:TiedHeadParallel"),
         rules=("conf.rules.split_rules:check_tensor_parallel",
                "conf.rules.split_rules:check_sequence_split",
                "conf.rules.parallel_rules:check_zero"),
@@ -70,7 +71,8 @@ PARALLELISMS = (
         name="pp", degrees=("pp",),
         when="parallel.pp > 1; parallel.pp_schedule, pp_virtual_stages, pp_microbatches, "
              "pp_layer_split",
-        passes=("parallel.pipeline:split_model", "parallel.pipeline:build_schedule"),
+        passes=("parallel.pipeline:split_model", "parallel.pipeline:build_schedule",
+                "parallel.tied_embeddings:find_tied_copy"),
         rules=("conf.rules.parallel_rules:check_pipeline_options",
                "conf.rules.split_rules:check_pipeline_split", "conf.rules.split_rules:stage_split"),
         cost=("parallel.cost.comm:_pipeline", "parallel.cost.step_time:bubble_factor",

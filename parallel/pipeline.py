@@ -3,7 +3,9 @@
 A stage is a pruned deep copy of the whole model: it keeps only its blocks (keys unchanged, so
 state-dict names equal the full model's), the model family's `first_stage` modules (the
 embedding) only on the first stage and its `last_stage` ones (final norm, head) only on the
-last. There are `ParallelSpec.n_stages` stages; in the loop
+last; with tied embeddings the last stage holds a copy of the embedding too (its weight is the
+head's), kept equal to the first stage's by summing their gradients
+(parallel/tied_embeddings.py). There are `ParallelSpec.n_stages` stages; in the loop
 layout every supported schedule uses, pp rank r owns stages r, r + pp, r + 2 pp, ...
 
 Schedules are torch.distributed.pipelining's, built with `scale_grads=False`: the loss of each
@@ -18,11 +20,13 @@ re-inference clears `.grad`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
@@ -75,16 +79,16 @@ def stage_layers(*, parallel: ParallelSpec, n_layers: int, stage: int) -> list[s
 
 def build_stage_module(model: nn.Module, *, keep_layers: list[str], first: bool,
                        last: bool) -> nn.Module:
-    """Deep copy of `model` holding only `keep_layers` (+ embeddings if first, head if last).
+    """Deep copy of `model` holding only `keep_layers` (+ embeddings if first, head if last,
+    and the embedding too if last with tied embeddings: `ModelFamily.stage_holds`).
 
     Dropped submodules are never copied: deepcopy's memo maps each of them to None.
     """
     family = family_of(model.spec)
     dropped = [block for key, block in getattr(model, BLOCKS).items() if key not in keep_layers]
-    if not first:
-        dropped += [getattr(model, name) for name in family.first_stage]
-    if not last:
-        dropped += [getattr(model, name) for name in family.last_stage]
+    dropped += [getattr(model, name) for name in (*family.first_stage, *family.last_stage)
+                if not family.stage_holds(name, first=first, last=last,
+                                          tied=model.spec.tie_embeddings)]
     memo = {id(module): None for module in dropped if module is not None}
     stage = copy.deepcopy(model, memo)
     blocks = getattr(stage, BLOCKS)
@@ -119,15 +123,27 @@ class PipelineLoss:
     also records the unscaled sum in `token_loss_sums`, from which the step's loss is read.
     """
 
-    def __init__(self, token_loss) -> None:
+    def __init__(self, token_loss, *, vocab_sharded: bool = False) -> None:
         self.token_loss = token_loss
+        self.vocab_sharded = vocab_sharded
+        """The last stage's logits stay sharded over the vocabulary (tp with loss parallel):
+        the schedule runs under torch's `loss_parallel()`, forward and backward."""
         self.scale: float = 1.0
         self.token_loss_sums: list[torch.Tensor] = []
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss_sum = self.token_loss(logits, targets)
-        self.token_loss_sums.append(loss_sum.detach())
+        whole = loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum
+        self.token_loss_sums.append(whole.detach())
         return loss_sum * self.scale
+
+    def context(self):
+        """Where the schedule runs: under loss parallel when the logits are sharded."""
+        if not self.vocab_sharded:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
 
 
 def build_schedule(parts: list[nn.Module], *, parallel: ParallelSpec, pp_rank: int, pp_group,
@@ -225,7 +241,7 @@ def _run(method, schedule, *, inputs: torch.Tensor, targets: torch.Tensor, is_fi
     loss.token_loss_sums.clear()
     args, kwargs = _step_args(inputs=inputs, targets=targets, is_first=is_first, is_last=is_last,
                               documents=documents)
-    with autocast:
+    with autocast, loss.context():
         method(*args, return_outputs=False, **kwargs)
     return _loss_sum(loss, n_microbatches=schedule_microbatches(schedule), is_last=is_last,
                      device=targets.device)

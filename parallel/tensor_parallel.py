@@ -3,7 +3,8 @@
 Per block, the model family's column-parallel modules (Llama: the q/k/v projections and the
 SwiGLU gate and up) split heads / hidden units over tp ranks and its row-parallel ones (the
 output and down projections) reduce partial sums. The embedding is split by vocabulary rows; the
-output head by vocabulary columns (which module is which: the family's torch-free `TpPlan`,
+output head by vocabulary columns (a tied head uses the embedding's vocabulary-sharded weight:
+parallel/tied_embeddings.py; which module is which: the family's torch-free `TpPlan`,
 training/models/, which the cost model reads too through parallel/tp_plan.py). With sequence
 parallel the residual
 stream, the norms and the dropout-free element-wise work between the TP regions are sharded
@@ -26,6 +27,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from parallel.tied_embeddings import TiedHeadParallel
 from training.models import family_of
 from training.models.family import BLOCKS, TpPlan
 
@@ -64,7 +66,9 @@ def _root_plan(model: nn.Module, tp: TpPlan, *, sequence_parallel: bool,
         plan[tp.embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
     if getattr(model, tp.final_norm) is not None and sequence_parallel:
         plan[tp.final_norm] = SequenceParallel()
-    if getattr(model, tp.head) is not None:
+    if getattr(model, tp.head) is not None and model.spec.tie_embeddings:
+        plan[tp.head] = TiedHeadParallel(input_layout=residual, loss_parallel=loss_parallel)
+    elif getattr(model, tp.head) is not None:
         plan[tp.head] = ColwiseParallel(
             input_layouts=residual,
             output_layouts=Shard(-1) if loss_parallel else Replicate(),

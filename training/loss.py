@@ -1,5 +1,7 @@
 """The training loss, one formula for every path (plain, tensor-parallel, pipeline stages),
-and the same loss with the output head run a row block at a time (`training.loss_chunks`)."""
+and the same loss with the output head run a row block at a time (`training.loss_chunks`);
+the output heads any model family can use, untied (`OutputHead`) or tied to the embedding
+(`TiedHead`)."""
 from __future__ import annotations
 
 import torch
@@ -92,3 +94,16 @@ class OutputHead(nn.Linear):
         if targets is None:
             return super().forward(hidden)
         return chunked_head_loss_sum(hidden, self.weight, targets, chunks=loss_chunks)
+
+
+class TiedHead(nn.Module):
+    """The output head of a model whose embedding is tied: no weight of its own, the
+    embedding's is passed in. A module of its own, so the passes can shape it like an
+    untied head: tensor parallelism makes its input whole and, with the vocabulary-sharded
+    embedding weight, gives vocabulary-sharded logits (parallel/tied_embeddings.py)."""
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor, *,
+                targets: torch.Tensor | None = None, loss_chunks: int = 1) -> torch.Tensor:
+        if targets is None:
+            return F.linear(hidden, weight)
+        return chunked_head_loss_sum(hidden, weight, targets, chunks=loss_chunks)

@@ -23,12 +23,14 @@ def build_model_on_meta(model: ModelSpec) -> nn.Module:
         return module_class(model)
 
 
-def build_model(model: ModelSpec, *, device: torch.device, seed: int) -> nn.Module:
-    """The whole model on `device`, initialised under `seed` (training/init.py)."""
+def build_model(model: ModelSpec, *, device: torch.device, seed: int,
+                hf_dir: str = "") -> nn.Module:
+    """The whole model on `device`, initialised under `seed` (training/init.py), or with the
+    weights of the Hugging Face folder `hf_dir`."""
     from training.init import materialize
 
     module = build_model_on_meta(model)
-    materialize(module, model=model, device=device, seed=seed)
+    materialize(module, model=model, device=device, seed=seed, hf_dir=hf_dir)
     return module
 
 

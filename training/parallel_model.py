@@ -18,17 +18,19 @@ from torch import nn
 from conf.spec import RunSpec
 from parallel.compile import apply_compile
 from parallel.context_parallel import apply_context_parallel, shard_positions, shard_sequence
-from parallel.data_parallel import apply_ddp
+from parallel.data_parallel import apply_ddp, unwrap
 from parallel.dims import ParallelDims
 from parallel.fsdp import apply_fsdp
 from parallel.mesh import Meshes, build_mesh, fsdp_mesh
 from parallel.recompute import apply_recompute
 from parallel.tensor_parallel import apply_tp, keep_embedding_grad_sharded
+from parallel.tied_embeddings import TiedCopy, find_tied_copy
 from parallel.zero1 import Zero1Partition
 from training.hf_import import hf_start_dir
 from training.init import materialize
 from training.loss import token_cross_entropy_sum
 from training.model_builder import build_model_on_meta
+from training.models import family_of
 from training.precision import apply_fp8, mixed_precision_policy
 
 
@@ -53,6 +55,9 @@ class ParallelModel:
     """The head and cross entropy run in this many row blocks (training.loss_chunks)."""
     document_eos_id: int | None = None
     """Document masking (data.document_mask): the token id that ends a document; None = off."""
+    tied: TiedCopy | None = None
+    """Tied embeddings under a pipeline: this rank's copy of the weight the first and last
+    stage share (parallel/tied_embeddings.py); None elsewhere."""
 
     @classmethod
     def single(cls, model: nn.Module) -> "ParallelModel":
@@ -81,6 +86,11 @@ class ParallelModel:
 
     def parameters(self) -> list[torch.Tensor]:
         return [p for part in self.parts for p in part.parameters()]
+
+    def uncounted_in_norm(self) -> tuple[torch.Tensor, ...]:
+        """Parameters whose gradient another rank counts in the global norm (a tied
+        weight's last-stage copy)."""
+        return (self.tied.param,) if self.tied is not None and not self.tied.counted else ()
 
     def shard_tokens(self, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's part of a [B, T] batch along the sequence (context parallel)."""
@@ -111,6 +121,10 @@ def build_parallel_model(spec: RunSpec, *, rank: int, device: torch.device) -> P
                                       group_size=dims.dp_shard)
     if dims.pp > 1:
         _build_pipeline(layout, spec, device)
+        if spec.model.tie_embeddings:
+            layout.tied = find_tied_copy(
+                [unwrap(part) for part in layout.parts], embedding=family_of(spec.model).embedding,
+                dims=dims, rank=rank, pp_group=layout.group("pp"), first=layout.is_first_stage)
     return layout
 
 
@@ -157,7 +171,7 @@ def _apply_ddp(part: nn.Module, layout: ParallelModel, device: torch.device) -> 
 def _build_pipeline(layout: ParallelModel, spec: RunSpec, device: torch.device) -> None:
     from parallel.pipeline import PipelineLoss, build_schedule
 
-    layout.pp_loss = PipelineLoss(token_cross_entropy_sum)
+    layout.pp_loss = PipelineLoss(token_cross_entropy_sum, vocab_sharded=layout.loss_parallel)
     layout.schedule = build_schedule(layout.parts, parallel=spec.parallel,
                                      pp_rank=layout.coords["pp"], pp_group=layout.group("pp"),
                                      device=device, loss=layout.pp_loss)

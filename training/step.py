@@ -93,7 +93,8 @@ def forward_backward(model: ParallelModel, micro_batches: list, *, device: torch
     DDP and FSDP average gradients over the dp x cp ranks, so each rank scales its loss by
     dp x cp to undo that average: the result equals one process computing the mean over the
     whole global batch. Context-parallel ranks each take their share of every sequence;
-    pipeline stages run the micro-batch through the schedule. Under document masking a target
+    pipeline stages run the micro-batch through the schedule (and sum the gradients of a tied
+    embedding's two copies at the end). Under document masking a target
     in the next document is not learned (`document_targets`), nor counted.
     """
     micro_batches = document_targets(model, micro_batches)
@@ -109,6 +110,8 @@ def forward_backward(model: ParallelModel, micro_batches: list, *, device: torch
         with gradient_sync(model.parts, sync=i == last):
             total += _micro_batch(model, inputs, targets, scale=scale, autocast=autocast,
                                   scaler=scaler, documents=documents)
+    if model.tied is not None:
+        model.tied.sum_grads()  # the first and last stage's copies: one weight's gradient
     return StepLoss(local_loss_sum=total, global_tokens=global_tokens)
 
 
@@ -144,7 +147,8 @@ def clip_and_step(model: ParallelModel, optimizers: list, *, grad_clip: float,
     if scaler is not None:
         scaler.unscale_(params)
     max_norm = grad_clip if grad_clip > 0 else float("inf")
-    norm = clip_grads(params, max_norm=max_norm, pp_group=model.group("pp"))
+    norm = clip_grads(params, max_norm=max_norm, pp_group=model.group("pp"),
+                      uncounted=model.uncounted_in_norm())
     if scaler is None and not math.isfinite(norm):
         pass  # an inf/nan gradient: stepping would write nan into every weight
     elif scaler is None or scaler.update():

@@ -37,10 +37,6 @@ def check_tensor_parallel(p: ParallelSpec, *, model: ModelSpec, problems: Proble
                      f"must divide model.vocab_size={model.vocab_size} (embedding and output "
                      "head are sharded over the vocabulary)",
                      f"use parallel.tp in {', '.join(map(str, divisors(model.vocab_size)[:8]))}")
-    if model.tie_embeddings:
-        problems.add("model.tie_embeddings", True,
-                     "a tied embedding cannot be sharded by rows and columns at once (tp>1)",
-                     "set model.tie_embeddings=false, or parallel.tp=1")
 
 
 def stage_split(p: ParallelSpec, n_layers: int) -> list[int]:
@@ -70,10 +66,6 @@ def check_pipeline_split(p: ParallelSpec, *, model: ModelSpec, training: Trainin
                      f"pp({p.pp}) x pp_virtual_stages({p.pp_virtual_stages})={stages} stages "
                      f"must divide model.n_layers={model.n_layers}",
                      "change the degrees, or give parallel.pp_layer_split explicitly")
-    if model.tie_embeddings:
-        problems.add("model.tie_embeddings", True,
-                     "the embedding (first stage) and output head (last stage) would live on "
-                     "different ranks (pp>1)", "set model.tie_embeddings=false, or parallel.pp=1")
     if training.micro_batch_size % p.pp_microbatches:
         problems.add("parallel.pp_microbatches", p.pp_microbatches,
                      f"must divide training.micro_batch_size={training.micro_batch_size} "

@@ -41,7 +41,8 @@ Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a
 - CP: per block, per micro-batch, K and V all-gathered to the full sequence in forward and
   their gradients reduce-scattered in backward, K and V one call each;
 - PP: per pipeline micro-batch and virtual stage, one activation sent forward and one gradient
-  sent back;
+  sent back; with tied embeddings, once per step, the embedding's gradient (this rank's tp and
+  FSDP shard of it) all-reduced between the first and the last stage;
 - the step's bookkeeping (axis "step"): the target-token count all-reduced over dp x cp
   (training.step.count_global_tokens), and the gradient norm's partial sums all-reduced over
   each axis that splits the parameters (FSDP's shard axis, tp, pp: parallel.grad_norm), a
@@ -277,9 +278,16 @@ def _pipeline(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
     chunks = p.pp_microbatches
     tokens = s.tokens_per_micro_batch / chunks / (p.tp if p.sequence_parallel else 1)
     sends = 2 * chunks * p.pp_virtual_stages * s.micro_batches  # activation + its gradient
-    return [Collective(axis="pp", op="p2p", group=2, size_bytes=tokens * spec.model.dim
-                       * s.act_bytes, calls=sends, link=link,
-                       why="activations forward, gradients back, per pipeline micro-batch")]
+    out = [Collective(axis="pp", op="p2p", group=2, size_bytes=tokens * spec.model.dim
+                      * s.act_bytes, calls=sends, link=link,
+                      why="activations forward, gradients back, per pipeline micro-batch")]
+    if spec.model.tie_embeddings:  # parallel/tied_embeddings.py, fp32 gradients
+        shard = p.tp * (p.fsdp_shards if p.uses_fsdp else 1)
+        out.append(Collective(axis="pp", op="all_reduce", group=2, calls=1, link=link,
+                              bare=True,
+                              size_bytes=spec.model.vocab_size * spec.model.dim * 4 / shard,
+                              why="tied embedding's gradient, first and last stage summed"))
+    return out
 
 
 def _bookkeeping(spec: RunSpec, link) -> list[Collective]:

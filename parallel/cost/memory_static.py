@@ -15,7 +15,8 @@ Beyond the placement rules (params.py):
   peak.collective_buffer_bytes; at the loss no block is gathered yet but the prefetched last
   one); the untied embedding is its own unit, re-sharded after forward); without FSDP,
   autocast's low-precision copies of every matmul weight (nn.Linear weights and the tied
-  head; saved for backward, 2 B/param in bf16/fp16).
+  head - on the rank running the head: a first pipeline stage's tied embedding is only
+  looked up; saved for backward, 2 B/param in bf16/fp16).
 Every block holds alike tensors, so a pipeline rank's sums are its other tensors' plus one
 block's x its blocks (ZeRO-1's owners, which depend on every tensor's size in order, aside).
 Each term is memoised on its keyword arguments (memory_views.py).
@@ -205,7 +206,9 @@ def _autocast_copied(model: ModelSpec, held: Holding, recompute: RecomputeSpec,
     def keeps(name: str, shape: Shape) -> bool:
         return autocast_keeps_copy(name, shape, model, recompute, device_type=device_type,
                                    loss_chunks=loss_chunks)
-    total = sum(numel(local) for name, shape, local in held.root if keeps(name, shape))
+    head_here = any(name.split(".")[0] in family_of(model).last_stage for name, _, _ in held.root)
+    total = sum(numel(local) for name, shape, local in held.root if keeps(name, shape)
+                and (head_here or name != embedding_param(model)))
     for covered in (True, False):
         same = [layer for layer in held.layers if recompute.applies_to(layer) is covered]
         if same:

@@ -5,8 +5,9 @@ model's parameters: the count, the FLOPs and the memory per rank all derive from
 (tests/unit/test_cost_model.py checks it against the built model). Placement rules mirror what
 the parallel passes do:
 - pipeline: a rank holds the blocks of its stages; stage 0 the family's `first_stage` modules
-  (the embedding), the last stage its `last_stage` ones (final norm and output head)
-  (parallel.dims.pipeline_stage_ids, conf.rules.split_rules.stage_split);
+  (the embedding), the last stage its `last_stage` ones (final norm and output head), and a
+  copy of the embedding too when it is tied (`ModelFamily.stage_holds`;
+  parallel.dims.pipeline_stage_ids, conf.rules.split_rules.stage_split);
 - tensor parallel: the dim parallel/tp_plan.py names is split over tp; norms whole;
 - FSDP (zero 2/3) splits dim 0 of each (tp-local) tensor over dp_shard x cp in chunks of
   ceil(rows / n), as fully_shard does.
@@ -87,8 +88,8 @@ def _stage_parameters(model: ModelSpec, pp: int, virtual_stages: int, split: tup
         for name, shape in _parameter_shapes(model):
             block, top = block_index(name), name.split(".")[0]
             if (block in blocks if block is not None
-                    else top in family.first_stage and stage == 0
-                    or top in family.last_stage and stage == last_stage):
+                    else family.stage_holds(top, first=stage == 0, last=stage == last_stage,
+                                            tied=model.tie_embeddings)):
                 held.append((name, shape))
     return tuple(held)
 

@@ -56,8 +56,10 @@ def named_params(layout) -> dict[str, torch.Tensor]:
 
 
 def reference_update(spec: RunSpec):
-    """Loss (mean over the global batch), grads and params after one step, in one process."""
+    """Loss (mean over the global batch), grads and params after one step, in one process
+    (from the run's Hugging Face weights when it starts from some)."""
     from training.data.build import build_train_batches
+    from training.hf_import import hf_start_dir
     from training.parallel_model import ParallelModel
     from training.model_builder import build_model
     from training.optim import build_optimizer
@@ -66,7 +68,8 @@ def reference_update(spec: RunSpec):
     t = dataclasses.replace(spec.training, micro_batch_size=spec.training.global_batch_size,
                             grad_accum_steps=1)
     batches = build_train_batches(spec.data, t, dp_rank=0, dp_size=1).next_step()
-    model = build_model(spec.model, device=CPU, seed=spec.training.seed)
+    model = build_model(spec.model, device=CPU, seed=spec.training.seed,
+                        hf_dir=hf_start_dir(spec))
     layout = ParallelModel.single(model)
     optimizer = build_optimizer(model, optim=spec.optim,
                                 state_dtype=spec.precision.optimizer_state_dtype)

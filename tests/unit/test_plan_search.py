@@ -98,7 +98,7 @@ def test_memory_of_every_candidate_is_what_the_plan_estimates():
     candidates = list(enumerate_candidates(cfg, base, global_batch_size=32,
                                            policies=POLICIES, rejected=Counter()))
     assert len(candidates) > 50
-    for candidate in candidates[::3]:
+    for candidate in candidates[::23]:  # tied: tp and pp candidates too (482 of them)
         spec = candidate.spec(base)
         layout = LayoutMemory(model=base.model, parallel=candidate.parallel,
                               training=spec.training, precision=base.precision,

@@ -9,7 +9,11 @@ The contract its torch module keeps (training/models/llama/model.py is the examp
 - its blocks in `BLOCKS`, an `nn.ModuleDict` keyed by the global block index "0", "1", ... (so
   a pipeline stage drops blocks without renumbering); parameter names `layers.{i}.<path>`;
 - every top-level module named in `first_stage` / `last_stage` may be None (a pipeline stage
-  dropped it): `forward(tokens)` then takes or gives hidden states [B, T, dim];
+  dropped it): `forward(tokens)` then takes or gives hidden states [B, T, dim]; with tied
+  embeddings the last stage keeps the embedding for the head's weight (`stage_holds`) and
+  still takes hidden states (embed only integer token ids);
+- its `head` module exists whether or not the embedding is tied: tied, it is a weightless
+  `TiedHead` (training/loss.py) called with the embedding's weight;
 - `forward(tokens, *, doc_ids=None, doc_positions=None, targets=None, loss_chunks=1)`: logits,
   or with `targets` the sum of their token cross entropies;
 - `rope_positions` and `document_mask` attributes (context parallelism sets them), a `context`
@@ -114,7 +118,7 @@ class ModelFamily:
     embedding: str
     """The top-level token embedding module (a lookup: no matmul, no autocast copy)."""
     head: str
-    """The top-level untied output head module (absent when embeddings are tied)."""
+    """The top-level output head module (a weightless `TiedHead` when embeddings are tied)."""
     attention: str
     """The block submodule whose `context` attribute context parallelism sets."""
     first_stage: tuple[str, ...]
@@ -149,6 +153,15 @@ class ModelFamily:
     """(model, config.json) -> Hugging Face tensors config.json's class holds and our module
     does not (e.g. a zero o_proj bias): the export writes them as zeros; on import they must
     be all zero and are not loaded."""
+
+    def stage_holds(self, module: str, *, first: bool, last: bool, tied: bool) -> bool:
+        """Whether a pipeline stage holds top-level module `module` (outside the blocks): the
+        first stage the `first_stage` modules, the last the `last_stage` ones, and with tied
+        embeddings the last stage the embedding too - a copy whose weight the head uses,
+        its gradient summed with the first stage's (parallel/tied_embeddings.py). Read by the
+        stage split (parallel/pipeline.py) and the cost model (parallel/cost/params.py)."""
+        return (first and module in self.first_stage or last and module in self.last_stage
+                or last and tied and module == self.embedding)
 
     def fsdp_units(self, *, tied: bool) -> FsdpUnits:
         return self.fsdp_tied if tied else self.fsdp_untied

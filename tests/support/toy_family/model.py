@@ -13,7 +13,7 @@ from torch import nn
 
 from conf.spec import ModelSpec
 from parallel.document_masking import local_document_mask, masked_attention
-from training.loss import OutputHead, chunked_head_loss_sum
+from training.loss import OutputHead, TiedHead
 
 
 class ToyAttention(nn.Module):
@@ -73,7 +73,8 @@ class ToyGPT(nn.Module):
         self.wte = nn.Embedding(model.vocab_size, model.dim)
         self.layers = nn.ModuleDict({str(i): ToyBlock(model) for i in range(model.n_layers)})
         self.ln_f = nn.LayerNorm(model.dim, eps=model.norm_eps)
-        self.lm_head = None if model.tie_embeddings else OutputHead(model.dim, model.vocab_size)
+        self.lm_head = TiedHead() if model.tie_embeddings else OutputHead(model.dim,
+                                                                           model.vocab_size)
         self.rope_positions: torch.Tensor | None = None
 
     document_mask = staticmethod(local_document_mask)
@@ -82,17 +83,15 @@ class ToyGPT(nn.Module):
                 doc_positions: torch.Tensor | None = None, targets: torch.Tensor | None = None,
                 loss_chunks: int = 1) -> torch.Tensor:
         mask = None if doc_ids is None else self.document_mask(doc_ids)
-        h = self.wte(tokens) if self.wte is not None else tokens
+        h = tokens if tokens.is_floating_point() else self.wte(tokens)  # a later stage's input
         for block in self.layers.values():
             h = block(h, mask=mask)
         if self.ln_f is None:
             return h
         h = self.ln_f(h)
-        if self.lm_head is not None:
-            return self.lm_head(h, targets=targets, loss_chunks=loss_chunks)
-        if targets is not None:
-            return chunked_head_loss_sum(h, self.wte.weight, targets, chunks=loss_chunks)
-        return F.linear(h, self.wte.weight)
+        if self.spec.tie_embeddings:
+            return self.lm_head(h, self.wte.weight, targets=targets, loss_chunks=loss_chunks)
+        return self.lm_head(h, targets=targets, loss_chunks=loss_chunks)
 
     def reset_rope_tables(self) -> None:
         """No RoPE tables: nothing to re-compute after materialising."""

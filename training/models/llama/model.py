@@ -25,7 +25,7 @@ from torch import nn
 
 from conf.spec import Llama3RopeScaling, ModelSpec
 from parallel.document_masking import local_document_mask, masked_attention
-from training.loss import OutputHead, chunked_head_loss_sum
+from training.loss import OutputHead, TiedHead
 
 
 class RMSNorm(nn.Module):
@@ -191,8 +191,10 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(model.vocab_size, model.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(model) for i in range(model.n_layers)})
         self.norm = RMSNorm(model.dim, eps=model.norm_eps)
-        # Tied: logits reuse tok_embeddings.weight, so there is one key per parameter.
-        self.output = None if model.tie_embeddings else OutputHead(model.dim, model.vocab_size)
+        # Tied: the head has no weight of its own (logits reuse tok_embeddings.weight), so
+        # there is one key per parameter.
+        self.output = TiedHead() if model.tie_embeddings else OutputHead(model.dim,
+                                                                          model.vocab_size)
         cos, sin = rope_tables(head_dim=model.head_dim, max_seq_len=model.max_seq_len,
                                theta=model.rope_theta, scaling=model.llama3_rope)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -209,27 +211,28 @@ class Transformer(nn.Module):
                 doc_positions: torch.Tensor | None = None, targets: torch.Tensor | None = None,
                 loss_chunks: int = 1) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, vocab]; a pipeline stage may take or give hidden
-        states [B, T, dim] instead (no tok_embeddings / no norm). With `targets` [B, T]: the
-        sum of their cross entropies instead, the head run `loss_chunks` row blocks at a time
-        (training/loss.py `chunked_head_loss_sum`; never the whole logits at once).
+        states [B, T, dim] instead (no tok_embeddings / no norm; the last stage of a tied
+        model keeps tok_embeddings for the head's weight and takes hidden states). With
+        `targets` [B, T]: the sum of their cross entropies instead, the head run `loss_chunks`
+        row blocks at a time (training/loss.py `chunked_head_loss_sum`; never the whole
+        logits at once).
 
         Document masking (parallel/document_masking.py): `doc_ids` [B, T] and `doc_positions` [B, T]
         of these tokens (this cp rank's share) keep attention inside each document and give
         RoPE each token's position inside its document. None: one causal sequence."""
         cos, sin = self.rope_tables(doc_positions)
         mask = None if doc_ids is None else self.document_mask(doc_ids)
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        # Token ids are integers; a later pipeline stage's input is float hidden states.
+        h = tokens if tokens.is_floating_point() else self.tok_embeddings(tokens)
         for block in self.layers.values():
             h = block(h, cos, sin, mask=mask)
         if self.norm is None:
             return h
         h = self.norm(h)
-        if self.output is not None:
-            return self.output(h, targets=targets, loss_chunks=loss_chunks)
-        if targets is not None:
-            return chunked_head_loss_sum(h, self.tok_embeddings.weight, targets,
-                                         chunks=loss_chunks)
-        return F.linear(h, self.tok_embeddings.weight)
+        if self.spec.tie_embeddings:
+            return self.output(h, self.tok_embeddings.weight, targets=targets,
+                               loss_chunks=loss_chunks)
+        return self.output(h, targets=targets, loss_chunks=loss_chunks)
 
     def rope_tables(self, positions: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
