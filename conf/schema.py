@@ -239,6 +239,14 @@ class TrainingConfig:
     """A step whose loss (or, without a loss scaler, gradient norm) is nan or inf: stop (the
     run fails at once, saving and exporting nothing; the last checkpoint is the last finite
     state) or skip_step (drop that step's update, log it, train on)."""
+    hang_timeout_s: float = -1
+    """Seconds a rank may go without progress (its heartbeat: each step, collective and phase)
+    before the watchdog names it, dumps every rank's Python stack, stops the run and marks it
+    hung. -1 = auto: max(60 s, 10 x median step time) in steps and evals, max(300 s, 50 x
+    median step time) in the one-off phases (init, first collective, build, checkpoint save and
+    load, export); a value > 0 is used for every phase. The process group's collectives time
+    out behind it: init after cluster.preflight_timeout_s + that, train after twice that + 30 s
+    (conf/run_dir/heartbeats.py holds the rule)."""
 
 
 @dataclass

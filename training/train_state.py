@@ -16,6 +16,7 @@ from parallel.dims import ParallelDims
 from training.checkpoint import CheckpointCorrupt, CheckpointError, load_checkpoint
 from training.data.build import build_train_batches, build_val_batches
 from training.dist import RankContext
+from training.heartbeat import Heartbeat, NoHeartbeat
 from training.parallel_model import ParallelModel, build_parallel_model
 from training.loggers import BackgroundWandb, RunLoggers
 from training.metrics import resolve_peak
@@ -49,6 +50,8 @@ class TrainState:
     last_saved_step: int = -1
     last_checkpoint: str = ""
     resumed_from: int | None = None
+    heartbeat: Heartbeat = field(default_factory=NoHeartbeat)
+    """This rank's heartbeat (training/heartbeat.py); set by `python -m training`."""
 
     @property
     def autocast(self):

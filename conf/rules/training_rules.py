@@ -56,6 +56,10 @@ def check_training(t: TrainingSpec, model: ModelSpec, problems: ProblemList) -> 
     if not 0 <= t.seed <= SEED_MAX:
         problems.add("training.seed", t.seed, f"must be within [0, {SEED_MAX}]",
                      "give a non-negative seed, e.g. 1234")
+    if t.hang_timeout_s != -1 and t.hang_timeout_s <= 0:
+        problems.add("training.hang_timeout_s", t.hang_timeout_s,
+                     "must be > 0 seconds, or -1 (auto: derived from the step time)",
+                     "give e.g. training.hang_timeout_s=600, or -1")
     if t.cpu_peak_flops < 0:
         problems.add("training.cpu_peak_flops", t.cpu_peak_flops, "must be >= 0 (0 = measure)",
                      "give a value >= 0")
