@@ -3,23 +3,28 @@
 Each train row carries TIME_BY_RANK_KEY = {"step_time_s" | "wait_s" | "compute_s": [one value
 per rank]} (training/rank_times.py). A rank is slow on a step when its compute time exceeds
 the median over the ranks by more than SLOWER_FRACTION; it is a straggler when it was slow on
-at least PERSISTENT_FRACTION of the last WINDOW steps that carry the split (MIN_STEPS at least).
+at least PERSISTENT_FRACTION of the last WINDOW steps of the newest leg (rows after the last
+resume row: another leg may run on other nodes) that carry the split (MIN_STEPS at least).
 """
 from __future__ import annotations
 
 import statistics
+
+from conf.run_dir.metrics_rows import RESUME_ROW_KIND
 
 TIME_BY_RANK_KEY = "time_by_rank"
 TIME_STATS = ("step_time_s", "wait_s", "compute_s")
 WINDOW = 20
 MIN_STEPS = 5
 SLOWER_FRACTION = 0.2
-PERSISTENT_FRACTION = 0.6
+PERSISTENT_FRACTION = 0.5
 
 
 def stragglers(rows: list[dict]) -> list[dict]:
     """[{rank, slow_steps, steps, compute_s, median_compute_s, wait_s}] for each straggler."""
-    split = [r[TIME_BY_RANK_KEY] for r in rows
+    resumes = [i for i, r in enumerate(rows) if r.get("kind") == RESUME_ROW_KIND]
+    leg = rows[resumes[-1] + 1:] if resumes else rows
+    split = [r[TIME_BY_RANK_KEY] for r in leg
              if r.get("kind") == "train" and len(r.get(TIME_BY_RANK_KEY, {}).get("compute_s", [])) > 1]
     recent = split[-WINDOW:]
     if len(recent) < MIN_STEPS:

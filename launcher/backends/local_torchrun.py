@@ -21,7 +21,8 @@ from launcher.views.progress import watch_run
 from launcher.backends.run_lock import RunLock, acquire_run_lock, stop_lock_holder
 from launcher.backends.warm_torchrun import WarmTorchrun
 from launcher.run_dir_writer import render_command
-from launcher.watchdog import HangWatchdog, clear_heartbeats, hung_exit
+from conf.run_dir.hang_watch import HangWatchdog
+from launcher.watchdog import clear_heartbeats, hung_exit
 
 RUN_DIR_PLACEHOLDER = "<run_dir>"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]

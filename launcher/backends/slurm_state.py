@@ -144,6 +144,9 @@ def state_from_scheduler(slurm_state: str, run_dir: Path) -> RunState:
     without summary.json stopped early (e.g. out of requeues), unless it was a preflight that
     passed; a failure whose logs say so ran out of memory."""
     state = SLURM_STATES.get(slurm_state, RunState.failed)
+    if state in (RunState.failed, RunState.cancelled) and \
+            state_from_files(run_dir) is RunState.hung:
+        return RunState.hung  # the hang guard cancelled it (training/slurm_entry.py)
     if state is RunState.completed and not RunDir(run_dir).summary_file.exists():
         passed = state_from_files(run_dir) is RunState.preflight_passed
         return RunState.preflight_passed if passed else RunState.stopped

@@ -6,6 +6,7 @@ checkpoint and trains on. One run dir, three launches, shared by the checks: the
 hang first (it leaves the checkpoint), then a resume stopped before its first collective."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,8 @@ from conf.run_dir.checkpoint_dirs import is_complete_checkpoint
 from conf.run_dir.heartbeats import HANG_REPORT_FILE, heartbeat_file, read_heartbeats
 from conf.run_dir.paths import RunDir
 from conf.run_dir.run_states import RunState, state_from_files
-from launcher.watchdog import DETECTION_BOUND_S, HUNG_EXIT
+from conf.run_dir.hang_watch import DETECTION_BOUND_S
+from launcher.watchdog import HUNG_EXIT
 from tests.support.meshrun_cli import meshrun, start_meshrun
 from tests.support.processes import pid_alive, survivors, wait_for
 from tests.support.run_outputs import only_run_dir
@@ -29,6 +31,7 @@ TINY = ["model=tiny", "training.seq_len=32", "training.micro_batch_size=4",
         "training.eval_every=0", "logging=disabled", "checkpoint.export_safetensors=false",
         "cluster.procs_per_node=2", f"training.hang_timeout_s={HANG_S}",
         "training.steps=400", "checkpoint.every_steps=2", "checkpoint.keep_last=1"]
+STRAGGLE_STEPS = 10
 SLACK_S = 4.0
 """Beyond the stated bound: the last heartbeat may be up to one (slow, shared-core) step old."""
 
@@ -81,12 +84,30 @@ def hung_twice(tmp_path_factory):
     checkpoint = RunDir(run_dir).latest_checkpoint()
     complete = is_complete_checkpoint(checkpoint)  # before the resume's keep_last prunes it
     rows = RunDir(run_dir).read_rows()
-    resumed = meshrun("resume", str(run_dir), f"training.stop_at_step={_step(checkpoint) + 1}",
-                      timeout=180)
+    resumed = _straggling_resume(run_dir, stop_at=_step(checkpoint) + STRAGGLE_STEPS,
+                                 not_pid=early[3], out=tmp / "straggle.txt")
+    straggle_status = meshrun("status", str(run_dir), "--json", timeout=60)
     return dict(run_dir=run_dir, early=early, early_report=early_report,
                 early_state=early_state, late=late, late_report=late_report,
                 checkpoint=checkpoint, complete=complete, rows=rows,
-                status=status, resumed=resumed)
+                status=status, resumed=resumed, straggle_status=straggle_status)
+
+
+def _straggling_resume(run_dir, *, stop_at: int, not_pid: int, out) -> int:
+    """Resume to a pause at `stop_at`, slowing rank 1 (SIGSTOP 20 ms / SIGCONT 10 ms cycles,
+    from its first step on) so that it is the straggler; the launcher's exit status."""
+    proc = start_meshrun("resume", str(run_dir), f"training.stop_at_step={stop_at}",
+                         stdout=open(out, "w"), stderr=subprocess.STDOUT)
+    ready = lambda: (b := read_heartbeats(run_dir).get(1)) and b["pid"] != not_pid and \
+        b["phase"] == "step" and b
+    beat = wait_for(lambda: ready() or proc.poll() is not None, 120, "rank 1's first step")
+    while beat is not True and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(beat["pid"], signal.SIGSTOP)
+            time.sleep(0.02)
+            os.kill(beat["pid"], signal.SIGCONT)
+        time.sleep(0.01)
+    return proc.wait(timeout=120)
 
 
 def _step(checkpoint) -> int:
@@ -125,8 +146,18 @@ def test_rank_stopped_mid_training_is_named_others_stopped_and_stacks_dumped(hun
 def test_after_a_hang_the_newest_checkpoint_loads_and_training_goes_on(hung_twice):
     checkpoint, resumed = hung_twice["checkpoint"], hung_twice["resumed"]
     assert hung_twice["complete"]
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed == 0
     rows = RunDir(hung_twice["run_dir"]).read_rows()
     assert [r["step"] for r in rows if r.get("kind") == "resume"][-1] == _step(checkpoint)
     assert state_from_files(hung_twice["run_dir"]) is RunState.paused
     assert rows[-1]["event"] == "paused"
+
+
+def test_a_rank_slowed_by_stop_cont_cycles_is_named_as_the_straggler(hung_twice):
+    shown = json.loads(hung_twice["straggle_status"].stdout)
+    assert len(shown["stragglers"]) == 1 and shown["stragglers"][0].startswith("rank 1 "), shown
+    rows = RunDir(hung_twice["run_dir"]).read_rows()
+    leg = rows[max(i for i, r in enumerate(rows) if r.get("kind") == "resume") + 1:]
+    waits = [r["time_by_rank"]["wait_s"] for r in leg if r.get("kind") == "train"]
+    assert len(waits) == STRAGGLE_STEPS
+    assert sum(w[0] for w in waits) > sum(w[1] for w in waits), waits  # rank 0 waits for 1
