@@ -247,6 +247,14 @@ class TrainingConfig:
     in the launcher, Slurm jobs are requeued by a surviving rank (counted apart from
     cluster.max_requeues); not available with cluster=nodes. A restart needs a complete
     checkpoint."""
+    hang_timeout_s: float = -1
+    """Seconds a rank may go without progress (its heartbeat: each step, collective and phase)
+    before the watchdog names it, dumps every rank's Python stack, stops the run and marks it
+    hung. -1 = auto: max(60 s, 10 x median step time) in steps and evals, max(300 s, 50 x
+    median step time) in the one-off phases (init, first collective, build, checkpoint save and
+    load, export); a value > 0 is used for every phase. The process group's collectives time
+    out behind it: init after cluster.preflight_timeout_s + that, train after twice that + 30 s
+    (conf/run_dir/heartbeats.py holds the rule)."""
 
 
 @dataclass

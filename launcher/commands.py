@@ -33,6 +33,7 @@ from launcher.plan.plan_json import plan_json
 from launcher.resume_checks import (check_resume_files, check_same_layout,
                                     checkpoint_meta_or_problem)
 from launcher.views.progress import print_failure
+from launcher.watchdog import HUNG_EXIT
 from launcher.backends.slurm_submit import SubmissionFailed
 from launcher.backends.warm_torchrun import WarmTorchrun, warm_torchrun
 from launcher.run_dir_writer import create_run_dir, new_run_dir_path
@@ -166,7 +167,7 @@ def _launch(spec: RunSpec, run_dir: Path, *, console: Console, wait: bool,
         print_preflight(run_dir, console)
     elif status == 0:
         print_summary(run_dir, console)
-    elif status != 130:
+    elif status not in (130, HUNG_EXIT):  # a hang's report is already printed
         print_failure(run_dir, status)
     return status
 

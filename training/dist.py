@@ -25,12 +25,14 @@ class RankContext:
         return self.rank == 0
 
 
-def init_distributed(device_kind: str, *, join_timeout_s: float) -> RankContext:
+def init_distributed(device_kind: str, *, join_timeout_s: float,
+                     init_timeout_s: float | None = None) -> RankContext:
     """Join the process group: NCCL on CUDA, gloo on CPU.
 
     Under torchrun the agent's store already saw every rank join (env://). A Slurm task
     (MESHRUN_OWN_STORE=1) brings its own TCPStore on MASTER_ADDR:MASTER_PORT, and rank 0
-    names the ranks that never arrived instead of waiting forever.
+    names the ranks that never arrived instead of waiting forever. `init_timeout_s` bounds
+    every collective until `set_collective_timeout` (after the first step) replaces it.
     """
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -42,12 +44,20 @@ def init_distributed(device_kind: str, *, join_timeout_s: float) -> RankContext:
         device = torch.device("cpu")
     backend = "nccl" if device_kind == "cuda" else "gloo"
     kwargs = {"device_id": device} if backend == "nccl" else {}
+    if init_timeout_s:
+        kwargs["timeout"] = timedelta(seconds=init_timeout_s)
     if not dist.is_initialized():
         if os.environ.get(OWN_STORE_ENV) == "1" and world > 1:
             store = _joined_store(rank=rank, world=world, timeout_s=join_timeout_s)
             kwargs["store"] = store
         dist.init_process_group(backend=backend, rank=rank, world_size=world, **kwargs)
     return RankContext(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+def set_collective_timeout(timeout_s: float) -> None:
+    """The process group's timeout for training collectives (torchtitan's train timeout)."""
+    if dist.is_initialized():
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
 
 
 def node_name() -> str:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from conf.run_dir.metrics_rows import RESUME_ROW_KIND
+from conf.run_dir.stragglers import TIME_BY_RANK_KEY
 from conf.run_dir.paths import RunDir
 from conf.spec import RunSpec
 from conf.run_dir.spec_io import spec_to_dict
@@ -38,6 +39,8 @@ class MetricsFile:
 PER_RANK_KEY = "mem_by_rank"
 """A train row's per-rank memory, {stat: [rank 0's value, rank 1's, ...]}
 (training.metrics.memory_fields); the row's own `mem_*` values are the largest of these."""
+TIME_SECTION = "rank_time"
+"""W&B section of each rank's step time split: `rank_time/compute_s/rank<r>`, wait_s, ..."""
 AXIS_KEYS = ("kind", "step", "tokens_seen")
 """Row keys that are not charted as `<kind>/<key>`: the kind is the namespace, and step and
 tokens_seen are the x-axes W&B gets on every row."""
@@ -49,7 +52,8 @@ def wandb_values(row: dict) -> dict[str, float]:
     `memory/mem_peak_gib/rank<r>` (wandb_logger.per_rank_values)."""
     return {**{f"{row['kind']}/{k}": v for k, v in row.items()
                if k not in AXIS_KEYS and isinstance(v, (int, float))},
-            **per_rank_values(row.get(PER_RANK_KEY, {}))}
+            **per_rank_values(row.get(PER_RANK_KEY, {})),
+            **per_rank_values(row.get(TIME_BY_RANK_KEY, {}), section=TIME_SECTION)}
 
 
 def start_wandb(spec: RunSpec, run_dir: Path):

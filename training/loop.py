@@ -12,11 +12,13 @@ from conf.run_dir.metrics_rows import FAILED_EVENT
 from conf.run_dir.paths import RunDir
 from conf.schema import NonFinite
 from parallel.cost.flops import run_flops_convention
-from training.dist import all_reduce_sum, barrier
+from training.dist import all_reduce_sum, barrier, set_collective_timeout
+from conf.run_dir.heartbeats import collective_timeouts_s
 from training.export import export_hf, gather_full_state
 from training.failure_requeue import failure_requeues
 from training.fault_injection import kill_if_asked
 from training.metrics import StepTimer, memory_by_rank, memory_fields, mfu_fields
+from training.rank_times import step_split, time_fields
 from training.optim import set_lr
 from training.preemption import requeue_job, restart_count, slurm_job_id
 from training.schedule import lr_at
@@ -45,8 +47,13 @@ def train(tr: TrainState) -> str:
         while tr.step < stop:
             kill_if_asked(tr.ctx.rank, tr.step + 1)  # tests only (training/fault_injection.py)
             timer.begin()
+            tr.heartbeat.take_wait_s()
             row = train_step(tr)
             row["step_time_s"] = timer.elapsed_s()
+            tr.heartbeat.end_step(tr.step, row["step_time_s"])
+            if tr.step == 1:
+                set_collective_timeout(collective_timeouts_s(
+                    t.hang_timeout_s, join_timeout_s=tr.spec.cluster.preflight_timeout_s)[1])
             _add_throughput(tr, row)
             if row.get("nonfinite"):
                 if t.nonfinite is NonFinite.stop:
@@ -120,14 +127,19 @@ def train_step(tr: TrainState) -> dict:
     for part in tr.model.parts:
         part.train()
     micro_batches = tr.train_batches.next_step()
+    tr.heartbeat.enter("token-count all_reduce, fwd/bwd grad sync")
     loss = forward_backward(tr.model, micro_batches, device=tr.ctx.device,
                             autocast=tr.autocast, scaler=tr.scaler)
+    tr.heartbeat.settle_clocks()
     # The one host sync of the step's loss: reduced before the update, so a non-finite loss
     # (the same value on every rank) is never applied to the weights.
     own_loss = float(loss.local_loss_sum) if tr.model.reports_loss else 0.0
-    loss_sum, stop_votes = all_reduce_sum([own_loss, float(tr.stop.requested)], tr.ctx.device)
+    with tr.heartbeat.collective("loss all_reduce"):
+        loss_sum, stop_votes = all_reduce_sum([own_loss, float(tr.stop.requested)],
+                                              tr.ctx.device)
     tr.stop_agreed = stop_votes > 0
     mean_loss = loss_sum / loss.global_tokens
+    tr.heartbeat.enter("grad-norm all_reduce, optimizer step")
     grad_norm = clip_and_step(tr.model, tr.optimizers, grad_clip=o.grad_clip, scaler=tr.scaler,
                               loss_finite=math.isfinite(mean_loss))
     tr.step += 1
@@ -159,12 +171,16 @@ def _add_throughput(tr: TrainState, row: dict) -> None:
                **mfu_fields(tokens_per_s_per_device=per_device,
                             flops_per_token=tr.flops_per_token, peak=tr.peak),
                tokens_seen=tr.step * t.tokens_per_step)
-    row.update(memory_fields(memory_by_rank(tr.ctx.device)))
+    tr.heartbeat.enter("metrics all_gather")
+    by_rank = memory_by_rank(tr.ctx.device, extra=step_split(row["step_time_s"],
+                                                              tr.heartbeat.take_wait_s()))
+    row.update(time_fields(by_rank), **memory_fields(by_rank))
 
 
 @torch.no_grad()
 def evaluate(tr: TrainState) -> float:
     """Mean token loss over the fixed validation batches of every dp rank."""
+    tr.heartbeat.phase("eval")
     for part in tr.model.parts:
         part.eval()
     loss_sum, tokens = 0.0, 0
@@ -173,7 +189,9 @@ def evaluate(tr: TrainState) -> float:
                                                  device=tr.ctx.device, autocast=tr.autocast)
         if tr.model.reports_loss:
             loss_sum, tokens = loss_sum + batch_loss, tokens + batch_tokens
-    loss_sum, tokens = all_reduce_sum([loss_sum, float(tokens)], tr.ctx.device)
+    with tr.heartbeat.collective("eval loss all_reduce"):
+        loss_sum, tokens = all_reduce_sum([loss_sum, float(tokens)], tr.ctx.device)
+    tr.heartbeat.phase("step")
     val_loss = loss_sum / tokens
     if tr.loggers is not None:
         tr.loggers.log({"kind": "eval", "step": tr.step, "val_loss": val_loss})
@@ -186,9 +204,11 @@ def save(tr: TrainState) -> None:
              "scaler": tr.scaler.state_dict() if tr.scaler is not None else {}}
     metadata = {"world_size": tr.ctx.world_size, "layout": checkpoint_degrees(tr.spec)}
     tr.run_dir_guard.check(before=f"saving the checkpoint of step {tr.step}")
+    tr.heartbeat.phase("checkpoint_save")
     tr.saver.save(tr.checkpoint_root, step=tr.step, model=tr.model.parts,
                   optimizer=tr.optimizers, extra=extra, metadata=metadata,
                   keep_last=tr.spec.checkpoint.keep_last)
+    tr.heartbeat.phase("step")
     tr.last_checkpoint = tr.saver.last_published or tr.last_checkpoint
     tr.last_saved_step = tr.step
     if tr.saver.in_flight:
@@ -215,8 +235,10 @@ def finish(tr: TrainState) -> None:
     """Final evaluation, safetensors export, summary (rank 0)."""
     started = time.perf_counter()
     evaluate(tr)
+    tr.heartbeat.phase("checkpoint_save")
     _wait_for_save(tr)
     tr.run_dir_guard.check(before="the export and summary")
+    tr.heartbeat.phase("export")
     export_dir = ""
     if tr.spec.checkpoint.export_safetensors:
         state = gather_full_state(tr.model)  # collective; the full weights land on rank 0

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from conf.data_contract.shard_checks import ShardChecksumError
 from conf.errors import ConfigError
+from conf.run_dir.heartbeats import collective_timeouts_s
 from conf.run_dir.paths import RunDir
 
 STARTED = time.time()
@@ -40,11 +41,19 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
     from training.hf_import import HfWeightsError
     from training.loggers import BackgroundWandb
     from training.loop import train
+    from training.rank_times import time_grad_sync
     from training.train_state import build_train_state
 
     imported = time.time()
     spec = RunDir(run_dir).read_spec()
-    ctx = init_distributed(spec.training.device, join_timeout_s=spec.cluster.preflight_timeout_s)
+    heartbeat = start_heartbeat(run_dir)
+    init_timeout_s, _ = collective_timeouts_s(spec.training.hang_timeout_s,
+                                              join_timeout_s=spec.cluster.preflight_timeout_s)
+    heartbeat.phase("first_collective")
+    with heartbeat.collective("init_process_group"):
+        ctx = init_distributed(spec.training.device,
+                               join_timeout_s=spec.cluster.preflight_timeout_s,
+                               init_timeout_s=init_timeout_s)
     joined = time.time()
     setup_logging(run_dir, ctx.rank)
     log = logging.getLogger("meshrun.main")
@@ -53,17 +62,22 @@ def run(run_dir: Path, *, preflight_only: bool = False) -> str:
              torch.__version__, joined - STARTED, imported - STARTED, joined - imported)
     wandb = None
     try:
+        heartbeat.phase("preflight")
         if preflight_only or (spec.cluster.preflight and ctx.world_size > 1):
             preflight(spec, run_dir, ctx, full_table=preflight_only)
         if preflight_only:
             teardown()
             return "preflight"
+        heartbeat.phase("build")
         building = time.time()
         wandb = BackgroundWandb(spec, run_dir) if ctx.is_main else None
         state = build_train_state(spec, run_dir, ctx, wandb=wandb)
         log.info("train state built in %.2f s (model, optimizer, data, MFU peak, loggers)",
                  time.time() - building)
+        state.heartbeat = heartbeat
+        heartbeat.clocks = time_grad_sync(state.model.parts, heartbeat)
         outcome = train(state)
+        heartbeat.phase("done")
     except (ConfigError, ShardChecksumError, HfWeightsError) as err:  # bad input only a rank
         log.error("rank %d failed: %s", ctx.rank, err)               # could see: one line
         if ctx.is_main:
@@ -92,6 +106,15 @@ def record_input_failure(run_dir: Path, message: str) -> None:
     rows = MetricsFile(run_dir, resume_step=None)
     rows.write({"kind": "event", "event": FAILED_EVENT, "step": 0, "message": message})
     rows.close()
+def start_heartbeat(run_dir: Path):
+    """This rank's heartbeat (phase init) and its stack dump on signal, before any collective."""
+    from training.dist import node_name
+    from training.heartbeat import Heartbeat
+
+    heartbeat = Heartbeat(run_dir, rank=int(os.environ.get("RANK", "0")), host=node_name())
+    heartbeat.install_stack_dump(run_dir)
+    heartbeat.write()
+    return heartbeat
 
 
 def preflight(spec, run_dir: Path, ctx, *, full_table: bool) -> None:

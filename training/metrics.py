@@ -195,10 +195,12 @@ def memory_stats(device: torch.device) -> dict[str, float]:
     return {"mem_peak_gib": peak_kib * 1024 / GIB}
 
 
-def memory_by_rank(device: torch.device) -> dict[str, list[float]]:
-    """Every rank's `memory_stats`, gathered: {stat: one value per rank, in rank order}. A
-    collective (one all_gather): every rank calls it; without a process group, this rank's."""
-    stats = memory_stats(device)
+def memory_by_rank(device: torch.device, *, extra: dict[str, float] | None = None
+                   ) -> dict[str, list[float]]:
+    """Every rank's `memory_stats` (and `extra`, e.g. its step times), gathered: {stat: one
+    value per rank, in rank order}. A collective (one all_gather): every rank calls it;
+    without a process group, this rank's."""
+    stats = {**memory_stats(device), **(extra or {})}
     keys = sorted(stats)
     local = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=device)
     gathered = [local]

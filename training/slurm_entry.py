@@ -8,6 +8,8 @@ is imported only inside the call, so the launcher can build the task without it.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,6 +57,8 @@ class SlurmRankTask:
     def __call__(self) -> str:
         spec = RunDir(self.run_dir).read_spec()
         export_rank_environment(spec.cluster)
+        if os.environ["RANK"] == "0" and not self.preflight_only:
+            start_hang_guard(self.run_dir, spec)
         from training.main import run
 
         try:
@@ -72,3 +76,40 @@ class SlurmRankTask:
             sys.stderr.flush()
             os._exit(0)
         return outcome
+
+
+def start_hang_guard(run_dir: str, spec) -> int:
+    """Fork the hang watchdog (conf/run_dir/hang_watch.py) from rank 0's task, before torch
+    is imported: a process of its own, so a stopped or stuck rank 0 does not stop it. On a
+    hang it asks every task of the job for its stacks (`scancel --signal`), writes the report
+    and the `hung` event, then cancels the job. It dies with the task (parent-death signal)."""
+    from conf.run_dir.hang_watch import HangWatchdog
+    from conf.run_dir.heartbeats import STACK_SIGNAL
+
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    scancel = lambda *extra: subprocess.run(["scancel", *extra, job_id],  # noqa: E731
+                                            capture_output=True, timeout=60)
+    watchdog = HangWatchdog(Path(run_dir), world_size=int(os.environ["WORLD_SIZE"]),
+                            setting=spec.training.hang_timeout_s, stop_all=scancel,
+                            ask_stacks=lambda: scancel(f"--signal={int(STACK_SIGNAL)}"))
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        _die_with_parent()
+        # scancel --signal reaches every process of the step, this one too: ignore it
+        signal.signal(STACK_SIGNAL, signal.SIG_IGN)
+        watchdog.run()
+    except BaseException as err:  # say why the guard is gone, in the run's logs
+        with open(RunDir(run_dir).logs_dir / "hang_guard.log", "a") as f:
+            f.write(f"hang guard (pid {os.getpid()}) stopped: {err!r}\n")
+    finally:
+        os._exit(0)
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        os._exit(0)

@@ -13,6 +13,7 @@ from pathlib import Path
 from conf.run_dir.disk_space import disk_full_line
 from conf.run_dir.outcomes import outcomes_from_rows
 from conf.run_dir.paths import RunDir
+from conf.run_dir.stragglers import describe_straggler, stragglers
 from parallel.cost.flops import FLOPS_CONVENTION
 from training.metrics import FLOPS_ATTENTION
 
@@ -20,13 +21,15 @@ from training.metrics import FLOPS_ATTENTION
 def summarize(run_dir: Path, *, peak_source: str, last_checkpoint: str, export_dir: str,
               flops_convention: str = FLOPS_CONVENTION) -> dict:
     """`flops_convention`: the run's (parallel.cost.flops.run_flops_convention)."""
+    rows = RunDir(run_dir).read_rows()
     return {
-        **outcomes_from_rows(RunDir(run_dir).read_rows()),
+        **outcomes_from_rows(rows),
         "flops_convention": flops_convention,
         "flops_attention": FLOPS_ATTENTION,
         "peak_flops_source": peak_source,
         "last_checkpoint": last_checkpoint,
         "export_dir": export_dir,
+        "stragglers": "; ".join(map(describe_straggler, stragglers(rows))),
     }
 
 

@@ -18,6 +18,7 @@ from training.run_dir_guard import RunDirGuard
 from training.checkpoint import CheckpointCorrupt, CheckpointError, load_checkpoint
 from training.data.build import build_train_batches, build_val_batches
 from training.dist import RankContext
+from training.heartbeat import Heartbeat, NoHeartbeat
 from training.parallel_model import ParallelModel, build_parallel_model
 from training.loggers import BackgroundWandb, RunLoggers
 from training.metrics import resolve_peak
@@ -55,6 +56,8 @@ class TrainState:
     """Built from spec.checkpoint.async_save when not given."""
     run_dir_guard: RunDirGuard | None = None
     """Stops the run if its run dir is removed or replaced (built when not given)."""
+    heartbeat: Heartbeat = field(default_factory=NoHeartbeat)
+    """This rank's heartbeat (training/heartbeat.py); set by `python -m training`."""
 
     def __post_init__(self) -> None:
         if self.saver is None:

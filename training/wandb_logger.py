@@ -202,9 +202,11 @@ def _build_settings(wandb: Any, *, mode: str, init_timeout_s: float, system_metr
     )
 
 
-def per_rank_values(by_rank: dict[str, list[float]]) -> dict[str, float]:
-    """{stat: [per rank]} -> W&B keys `memory/<stat>/rank<r>`: one series per rank."""
-    return {f"{MEMORY_SECTION}/{stat}/rank{rank}": value
+def per_rank_values(by_rank: dict[str, list[float]], *, section: str = MEMORY_SECTION
+                    ) -> dict[str, float]:
+    """{stat: [per rank]} -> W&B keys `<section>/<stat>/rank<r>` (`memory/mem_peak_gib/rank0`,
+    `rank_time/compute_s/rank1`): one series per rank."""
+    return {f"{section}/{stat}/rank{rank}": value
             for stat, values in by_rank.items() for rank, value in enumerate(values)}
 
 

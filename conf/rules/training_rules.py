@@ -63,6 +63,10 @@ def check_training(t: TrainingSpec, model: ModelSpec, problems: ProblemList) -> 
     if t.max_restarts < 0:
         problems.add("training.max_restarts", t.max_restarts, "must be >= 0 (0 = never restart)",
                      "give a value >= 0, e.g. 2")
+    if t.hang_timeout_s != -1 and t.hang_timeout_s <= 0:
+        problems.add("training.hang_timeout_s", t.hang_timeout_s,
+                     "must be > 0 seconds, or -1 (auto: derived from the step time)",
+                     "give e.g. training.hang_timeout_s=600, or -1")
     if t.cpu_peak_flops < 0:
         problems.add("training.cpu_peak_flops", t.cpu_peak_flops, "must be >= 0 (0 = measure)",
                      "give a value >= 0")

@@ -6,6 +6,7 @@ from enum import Enum
 from pathlib import Path
 
 from conf.run_dir.failure_diagnosis import failure_tail, looks_oom
+from conf.run_dir.heartbeats import HUNG_EVENT
 from conf.run_dir.metrics_rows import FAILED_EVENT, PREFLIGHT_EVENT
 from conf.run_dir.paths import RunDir
 
@@ -31,6 +32,9 @@ class RunState(str, Enum):
     """A `meshrun preflight` run dir: its checks passed and no training was asked of it (a
     failed preflight is `failed`). Finished: nothing to wait for or resume."""
     failed = "failed"
+    hung = "hung"
+    """A rank stopped progressing: the watchdog named it (logs/hang_report.txt), dumped the
+    stacks and stopped the run; the newest complete checkpoint resumes it."""
     out_of_memory = "out of memory"
     timed_out = "timed out"
     preempted = "preempted"
@@ -51,15 +55,17 @@ FINISHED_STATES = (RunState.completed, RunState.preflight_passed)
 """Done as asked: what the run dir says stands, whatever the launcher's exit."""
 ACTIVE_STATES = (RunState.pending, RunState.running, RunState.unknown)
 """A sweep waits for these."""
-FAILED_STATES = (RunState.failed, RunState.out_of_memory, RunState.timed_out, RunState.cancelled)
+FAILED_STATES = (RunState.failed, RunState.hung, RunState.out_of_memory, RunState.timed_out,
+                 RunState.cancelled)
 """`meshrun status` shows the log tail for these."""
-RETRYABLE_STATES = (RunState.failed, RunState.out_of_memory, RunState.timed_out,
+RETRYABLE_STATES = (RunState.failed, RunState.hung, RunState.out_of_memory, RunState.timed_out,
                     RunState.preempted, RunState.cancelled, RunState.stopped, RunState.paused,
                     RunState.missing)
 """`meshrun sweep retry` reruns (or resumes) these."""
 EVENT_STATES = {"paused": RunState.paused, "requeued": RunState.requeued,
                 "stopped": RunState.stopped, "finished": RunState.running,
-                FAILED_EVENT: RunState.failed, PREFLIGHT_EVENT: RunState.preflight_passed}
+                FAILED_EVENT: RunState.failed, PREFLIGHT_EVENT: RunState.preflight_passed,
+                HUNG_EVENT: RunState.hung}
 """The loop's last event -> state ("finished": the summary is being written)."""
 INTERRUPTED_EXIT = (0, 130)
 KILLED_EXIT = (-9, 137)
@@ -83,7 +89,7 @@ def state_after_exit(run_dir: Path, *, exit_status: int | None, launcher_alive: 
     """A locally launched run's state when its launcher's exit status is known (sweeps record
     it): None = not ended (or its launcher died under it)."""
     files = state_from_files(run_dir)
-    if files in FINISHED_STATES:
+    if files in FINISHED_STATES or files is RunState.hung:
         return files
     if exit_status is None:
         return RunState.running if launcher_alive else RunState.failed

@@ -15,12 +15,16 @@ from conf.run_dir.paths import RunDir
 from conf.spec import RunSpec
 from launcher.backends.interface import LaunchBackend
 from launcher.backends.restart_loop import launch_with_restarts
-from launcher.backends.process_lifetime import RANK_DIES_WITH_PARENT_ENV, parent_death_preexec
+from launcher.backends.process_lifetime import (
+    RANK_DIES_WITH_PARENT_ENV, kill_tree, parent_death_preexec,
+)
 from launcher.views.progress import watch_run
 from launcher.backends.run_owner import owner_state
 from launcher.backends.run_lock import RunLock, acquire_run_lock, stop_lock_holder
 from launcher.backends.warm_torchrun import WarmTorchrun
 from launcher.run_dir_writer import render_command
+from conf.run_dir.hang_watch import HangWatchdog
+from launcher.watchdog import clear_heartbeats, hung_exit
 
 RUN_DIR_PLACEHOLDER = "<run_dir>"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -62,12 +66,17 @@ def launch_local(spec: RunSpec, run_dir: Path, *, show_progress: bool,
         if lock is None:
             lock = stack.enter_context(acquire_run_lock(run_dir, action="run"))
         log = stack.enter_context(open(log_path, "ab"))
+        clear_heartbeats(run_dir)
         proc = start_torchrun(command, env=rank_environment(spec), log=log, lock=lock, warm=warm)
         # SIGTERM/SIGHUP to the launcher act like Ctrl-C: the ranks checkpoint and stop,
         # instead of training on detached in their own session.
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _interrupt)
-        return watch_run(proc, run_dir=run_dir, spec=spec, show_progress=show_progress)
+        with HangWatchdog(run_dir, world_size=spec.cluster.nodes * spec.cluster.procs_per_node,
+                          setting=spec.training.hang_timeout_s,
+                          stop_all=lambda: kill_tree(proc.pid)) as watchdog:
+            status = watch_run(proc, run_dir=run_dir, spec=spec, show_progress=show_progress)
+        return hung_exit(watchdog) if watchdog.report else status
 
 
 def start_torchrun(command: list[str], *, env: dict[str, str], log, lock: RunLock,

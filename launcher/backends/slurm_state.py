@@ -172,6 +172,9 @@ def state_from_scheduler(slurm_state: str, run_dir: Path) -> RunState:
         unsure = (RunState.created, RunState.pending, RunState.running)
         return RunState.unknown if files in unsure else files
     state = SLURM_STATES.get(slurm_state, RunState.failed)
+    if state in (RunState.failed, RunState.cancelled) and \
+            state_from_files(run_dir) is RunState.hung:
+        return RunState.hung  # the hang guard cancelled it (training/slurm_entry.py)
     if state is RunState.completed and not RunDir(run_dir).summary_file.exists():
         passed = state_from_files(run_dir) is RunState.preflight_passed
         return RunState.preflight_passed if passed else RunState.stopped

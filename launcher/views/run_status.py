@@ -9,8 +9,10 @@ from rich.table import Table
 
 from conf.errors import ConfigError, Problem
 from conf.run_dir.failure_diagnosis import failure_tail
+from conf.run_dir.heartbeats import HANG_REPORT_FILE, HUNG_EVENT, stale_ranks
 from conf.run_dir.paths import RunDir
 from conf.run_dir.restart_legs import RESTART_KEY
+from conf.run_dir.stragglers import describe_straggler, stragglers
 from conf.run_dir.run_states import FAILED_STATES, RunState, state_from_files
 from launcher.backends.choose import backend_of_run_dir
 from launcher.backends.slurm_state import JobState
@@ -37,9 +39,26 @@ def run_status(run_dir: Path, *, scheduler: dict[str, JobState] | None = None) -
     backend = backend_of_run_dir(run_dir)
     if backend is not None:
         status.update(backend.state(run_dir, scheduler=scheduler))
-    if status["state"] in FAILED_STATES:
+    status.update(progress_notes(run_dir, rows, status["state"]))
+    if status["state"] in FAILED_STATES and status["state"] is not RunState.hung:
         status["log_tail"] = failure_tail(run_dir)
     return status
+
+
+def progress_notes(run_dir: Path, rows: list[dict], state: RunState) -> dict:
+    """Stragglers (conf/run_dir/stragglers.py); a hang's report; ranks silent past their
+    timeout while the run still counts as running (before, or without, a watchdog)."""
+    notes = {"stragglers": [describe_straggler(s) for s in stragglers(rows)]}
+    if state is RunState.hung:
+        hung = [r for r in rows if r.get("event") == HUNG_EVENT][-1]
+        notes["hang"] = (f"{hung.get('message', 'hung')}; report: "
+                         f"{RunDir(run_dir).logs_dir / HANG_REPORT_FILE}")
+    elif state is RunState.running:
+        setting = RunDir(run_dir).read_spec().training.hang_timeout_s
+        notes["stalled"] = [f"rank {s['rank']}: no heartbeat for {s['silent_s']:.0f} s "
+                            f"(phase {s.get('phase')}, step {s.get('step')})"
+                            for s in stale_ranks(run_dir, setting=setting)]
+    return notes
 
 
 def _legs(rd: RunDir) -> list[dict]:
@@ -88,6 +107,9 @@ def print_status(status: dict, console: Console) -> None:
                       f"meshrun resume {status['run_dir']}", markup=False, soft_wrap=True)
     if "owner_note" in status:
         console.print(status["owner_note"], markup=False, soft_wrap=True)
+    for line in [*status.get("stragglers", []), *status.get("stalled", []),
+                 *([status["hang"]] if "hang" in status else [])]:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if "log_tail" in status:
         console.print(status["log_tail"], markup=False, highlight=False, soft_wrap=True)
 

@@ -25,6 +25,7 @@ ROWS = (
     ("wall time", "wall_s", "{:.1f} s"),
     ("checkpoint", "last_checkpoint", "{}"),
     ("export", "export_dir", "{}"),
+    ("stragglers", "stragglers", "{}"),
 )
 
 

@@ -97,6 +97,11 @@ def test_wandb_offline_run_holds_history_config_and_one_id_across_resume(runs):
         peaks = row["mem_by_rank"]["mem_peak_gib"]
         assert len(peaks) == 2 and row["mem_peak_gib"] == max(peaks) and min(peaks) > 0
         assert [logged[step][f"memory/mem_peak_gib/rank{r}"] for r in (0, 1)] == peaks
+        # and each rank's step time split into compute and wait (stragglers)
+        split = row["time_by_rank"]
+        for stat in ("step_time_s", "wait_s", "compute_s"):
+            assert [logged[step][f"rank_time/{stat}/rank{r}"] for r in (0, 1)] == split[stat]
+        assert all(0 <= w <= t for w, t in zip(split["wait_s"], split["step_time_s"]))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert record.user_summary()["final_val_loss"] == pytest.approx(summary["final_val_loss"])
 

@@ -1,0 +1,56 @@
+"""No silent hang on Slurm: rank 1 of a 2-rank job SIGSTOPped mid-training is named by the hang
+guard forked from rank 0's task (training/slurm_entry.py), the job is cancelled, the run's
+state is `hung`, and the last checkpoint is complete."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from conf.run_dir.checkpoint_dirs import is_complete_checkpoint
+from conf.run_dir.hang_watch import DETECTION_BOUND_S
+from conf.run_dir.heartbeats import HANG_REPORT_FILE, read_heartbeats
+from conf.run_dir.paths import RunDir
+from tests.support.meshrun_cli import meshrun
+from tests.support.processes import pid_alive, wait_for
+from tests.support.slurm_overrides import SLURM, TINY
+
+pytestmark = pytest.mark.slurm
+HANG_S = 8
+SCANCEL_SLACK_S = 20.0
+"""Beyond the guard's bound: a step's age, scancel, and sacct seeing the job end."""
+
+
+def test_a_stopped_rank_on_slurm_is_named_and_the_job_cancelled(slurm_cluster, tmp_path):
+    runs = tmp_path / "runs"
+    args = [*TINY, *SLURM, "cluster.nodes=1", "logging=disabled", f"runs_dir={runs}",
+            "training.steps=400", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
+            "checkpoint.export_safetensors=false", f"training.hang_timeout_s={HANG_S}"]
+    submitted = meshrun("run", *args, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    run_dir = next(p.parent for p in runs.glob("*/spec.json"))
+    beat = wait_for(lambda: (b := read_heartbeats(run_dir).get(1)) and b["step"] >= 5 and
+                    RunDir(run_dir).latest_checkpoint() and b, 240, "rank 1 at step 5")
+    os.kill(beat["pid"], signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        shown = wait_for(lambda: (s := _status(run_dir))["state"] == "hung" and s, 
+                         HANG_S + DETECTION_BOUND_S + SCANCEL_SLACK_S + 30, "state hung")
+    finally:
+        if pid_alive(beat["pid"]):
+            os.kill(beat["pid"], signal.SIGCONT)
+    named_after = time.monotonic() - stopped_at
+    assert named_after < HANG_S + DETECTION_BOUND_S + SCANCEL_SLACK_S, named_after
+    assert "rank(s) 1" in shown["hang"], shown
+    report = (RunDir(run_dir).logs_dir / HANG_REPORT_FILE).read_text()
+    assert "rank 1 [STALLED]" in report and "cannot dump its stack" in report, report
+    wait_for(lambda: not pid_alive(beat["pid"]), 60, "the job's processes to be gone")
+    assert is_complete_checkpoint(RunDir(run_dir).latest_checkpoint())
+
+
+def _status(run_dir) -> dict:
+    out = meshrun("status", str(run_dir), "--json", timeout=60)
+    return json.loads(out.stdout) if out.returncode == 0 else {"state": "?"}

@@ -1,0 +1,79 @@
+"""The hang rule and the watchdog's decision, in-process on heartbeat files written by hand
+(the real SIGSTOP runs: tests/distributed/test_e2e_hang.py)."""
+from __future__ import annotations
+
+import json
+import time
+
+from conf.run_dir.heartbeats import (
+    LONG_PHASE_FLOOR_S, NEVER_STARTED_GRACE_S, STEP_FLOOR_S, collective_timeouts_s,
+    hang_timeout_s, heartbeat_file, stale_ranks,
+)
+from conf.run_dir.hang_watch import HangWatchdog
+
+
+def test_auto_timeout_scales_with_the_step_time_and_is_longer_for_one_off_phases():
+    assert hang_timeout_s(-1, phase="step", step_times_s=[]) == STEP_FLOOR_S
+    assert hang_timeout_s(-1, phase="step", step_times_s=[20.0, 30.0, 40.0]) == 300.0
+    assert hang_timeout_s(-1, phase="checkpoint_save", step_times_s=[1.0]) == LONG_PHASE_FLOOR_S
+    assert hang_timeout_s(-1, phase="export", step_times_s=[20.0]) == 1000.0
+    assert hang_timeout_s(7, phase="init", step_times_s=[100.0]) == 7.0
+    init_s, train_s = collective_timeouts_s(7, join_timeout_s=300)
+    assert init_s == 307 and train_s == 44  # behind the watchdog, far below torch's 30 min
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _beat(run_dir, rank: int, *, beat: int, phase: str = "step", step: int = 3,
+          wall: float | None = None) -> None:
+    path = heartbeat_file(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rank": rank, "pid": 0, "host": "elsewhere", "beat": beat,
+                                "phase": phase, "step": step,
+                                "time": time.time() if wall is None else wall,
+                                "collectives": ["loss all_reduce@3"], "step_times_s": [0.1]}))
+
+
+def test_a_rank_whose_heartbeat_stops_advancing_is_the_one_named(tmp_path):
+    clock = Clock()
+    dog = HangWatchdog(tmp_path, world_size=2, setting=5, stop_all=lambda: None, clock=clock)
+    for t, beats in ((0, (1, 1)), (3, (2, 1)), (5.5, (3, 1))):
+        clock.now = t
+        _beat(tmp_path, 0, beat=beats[0], step=4)
+        _beat(tmp_path, 1, beat=beats[1])
+        stalled = dog.check()
+    assert stalled == [1]  # rank 1 silent 5.5 s > 5 s; rank 0 advanced at 5.5 s
+    clock.now = 11
+    assert dog.check() == [0, 1]  # both silent now; rank 1 (behind) is still the culprit
+
+
+def test_a_rank_without_any_heartbeat_gets_the_start_up_grace(tmp_path):
+    clock = Clock()
+    dog = HangWatchdog(tmp_path, world_size=2, setting=5, stop_all=lambda: None, clock=clock)
+    _beat(tmp_path, 0, beat=1, phase="done")
+    clock.now = NEVER_STARTED_GRACE_S - 1
+    assert dog.check() == []
+    clock.now = NEVER_STARTED_GRACE_S + 1
+    assert dog.check() == [1]
+
+
+def test_an_earlier_legs_heartbeat_counts_as_none(tmp_path):
+    clock = Clock()
+    _beat(tmp_path, 1, beat=9, phase="done", wall=time.time() - 3600)
+    dog = HangWatchdog(tmp_path, world_size=2, setting=5, stop_all=lambda: None, clock=clock)
+    _beat(tmp_path, 0, beat=1, phase="done")
+    clock.now = NEVER_STARTED_GRACE_S + 1
+    assert dog.check() == [1]
+
+
+def test_status_lists_heartbeats_older_than_their_phase_timeout(tmp_path):
+    _beat(tmp_path, 0, beat=1, wall=0.0)
+    _beat(tmp_path, 1, beat=1, phase="done", wall=0.0)
+    assert [s["rank"] for s in stale_ranks(tmp_path, setting=5, now=6.0)] == [0]
+    assert stale_ranks(tmp_path, setting=5, now=4.0) == []

@@ -1,0 +1,26 @@
+"""The straggler rule (conf/run_dir/stragglers.py) on metrics rows, and the summary's line."""
+from __future__ import annotations
+
+from conf.run_dir.stragglers import MIN_STEPS, TIME_BY_RANK_KEY, describe_straggler, stragglers
+
+
+def _row(step: int, compute: list[float]) -> dict:
+    return {"kind": "train", "step": step, TIME_BY_RANK_KEY: {
+        "compute_s": compute, "wait_s": [max(compute) - c for c in compute],
+        "step_time_s": [max(compute)] * len(compute)}}
+
+
+def test_a_rank_slower_on_most_recent_steps_is_named():
+    rows = [_row(s, [0.1, 0.1, 0.1, 0.2 if s % 4 else 0.1]) for s in range(1, 21)]
+    [found] = stragglers(rows)
+    assert found["rank"] == 3 and found["slow_steps"] == 15 and found["steps"] == 20
+    assert describe_straggler(found).startswith("rank 3 is a straggler")
+
+
+def test_occasional_slowness_short_runs_and_an_earlier_leg_name_nobody():
+    assert stragglers([_row(s, [0.1, 0.3 if s % 3 == 0 else 0.1]) for s in range(20)]) == []
+    assert stragglers([_row(s, [0.1, 0.3]) for s in range(MIN_STEPS - 1)]) == []
+    slow_leg = [_row(s, [0.1, 0.3]) for s in range(10)]
+    even_leg = [_row(s, [0.1, 0.1]) for s in range(10, 20)]
+    assert stragglers(slow_leg + [{"kind": "resume", "step": 10}] + even_leg) == []
+    assert stragglers([{"kind": "train", "step": 1, "loss": 1.0}] * 10) == []
