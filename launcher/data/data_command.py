@@ -76,6 +76,10 @@ def _register_sft(verbs) -> None:
                      help="tokens per shard (rounded down to whole bins)")
     sft.add_argument("--bos-token", default="", help="name the BOS token (default: detected)")
     sft.add_argument("--eos-token", default="", help="name the EOS token (default: detected)")
+    sft.add_argument("--parse-special", action="store_true",
+                     help="a special token's text inside a message (e.g. '<|eot_id|>') becomes "
+                          "that token; by default it stays text (the template's own markers "
+                          "are special tokens either way)")
     sft.add_argument("inputs", nargs="+", help=".jsonl files, or folders of them")
     sft.set_defaults(handler=prepare_sft)
 
@@ -129,7 +133,7 @@ def prepare_sft(args: argparse.Namespace, console: Console) -> int:
     options = SftOptions(seq_len=args.seq_len, messages_field=args.messages_field,
                          val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
                          too_long=args.too_long, bos_token=args.bos_token,
-                         eos_token=args.eos_token)
+                         eos_token=args.eos_token, parse_special=args.parse_special)
     try:
         out, m, skipped = run_prepare_sft(args.inputs, tokenizer=args.tokenizer,
                                           out_dir=args.out, options=options)

@@ -2,8 +2,10 @@
 
 A conversation is one JSONL line holding a list of {"role", "content"} messages (field
 --messages-field, default "messages"). It is rendered by the chat template
-(launcher/data/sft_template), each segment tokenized on its own (no special tokens added), and
-becomes
+(launcher/data/sft_template), each segment tokenized on its own (no special tokens added; the
+template's own text with special tokens parsed, message content as text, so a message quoting
+`</s>` does not end the conversation: launcher/data/sft_content; --parse-special parses content
+too), and becomes
     [BOS, only with the default template] segments... EOS
 with a mask byte per token: 1 on assistant content + turn end marker, 0 elsewhere (the EOS that
 separates conversations included). Conversation i goes to validation when
@@ -66,6 +68,9 @@ class SftOptions:
     too_long: str = "drop"
     bos_token: str = ""
     eos_token: str = ""
+    parse_special: bool = False
+    """Special-token text inside message content becomes the token (default: it stays text;
+    the template's own markers are special tokens either way)."""
 
 
 @dataclass
@@ -129,7 +134,8 @@ def _encode_all(files: list[Path], tok: Tokenizer, template: ChatTemplate,
             split = splits["val" if int((i + 1) * f) > int(i * f) else "train"]
             for m in messages:
                 split.roles[m["role"]] = split.roles.get(m["role"], 0) + 1
-            conv = encode_conversation(messages, tok, bounded, where=where)
+            conv = encode_conversation(messages, tok, bounded, where=where,
+                                       parse_special=options.parse_special)
             _add(split, conv, options.seq_len + 1, options.too_long)
     return splits
 
@@ -189,18 +195,33 @@ def _write(out: Path, splits: dict[str, _Split], tok: Tokenizer, template: ChatT
     return manifest
 
 
-def encode_conversation(messages: list[dict], tok: Tokenizer, template,
-                        where: str = "") -> Conversation:
+def encode_conversation(messages: list[dict], tok: Tokenizer, template, where: str = "", *,
+                        parse_special: bool = False) -> Conversation:
     """Tokens and loss mask of one conversation, closed by the EOS (mask 0); `prepare_sft`
     swaps that EOS for another separator when conversations hold EOS inside. `template`: a
-    ChatTemplate, or a BoundedTemplate (which names `where` in its errors)."""
-    segments = template.segments(messages, where) if where else template.segments(messages)
-    encoded = tok.encode_batch([s.text for s in segments], special_text=True)
+    ChatTemplate, or a BoundedTemplate (which names `where` in its errors). The template's text
+    is tokenized with special tokens parsed, message content as text unless `parse_special`."""
+    mark = not parse_special
+    segments = template.segments(messages, where, mark_content=mark) if where \
+        else template.segments(messages, mark_content=mark)
+    encoded = _encode_segments(tok, segments)
     head = [tok.info.bos_id] if template.origin == "default" and tok.info.bos_id is not None \
         else []
     tokens = head + [t for ids in encoded for t in ids] + [tok.info.eos_id]
     mask = [0] * len(head) + [int(s.learned) for s, ids in zip(segments, encoded) for _ in ids]
     return Conversation(np.array(tokens, dtype=np.int64), np.array(mask + [0], dtype=np.uint8))
+
+
+def _encode_segments(tok: Tokenizer, segments: list) -> list[list[int]]:
+    """Each segment's ids: content as text, the template's text with special tokens parsed."""
+    content = [i for i, s in enumerate(segments) if s.content]
+    markup = [i for i, s in enumerate(segments) if not s.content]
+    ids: list[list[int]] = [[] for _ in segments]
+    for indices, special in ((content, False), (markup, True)):
+        for i, encoded in zip(indices, tok.encode_batch([segments[i].text for i in indices],
+                                                         special_text=special)):
+            ids[i] = encoded
+    return ids
 
 
 def _add(split: _Split, conv: Conversation, bin_tokens: int, too_long: str) -> None:

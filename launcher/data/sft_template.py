@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.data.sft_content import content_spans, split_at
+
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}"
@@ -30,6 +32,9 @@ ASSISTANT = "assistant"
 class Segment:
     text: str
     learned: bool
+    content: bool = False
+    """Message content (tokenized as text); else the template's own text (special tokens
+    parsed). See launcher/data/sft_content.py."""
 
 
 MAX_RENDER_CHARS = 1 << 24
@@ -96,9 +101,17 @@ class ChatTemplate:
                              f"{str(err)[:200]}") from None
         return "".join(parts)
 
-    def segments(self, messages: list[dict]) -> list[Segment]:
+    def segments(self, messages: list[dict], *, mark_content: bool = True) -> list[Segment]:
         """The rendered conversation cut into learned / not-learned segments (see the module
-        docstring); ValueError when the template cannot be split into turns."""
+        docstring), and, with `mark_content`, at the edges of message content (Segment.content);
+        ValueError when the template cannot be split into turns."""
+        out = self._turn_segments(messages)
+        if not mark_content:
+            return out
+        spans = content_spans(self.render, messages, "".join(s.text for s in out), self.origin)
+        return split_at(out, spans, Segment)
+
+    def _turn_segments(self, messages: list[dict]) -> list[Segment]:
         out: list[Segment] = []
         before = self._render_prefix([])
         if before:

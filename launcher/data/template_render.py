@@ -50,8 +50,9 @@ class BoundedTemplate:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def segments(self, messages: list[dict], where: str = "a conversation") -> list[Segment]:
-        self._send(messages)
+    def segments(self, messages: list[dict], where: str = "a conversation", *,
+                 mark_content: bool = True) -> list[Segment]:
+        self._send({"messages": messages, "mark_content": mark_content})
         if not self._select.select(timeout=self.timeout_s):
             self.close()
             raise ValueError(f"chat template ({self.origin}) took over {self.timeout_s:.0f} s to "
@@ -66,7 +67,7 @@ class BoundedTemplate:
         reply = json.loads(line)
         if "error" in reply:
             raise ValueError(f"{where}: {reply['error']}")
-        return [Segment(text, learned) for text, learned in reply["segments"]]
+        return [Segment(text, learned, content) for text, learned, content in reply["segments"]]
 
     def close(self) -> None:
         if self._child.poll() is None:
@@ -86,7 +87,8 @@ class BoundedTemplate:
 
 def _serve() -> None:
     """The child: compile the template from the first line, then render one conversation per
-    line, answering {"segments": [[text, learned], ...]} or {"error": message}."""
+    line ({"messages", "mark_content"}), answering {"segments": [[text, learned, content], ...]}
+    or {"error": message}."""
     import resource
 
     config = json.loads(sys.stdin.readline())
@@ -97,8 +99,10 @@ def _serve() -> None:
                             max_chars=config["max_chars"])
     for line in sys.stdin:
         try:
-            reply = {"segments": [[s.text, s.learned] for s in
-                                  template.segments(json.loads(line))]}
+            request = json.loads(line)
+            segments = template.segments(request["messages"],
+                                         mark_content=request["mark_content"])
+            reply = {"segments": [[s.text, s.learned, s.content] for s in segments]}
         except ValueError as err:
             reply = {"error": str(err)}
         except MemoryError:

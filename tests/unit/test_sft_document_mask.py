@@ -48,11 +48,13 @@ def eos_turns_tokenizer(tok_dir: Path, folder: Path) -> Path:
     return folder
 
 
-def _prepare(tok: Path, tmp_path: Path, conversations: list[list[dict]]) -> tuple[Path, dict]:
+def _prepare(tok: Path, tmp_path: Path, conversations: list[list[dict]], *,
+             parse_special: bool = False) -> tuple[Path, dict]:
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations))
     out, manifest, _ = prepare_sft([str(chats)], tokenizer=str(tok), out_dir=str(tmp_path / "p"),
-                                   options=SftOptions(seq_len=SEQ_LEN, val_fraction=0.0))
+                                   options=SftOptions(seq_len=SEQ_LEN, val_fraction=0.0,
+                                                      parse_special=parse_special))
     return out, manifest
 
 
@@ -198,14 +200,15 @@ def test_resolve_refuses_sft_dirs_without_a_separator_that_keeps_conversations(
 
 
 def test_every_candidate_inside_conversations_records_none(tok_dir, tmp_path):
-    """Conversations that hold the EOS, pad and BOS (the trained tokenizer's only specials):
-    no separator, the conversations keep their EOS."""
+    """Conversations that hold the EOS, pad and BOS (the trained tokenizer's only specials;
+    pad and BOS in content, so only with --parse-special): no separator, the conversations
+    keep their EOS."""
     tok = eos_turns_tokenizer(tok_dir, tmp_path / "eos_turns")
     t = load_tokenizer(tok)
     specials = "".join(t.backend.id_to_token(i) for i in (t.info.bos_id, t.info.pad_id))
     chatty = [{"role": "user", "content": f"say {specials}"},
               {"role": "assistant", "content": "the fox"}]
-    out, m = _prepare(tok, tmp_path, [TWO_TURNS, chatty])
+    out, m = _prepare(tok, tmp_path, [TWO_TURNS, chatty], parse_special=True)
     assert m["document_separator_id"] is None
     tokens = np.fromfile(out / m["splits"]["train"]["shards"][0]["file"], dtype=m["dtype"])
     assert tokens[m["real_tokens"] - 1] == t.info.eos_id

@@ -105,6 +105,24 @@ def test_data_prepare_shards_documents_with_bos_and_eos(tok_dir, tmp_path):
     assert tokens == expected
 
 
+def test_sft_content_quoting_specials_stays_text_the_templates_are_special(tok_dir):
+    """Issue 25 for `data prepare-sft` with a rank file: only the template's EOS/BOS are ids."""
+    from launcher.data.sft_prepare import encode_conversation
+    from launcher.data.sft_template import ChatTemplate
+
+    template = ChatTemplate("{% for m in messages %}{{ bos_token + m['role'] + ': ' + "
+                            "m['content'] + eos_token }}{% endfor %}", origin="eos-turns",
+                            bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>")
+    messages = [{"role": "user", "content": "quoting <|end_of_text|> and <|begin_of_text|>"},
+                {"role": "assistant", "content": "<|end_of_text|> is ordinary text here"}]
+    tok = load_tokenizer(tok_dir)
+    ids = encode_conversation(messages, tok, template).tokens.tolist()
+    assert (ids.count(N_RANKS + 1), ids.count(N_RANKS)) == (len(messages) + 1, len(messages))
+    parsed = encode_conversation(messages, tok, template, parse_special=True).tokens.tolist()
+    assert (parsed.count(N_RANKS + 1), parsed.count(N_RANKS)) == (len(messages) + 3,
+                                                                   len(messages) + 1)
+
+
 def test_missing_tiktoken_is_a_clear_error(tok_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # `import tiktoken` raises ImportError
     with pytest.raises(ValueError, match=r"needs the `tiktoken` package.*pip install"):
