@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from launcher.data.stage_owner import claim_stage, release_stage, remove_stale_stages
+
 MARKER = ".meshrun-output.json"
 """Written first into every folder `meshrun data` makes: {"command": "data prepare", ...}."""
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -83,15 +85,22 @@ def write_marker(folder: Path, *, command: str) -> None:
 def staged_dir(out: Path, *, command: str) -> Iterator[Path]:
     """A fresh temporary folder beside `out` (marked as `command`'s); renamed to `out` when the
     block ends normally (an earlier meshrun output there is moved aside, then removed), removed
-    when it raises."""
+    when it raises. Staging folders of `command` for `out` left by a killed process are removed
+    first (launcher/data/stage_owner.py); one a live process holds is never touched."""
+    remove_stale_stages(out, command=command)
     stage = Path(tempfile.mkdtemp(prefix=f".meshrun-{out.name}-", dir=out.absolute().parent))
-    os.chmod(stage, 0o755)
+    owner = None
     try:
+        owner = claim_stage(stage, out=out, command=command)
+        os.chmod(stage, 0o755)
         write_marker(stage, command=command)
         yield stage
+        release_stage(stage)
         _install(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        if owner is not None:
+            os.close(owner)
 
 
 def _install(stage: Path, out: Path) -> None:
