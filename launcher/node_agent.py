@@ -184,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
-    return run_node(args.run_dir.resolve(), args.node_rank)
+    try:
+        return run_node(args.run_dir.resolve(), args.node_rank)
+    except KeyboardInterrupt:  # between legs (a leg's own interrupt stops its torchrun)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":
