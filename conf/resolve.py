@@ -23,7 +23,7 @@ from conf.hf_model_config import (apply_explicit, check_hf_load_from, check_star
 from conf.rules import name_rules
 from conf.rules.checkpoint_rules import check_checkpoint
 from conf.rules.checkpoint_shape import check_checkpoint_shape
-from conf.rules.cluster_rules import (check_cluster, check_launch, check_restarts,
+from conf.rules.cluster_rules import (check_cluster, check_launch,
                                       slurm_resources)
 from conf.rules.compile_rules import check_compile
 from conf.rules.data_rules import data_files
@@ -73,7 +73,6 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     check_optim(cfg.optim, problems)
     check_cluster(cfg.cluster, procs, host, device, problems)
     check_launch(cfg.cluster, problems)
-    check_restarts(cfg.training.max_restarts, cfg.cluster, problems)
     check_checkpoint(cfg.checkpoint, problems, check_paths=check_paths)
     if check_paths and cfg.checkpoint.load_from and is_hf_model_dir(cfg.checkpoint.load_from):
         check_hf_load_from(cfg.checkpoint.load_from, model, problems)

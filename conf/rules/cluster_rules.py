@@ -132,15 +132,3 @@ def _check_signal(c: ClusterConfig, problems: ProblemList) -> None:
         problems.add("cluster.warning_signal", c.warning_signal,
                      f"fires {delay} s before the end of a {c.time_limit_min}-minute job, "
                      "i.e. at once", "use a delay shorter than the time limit")
-
-
-def check_restarts(max_restarts: int, c: ClusterConfig, problems: ProblemList) -> None:
-    """training.max_restarts is carried out locally and on Slurm, not on cluster=nodes."""
-    if max_restarts > 0 and c.kind is ClusterKind.nodes:
-        problems.add("training.max_restarts", max_restarts,
-                     "is not available with cluster=nodes: torchrun --max-restarts across "
-                     "nodes hung re-forming the gloo group (a node restarted for the new "
-                     "rendezvous keeps its restart count, and the ranks' store prefixes differ)",
-                     "use training.max_restarts=0 and `meshrun resume` after a failure, or "
-                     "cluster=slurm")
-

@@ -24,17 +24,18 @@ def looks_oom(text: str) -> bool:
     return any(marker in low for marker in OOM_MARKERS)
 
 
-def first_failure(run_dir: Path) -> tuple[int, int, str] | None:
+def first_failure(run_dir: Path, log: Path | None = None) -> tuple[int, int, str] | None:
     """The rank that failed first, from torchrun's last error summary: (rank, exit code, signal
     name or ""), or None where there is none. torchrun's "Root Cause (first observed
     failure)" is the earliest timestamp, and a survivor that wrote its error file ("connection
     reset by peer") can be stamped before the agent noticed the peer it lost (a SIGKILLed rank
     leaves no file): such a root cause gives way to a listed failure whose log says no such
-    thing."""
+    thing. `log`: another torchrun log than the run's (a node's own, cluster=nodes)."""
     rd = RunDir(run_dir)
-    if not rd.torchrun_log.exists():
+    log = log or rd.torchrun_log
+    if not log.exists():
         return None
-    text = rd.torchrun_log.read_text(errors="replace")
+    text = log.read_text(errors="replace")
     if ROOT_CAUSE not in text:
         return None
     summary_start = text.rfind("Failures:", 0, text.rfind(ROOT_CAUSE))

@@ -40,28 +40,35 @@ class Failure:
     launcher's exit status ("exit status N")."""
 
 
-def failure_of(run_dir: Path, exit_status: int | None, *, torchrun_log_from: int = 0) -> Failure:
+def failure_of(run_dir: Path, exit_status: int | None, *, torchrun_log_from: int = 0,
+               log: Path | None = None) -> Failure:
     """The failure a leg that ended with `exit_status` left in its run dir (None: a rank
     failed where no launcher sees an exit status: a Slurm task). torchrun's error summary
     names the rank only when the leg wrote one (after byte `torchrun_log_from` of its log,
-    where the leg began): an older leg's summary says nothing of this one."""
-    rd = RunDir(run_dir)
-    steps = [r.get("step", 0) for r in rd.read_rows() if r.get("kind") == "train"]
-    latest = rd.latest_checkpoint()
-    saved = checkpoint_step(latest) if latest is not None else 0
-    first = first_failure(run_dir) if _wrote_summary(rd, torchrun_log_from) else None
+    where the leg began): an older leg's summary says nothing of this one. `log`: a node's
+    own torchrun log (cluster=nodes) instead of the run's."""
+    log = log or RunDir(run_dir).torchrun_log
+    first = first_failure(run_dir, log) if _wrote_summary(log, torchrun_log_from) else None
     if first is None:
         cause = "a rank failed" if exit_status is None else f"exit status {exit_status}"
     else:
         rank, code, sig = first
         cause = (f"rank {rank} killed by {sig or f'signal {-code}'}" if code < 0
                  else f"rank {rank} exit code {code}")
-    return Failure(step=max(steps + [saved]), cause=cause)
+    return Failure(step=reached_step(run_dir), cause=cause)
 
 
-def _wrote_summary(rd: RunDir, since: int) -> bool:
+def reached_step(run_dir: Path) -> int:
+    """The newest step the run reached: its last train row, or its newest checkpoint."""
+    rd = RunDir(run_dir)
+    steps = [r.get("step", 0) for r in rd.read_rows() if r.get("kind") == "train"]
+    latest = rd.latest_checkpoint()
+    return max(steps + [checkpoint_step(latest) if latest is not None else 0])
+
+
+def _wrote_summary(path: Path, since: int) -> bool:
     try:
-        with open(rd.torchrun_log, "rb") as log:
+        with open(path, "rb") as log:
             log.seek(since)
             return ROOT_CAUSE.encode() in log.read()
     except OSError:

@@ -1,6 +1,7 @@
-"""Several machines without a scheduler (cluster=nodes): one torchrun command per node, with a
-c10d rendezvous on cluster.rdzv_host. meshrun prints the commands; a person (or a tool of
-theirs) starts one on each node."""
+"""Several machines without a scheduler (cluster=nodes): one node agent command per node
+(launcher/node_agent.py: it runs that node's torchrun, with a c10d rendezvous on
+cluster.rdzv_host, under a hang watchdog and training.max_restarts). meshrun prints the
+commands; a person (or a tool of theirs) starts one on each node."""
 from __future__ import annotations
 
 import sys
@@ -17,16 +18,22 @@ DEFAULT_NODES_PORT = 29500
 
 
 def node_commands(spec: RunSpec, run_dir: str) -> list[list[str]]:
-    """One torchrun command per node (cluster=nodes): c10d rendezvous on cluster.rdzv_host."""
+    """One node agent command per node (cluster=nodes), the commands a person starts."""
+    python = spec.cluster.python or sys.executable
+    return [[python, "-m", "launcher.node_agent", run_dir, f"--node-rank={node}"]
+            for node in range(spec.cluster.nodes)]
+
+
+def node_torchrun_command(spec: RunSpec, run_dir: str, *, node: int, leg: int) -> list[str]:
+    """Node `node`'s torchrun for leg `leg` of the run (its node agent starts it): c10d
+    rendezvous on cluster.rdzv_host, one rendezvous id per leg, so that every node's torchrun
+    of a restart leg meets the others of that leg and no earlier one."""
     c = spec.cluster
-    python = c.python or sys.executable
     endpoint = f"{c.rdzv_host}:{c.rdzv_port or DEFAULT_NODES_PORT}"
-    run_id = Path(run_dir).name
-    return [[python, "-m", "torch.distributed.run", f"--nnodes={c.nodes}",
-             f"--nproc_per_node={c.procs_per_node}", f"--node_rank={node}",
-             "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}",
-             "-m", "training", run_dir]
-            for node in range(c.nodes)]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={c.nodes}",
+            f"--nproc_per_node={c.procs_per_node}", f"--node_rank={node}",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}",
+            f"--rdzv_id={Path(run_dir).name}-leg{leg}", "-m", "training", run_dir]
 
 
 class NodesBackend(LaunchBackend):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from conf.run_dir.paths import RunDir
-from conf.run_dir.restart_legs import (SAME_FAILURE, failure_of, record_refusal,
+from conf.run_dir.restart_legs import (SAME_FAILURE, Failure, failure_of, record_refusal,
                                        record_restart, restart_refusal)
 from launcher.backends.run_lock import RunLock, acquire_run_lock
 
@@ -51,7 +51,13 @@ def _log_size(run_dir: Path) -> int:
 
 def _restart_recorded(run_dir: Path, status: int, *, max_restarts: int, log_from: int) -> bool:
     """Decide after a failed leg; say the decision in one line; record the restart leg."""
-    failure = failure_of(run_dir, status, torchrun_log_from=log_from)
+    return restart_decided(run_dir, failure_of(run_dir, status, torchrun_log_from=log_from),
+                           max_restarts=max_restarts)
+
+
+def restart_decided(run_dir: Path, failure: Failure, *, max_restarts: int) -> bool:
+    """Whether the run restarts after `failure`; says the decision in one line on stderr and
+    records the restart leg (the local loop, and node 0's agent on cluster=nodes)."""
     reason = restart_refusal(run_dir, failure, max_restarts=max_restarts)
     if reason is not None:
         if reason.startswith(SAME_FAILURE):  # the failure report then says it, once

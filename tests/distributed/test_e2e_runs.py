@@ -6,8 +6,6 @@ Each torchrun launch costs seconds here, so launches are shared through module f
 from __future__ import annotations
 
 import json
-import shlex
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -131,34 +129,6 @@ def test_default_experiment_learns(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
     assert summary["val_loss_drop"] >= 0.30, summary
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_torchrun_nodes_from_the_printed_commands_form_one_world(tmp_path):
-    result = meshrun("run", *SMALL, "training.steps=6", "schedule.warmup_steps=2", "cluster=nodes",
-                     "cluster.nodes=2",
-                     "cluster.procs_per_node=1", "cluster.gpus_per_node=0",
-                     "cluster.rdzv_host=127.0.0.1", f"cluster.rdzv_port={free_port()}",
-                     f"runs_dir={tmp_path}")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    start = lines.index("launch command per node:") + 1
-    commands = [shlex.split(line) for line in lines[start:start + 2]]
-    assert [c[c.index("-m", 2) - 1] for c in commands] == ["--rdzv_id=" + only_run_dir(tmp_path).name] * 2
-    nodes = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-             for cmd in commands]
-    assert [node.wait(timeout=300) for node in nodes] == [0, 0]
-    run_dir = only_run_dir(tmp_path)
-    assert sorted(train_losses(run_dir)) == list(range(1, 7))
-    assert "rank 1/2" in (run_dir / "logs" / "rank1.log").read_text()
-    assert json.loads((run_dir / "preflight.json").read_text())["world_size"] == 2
 
 
 def test_preflight_command_checks_joins_all_reduce_and_bandwidth(tmp_path):

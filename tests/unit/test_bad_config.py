@@ -115,8 +115,6 @@ CASES = [
          "cluster.rdzv_host", "needs the rendezvous host", "cluster.rdzv_host="),
     case("negative-max-restarts", "training.max_restarts=-1",
          "training.max_restarts=-1", "must be >= 0", "e.g. 2"),
-    case("max-restarts-on-nodes", "cluster=nodes cluster.rdzv_host=10.0.0.1 training.max_restarts=2",
-         "training.max_restarts=2", "not available with cluster=nodes", "meshrun resume"),
     case("slurm-signal-syntax", "cluster=slurm cluster.gpus_per_node=0 cluster.warning_signal=USR1",
          "cluster.warning_signal=USR1", "SIGNAL@SECONDS", "USR1@120"),
     case("slurm-signal-after-the-limit",

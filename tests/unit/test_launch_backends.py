@@ -16,7 +16,7 @@ from conf.run_dir.paths import RunDir
 from launcher.backends.choose import BACKENDS, backend_for, backend_of_run_dir
 from launcher.backends.interface import LaunchBackend
 from launcher.backends.local_torchrun import LocalBackend
-from launcher.backends.nodes_torchrun import NodesBackend
+from launcher.backends.nodes_torchrun import NodesBackend, node_torchrun_command
 from launcher.backends.slurm_backend import SlurmBackend
 from launcher.backends.slurm_submit import record_job
 from tests.support.specs import cpu_spec
@@ -71,9 +71,10 @@ def test_the_dry_run_rendering_comes_from_the_backend(tmp_path):
     (command,) = local.rank_commands(spec_on("local"), str(run_dir))
     assert command[-1] == str(run_dir) and "--standalone" in command
     nodes = backend_for(spec_on("nodes").cluster).rank_commands(spec_on("nodes"), str(run_dir))
-    assert [next(p for p in c if p.startswith("--node_rank=")) for c in nodes] == [
-        "--node_rank=0", "--node_rank=1"]
-    assert all({"--rdzv_id=run-1", "--rdzv_endpoint=10.0.0.1:29500"} <= set(c) for c in nodes)
+    assert [c[1:] for c in nodes] == [["-m", "launcher.node_agent", str(run_dir),
+                                        f"--node-rank={k}"] for k in (0, 1)]
+    leg = node_torchrun_command(spec_on("nodes"), str(run_dir), node=1, leg=2)
+    assert {"--node_rank=1", "--rdzv_id=run-1-leg2", "--rdzv_endpoint=10.0.0.1:29500"} <= set(leg)
     assert backend_for(spec_on("slurm").cluster).rank_commands(spec_on("slurm"), "x") is None
 
 

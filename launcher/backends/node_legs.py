@@ -1,0 +1,146 @@
+"""How the node agents of a cluster=nodes run agree on each leg's end, through small files in
+the shared run dir (logs/node_legs/leg<N>/), each written atomically (a temporary file, then
+renamed):
+
+- `node<K>.json`, written by node K's agent when its torchrun of leg N ended: its exit status,
+  whether the agent stopped it (a peer's failure, a hang) or it ended by itself, and the cause
+  its own torchrun log names. A failed node's file tells every other agent to stop its node.
+- `decision.json`, written by node 0's agent once every node's file is there (or a timeout
+  passed): `{"restart": bool, "status": N}`; every agent then starts leg N+1 or exits N.
+- `hang.claim`, created exclusively by the first agent whose watchdog fires: that agent writes
+  the hang report and the `hung` event, once; the others only stop their node.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from conf.run_dir.paths import RunDir
+from conf.run_dir.restart_legs import Failure, reached_step
+
+LEGS_DIR = "node_legs"
+DECISION_FILE = "decision.json"
+HANG_CLAIM = "hang.claim"
+INTERRUPTED = 130
+HUNG_STATUS = 3
+"""A leg the watchdog stopped (launcher.watchdog.HUNG_EXIT, the local launcher's)."""
+
+
+@dataclass(frozen=True)
+class NodeEnd:
+    """How one node's torchrun of a leg ended."""
+
+    node: int
+    status: int
+    stopped: str | None
+    """Why the agent stopped it ("peer", "hang", "interrupt"), None: it ended by itself."""
+    cause: str
+    time: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    restart: bool
+    status: int
+
+
+class NodeLegs:
+    """The leg files of one run dir."""
+
+    def __init__(self, run_dir: Path, nodes: int):
+        self.run_dir, self.nodes = Path(run_dir), nodes
+        self.root = RunDir(run_dir).logs_dir / LEGS_DIR
+
+    def forget(self) -> None:
+        """Node 0's agent at its start: an earlier launch's leg files say nothing of this one."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def leg_dir(self, leg: int) -> Path:
+        return self.root / f"leg{leg}"
+
+    def record_end(self, leg: int, end: NodeEnd) -> None:
+        _write_atomic(self.leg_dir(leg) / f"node{end.node}.json", asdict(end))
+
+    def ends(self, leg: int) -> list[NodeEnd]:
+        found = []
+        for node in range(self.nodes):
+            data = _read(self.leg_dir(leg) / f"node{node}.json")
+            if data is not None:
+                found.append(NodeEnd(**data))
+        return found
+
+    def peer_failed(self, leg: int, node: int) -> bool:
+        """Another node's torchrun of `leg` ended with a failure: stop this node's."""
+        return any(e.node != node and e.status != 0 for e in self.ends(leg))
+
+    def wait_ends(self, leg: int, timeout_s: float) -> list[NodeEnd]:
+        deadline = time.monotonic() + timeout_s
+        while len(ends := self.ends(leg)) < self.nodes and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return ends
+
+    def decide(self, leg: int, decision: Decision) -> None:
+        _write_atomic(self.leg_dir(leg) / DECISION_FILE, asdict(decision))
+
+    def wait_decision(self, leg: int, timeout_s: float) -> Decision | None:
+        deadline = time.monotonic() + timeout_s
+        while (data := _read(self.leg_dir(leg) / DECISION_FILE)) is None:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
+        return Decision(**data)
+
+    def claim_hang(self, leg: int) -> bool:
+        """True for the first agent to ask (O_EXCL create), False for every later one."""
+        self.leg_dir(leg).mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(self.leg_dir(leg) / HANG_CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+
+def leg_status(ends: list[NodeEnd]) -> int:
+    """The leg's exit status from every node's end: 0 when all finished; an interrupt, then a
+    hang, wins; else the status of the node that failed first by itself."""
+    statuses = {e.status for e in ends}
+    if statuses <= {0}:
+        return 0
+    for special in (INTERRUPTED, HUNG_STATUS):
+        if special in statuses:
+            return special
+    return _first_failed(ends).status
+
+
+def leg_failure(run_dir: Path, ends: list[NodeEnd]) -> Failure:
+    """The failed leg as the restart rules see it (conf/run_dir/restart_legs.py): the step the
+    run reached and the cause the failed node's torchrun named (a hang: "exit status 3", as
+    locally)."""
+    status = leg_status(ends)
+    first = _first_failed(ends)
+    cause = first.cause if status == first.status and status != HUNG_STATUS else f"exit status {status}"
+    return Failure(step=reached_step(run_dir), cause=cause)
+
+
+def _first_failed(ends: list[NodeEnd]) -> NodeEnd:
+    failed = [e for e in ends if e.status != 0]
+    own = [e for e in failed if e.stopped is None] or failed
+    return min(own, key=lambda e: e.time)
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
