@@ -103,6 +103,7 @@ def reshard_rank(*, rank: int, world_size: int, root: str, pairs: list) -> list[
 
 def _run(tmp_path, pairs: list[tuple[str, str]], world: int) -> None:
     specs = [(_spec(a, world), _spec(b, world)) for a, b in pairs]
+    (tmp_path / "ckpt").mkdir()  # saves never create parents (a removed run dir stays removed)
     results = run_on_ranks(reshard_rank, world_size=world, workdir=tmp_path, timeout_s=400,
                            kwargs={"root": str(tmp_path / "ckpt"),
                                    "pairs": [(spec_to_dict(a), spec_to_dict(b)) for a, b in specs]})
