@@ -104,6 +104,7 @@ def round_trip(tmp_path_factory):
                            "training.micro_batch_size=2", f"parallel.name=tied_{name}", *extra)
              for name, extra in ROUND_TRIP.items()}
     assert all(s.model.tie_embeddings for s in specs.values())
+    (root / "out").mkdir()  # saves never create parents (a removed run dir stays removed)
     results = run_on_ranks(tied_round_trip_rank, world_size=2, workdir=root, timeout_s=400,
                            kwargs={"spec_dicts": {n: spec_to_dict(s) for n, s in specs.items()},
                                    "root": str(root / "out")})
