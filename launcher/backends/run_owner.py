@@ -33,12 +33,15 @@ def last_lock_record(run_dir: Path) -> dict:
 def owner_state(run_dir: Path) -> dict:
     """{} while a live process owns the run (or its files already say how it ended); else the
     true state, `failed`, and a note naming the launcher that is gone. A record from another
-    host whose lock is not visible here leaves the state as the files say."""
+    host whose lock is not visible here, or no record at all (ranks started by hand from
+    `run --prepare-only`, which take no lock), leaves the state as the files say."""
     if state_from_files(run_dir) is not RunState.running or lock_holder(run_dir) is not None:
         return {}
     record = last_lock_record(run_dir)
     host, pid = record.get("host"), record.get("pid")
     if host and host != socket.gethostname():
+        return {}
+    if not RunDir(run_dir).lock_file.exists():  # ranks started by hand take no lock
         return {}
     if record:
         gone = "has exited" if not pid_alive(pid) else "no longer holds its lock"
