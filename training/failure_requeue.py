@@ -12,6 +12,7 @@ max_restarts.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 from pathlib import Path
@@ -30,9 +31,10 @@ def failure_requeues(run_dir: Path, job_id: str) -> int:
                if RESTART_KEY in leg and leg.get("slurm_job_id") == job_id)
 
 
-def requeue_after_failure(run_dir: Path, *, max_restarts: int) -> bool:
-    """This rank failed under Slurm: True when the job is (being) requeued after it, so the
-    task should leave quietly; False when the failure stands."""
+def requeue_after_failure(run_dir: Path, *, max_restarts: int, cause: str = "") -> bool:
+    """This rank failed under Slurm (or the hang guard found the job hung: `cause` says so):
+    True when the job is (being) requeued after it, so the task should leave quietly; False
+    when the failure stands."""
     job_id = slurm_job_id()
     if not job_id or max_restarts <= 0:
         return False
@@ -44,6 +46,8 @@ def requeue_after_failure(run_dir: Path, *, max_restarts: int) -> bool:
                for leg in rd.read_resumes()):
             return True  # another rank of this attempt requeued the job already
         failure = failure_of(run_dir, None)
+        if cause:
+            failure = dataclasses.replace(failure, cause=cause)
         reason = restart_refusal(run_dir, failure, max_restarts=max_restarts)
         if reason is not None:
             if reason.startswith(SAME_FAILURE):

@@ -13,7 +13,7 @@ from conf.run_dir.paths import RunDir
 from conf.schema import NonFinite
 from parallel.cost.flops import run_flops_convention
 from training.dist import all_reduce_sum, barrier, set_collective_timeout
-from conf.run_dir.heartbeats import collective_timeouts_s
+from conf.run_dir.heartbeats import collective_timeouts_s, hung_in_this_leg
 from training.export import export_hf, gather_full_state
 from training.failure_requeue import failure_requeues
 from training.fault_injection import kill_if_asked
@@ -78,7 +78,12 @@ def train(tr: TrainState) -> str:
 
 
 def stop_early(tr: TrainState) -> str:
-    """A rank got a stop signal: checkpoint this step, then requeue (Slurm) or stop."""
+    """A rank got a stop signal: checkpoint this step, then requeue (Slurm) or stop. A leg the
+    watchdog declared hung is being stopped (or requeued) by it: no save, no requeue, no
+    event over `hung`."""
+    if hung_in_this_leg(tr.run_dir):
+        log.warning("step %d: stopped by the hang watchdog (state hung)", tr.step)
+        return "hung"
     if tr.last_saved_step != tr.step:
         save(tr)
     _wait_for_save(tr)  # requeue or stop only once the checkpoint is published

@@ -90,7 +90,8 @@ def start_hang_guard(run_dir: str, spec) -> int:
     scancel = lambda *extra: subprocess.run(["scancel", *extra, job_id],  # noqa: E731
                                             capture_output=True, timeout=60)
     watchdog = HangWatchdog(Path(run_dir), world_size=int(os.environ["WORLD_SIZE"]),
-                            setting=spec.training.hang_timeout_s, stop_all=scancel,
+                            setting=spec.training.hang_timeout_s,
+                            stop_all=lambda: _stop_hung_job(run_dir, spec, scancel),
                             ask_stacks=lambda: scancel(f"--signal={int(STACK_SIGNAL)}"))
     pid = os.fork()
     if pid:
@@ -105,6 +106,21 @@ def start_hang_guard(run_dir: str, spec) -> int:
             f.write(f"hang guard (pid {os.getpid()}) stopped: {err!r}\n")
     finally:
         os._exit(0)
+
+
+def _stop_hung_job(run_dir: str, spec, scancel) -> None:
+    """A hung job is requeued (it resumes from its newest complete checkpoint) while
+    training.max_restarts allows, by the rules every restart follows (training/
+    failure_requeue.py); else it is cancelled."""
+    from conf.run_dir.heartbeats import HUNG_EVENT
+    from training.failure_requeue import requeue_after_failure
+
+    hung = [r for r in RunDir(run_dir).read_rows() if r.get("event") == HUNG_EVENT]
+    ranks = hung[-1].get("ranks", []) if hung else []
+    cause = "hung (stalled rank " + ", ".join(map(str, ranks)) + ")" if ranks else "hung"
+    if not requeue_after_failure(Path(run_dir), max_restarts=spec.training.max_restarts,
+                                 cause=cause):
+        scancel()
 
 
 def _die_with_parent() -> None:

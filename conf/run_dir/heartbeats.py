@@ -109,3 +109,15 @@ def stale_ranks(run_dir: Path | str, *, setting: float, now: float | None = None
         if beat.get("phase") != "done" and now - beat.get("time", now) > limit:
             stale.append({"rank": rank, **beat, "silent_s": now - beat["time"]})
     return stale
+
+
+def hung_in_this_leg(run_dir: Path | str) -> bool:
+    """The watchdog declared this leg hung (a `hung` event after the newest resume marker):
+    the SIGTERM that then stops the ranks (scancel, or the guard's requeue) is no preemption,
+    so they must not requeue the job themselves nor write an end event over `hung`."""
+    from conf.run_dir.metrics_rows import RESUME_ROW_KIND, read_metrics_rows
+    from conf.run_dir.paths import RunDir
+
+    rows = read_metrics_rows(RunDir(run_dir).metrics_file)
+    starts = [i for i, r in enumerate(rows) if r.get("kind") == RESUME_ROW_KIND]
+    return any(r.get("event") == HUNG_EVENT for r in rows[(starts[-1] if starts else 0):])

@@ -54,3 +54,28 @@ def test_a_stopped_rank_on_slurm_is_named_and_the_job_cancelled(slurm_cluster, t
 def _status(run_dir) -> dict:
     out = meshrun("status", str(run_dir), "--json", timeout=60)
     return json.loads(out.stdout) if out.returncode == 0 else {"state": "?"}
+
+
+def test_a_hung_job_with_restarts_left_is_requeued_and_finishes(slurm_cluster, tmp_path):
+    """training.max_restarts on Slurm covers hangs too: the guard requeues the job (a restart
+    leg naming the hang) instead of cancelling it, and the run finishes from its checkpoint."""
+    runs = tmp_path / "runs"
+    args = [*TINY, *SLURM, "cluster.nodes=1", "logging=disabled", f"runs_dir={runs}",
+            "training.steps=40", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
+            "checkpoint.export_safetensors=false", f"training.hang_timeout_s={HANG_S}",
+            "training.max_restarts=1"]
+    submitted = meshrun("run", *args, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    run_dir = next(p.parent for p in runs.glob("*/spec.json"))
+    beat = wait_for(lambda: (b := read_heartbeats(run_dir).get(1)) and b["step"] >= 5 and
+                    RunDir(run_dir).latest_checkpoint() and b, 240, "rank 1 at step 5")
+    os.kill(beat["pid"], signal.SIGSTOP)
+    try:
+        wait_for(lambda: _status(run_dir)["state"] == "completed", 300, "the requeued run's end")
+    finally:
+        if pid_alive(beat["pid"]):
+            os.kill(beat["pid"], signal.SIGCONT)
+    legs = [leg for leg in RunDir(run_dir).read_resumes() if "restart" in leg]
+    assert len(legs) == 1 and legs[0]["after"]["cause"] == "hung (stalled rank 1)", legs
+    steps = [r["step"] for r in RunDir(run_dir).read_rows() if r.get("kind") == "train"]
+    assert steps == list(range(1, 41)), steps
