@@ -12,6 +12,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -20,6 +21,9 @@ from conf.run_dir.heartbeats import STACK_SIGNAL, heartbeat_file, stacks_file, w
 
 RING = 8
 """Collectives kept in the ring buffer (newest last)."""
+FLUSH_S = 0.1
+"""How often the writer thread writes a changed heartbeat: collectives and steps only mark it
+changed, so the step pays no file write (benchmarks/watchdog_cost.py); phases write at once."""
 STEP_TIMES_KEPT = 20
 
 
@@ -39,6 +43,9 @@ class Heartbeat:
         """Seconds blocked in timed collectives since the last `take_wait_s`."""
         self.clocks: list = []
         """Gradient-sync clocks (training/rank_times.py), settled after each backward."""
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+        threading.Thread(target=self._write_changes, name="heartbeat", daemon=True).start()
 
     def install_stack_dump(self, run_dir: Path) -> None:
         """STACK_SIGNAL -> every thread's Python stack into logs/stacks.rank<R>.txt (the file
@@ -57,8 +64,9 @@ class Heartbeat:
 
     def enter(self, label: str) -> None:
         """Mark entering `label` (collectives inside a longer block), untimed."""
-        self.collectives.append(f"{label}@{self.step}")
-        self.write()
+        with self._lock:
+            self.collectives.append(f"{label}@{self.step}")
+        self.mark_changed()
 
     @contextlib.contextmanager
     def collective(self, label: str):
@@ -79,27 +87,51 @@ class Heartbeat:
         return waited
 
     def end_step(self, step: int, step_time_s: float) -> None:
-        self.step = step
-        self.step_times_s.append(step_time_s)
-        self.phase_name = "step"
-        self.write()
+        with self._lock:
+            self.step = step
+            self.step_times_s.append(step_time_s)
+            self.phase_name = "step"
+        self.mark_changed()
 
-    def write(self) -> None:
-        self.beat += 1
-        write_atomically(self.path, json.dumps({
-            "rank": self.rank, "pid": self.pid, "host": self.host, "beat": self.beat,
-            "phase": self.phase_name, "step": self.step, "time": time.time(),
-            "collectives": list(self.collectives), "step_times_s": list(self.step_times_s)}))
+    def mark_changed(self) -> None:
+        """Progress the writer thread writes within FLUSH_S (a stuck collective releases the
+        GIL, so the file shows the collective a rank waits in)."""
+        with self._lock:
+            self.beat += 1
+        self._changed.set()
+
+    def _write_changes(self) -> None:
+        while True:
+            self._changed.wait()
+            self._changed.clear()
+            self.write(advance=False)
+            time.sleep(FLUSH_S)
+
+    def write(self, *, advance: bool = True) -> None:
+        """Write the heartbeat now (phases: at once)."""
+        with self._lock:
+            if advance:
+                self.beat += 1
+            text = json.dumps({
+                "rank": self.rank, "pid": self.pid, "host": self.host, "beat": self.beat,
+                "phase": self.phase_name, "step": self.step, "time": time.time(),
+                "collectives": list(self.collectives),
+                "step_times_s": list(self.step_times_s)})
+            write_atomically(self.path, text)
 
 
 class NoHeartbeat(Heartbeat):
     """A TrainState built outside `python -m training` (tests, tools): times, writes nothing."""
 
-    def __init__(self) -> None:  # noqa: D107 (no file, no signal)
+    def __init__(self) -> None:  # noqa: D107 (no file, no signal, no writer thread)
         self.phase_name, self.step, self.beat, self.wait_s = "init", 0, 0, 0.0
         self.collectives: deque[str] = deque(maxlen=RING)
         self.step_times_s: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
         self.clocks = []
+        self._lock = threading.Lock()
 
-    def write(self) -> None:
+    def mark_changed(self) -> None:
+        pass
+
+    def write(self, *, advance: bool = True) -> None:
         pass
