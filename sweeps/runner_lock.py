@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from conf.errors import ConfigError, Problem
+from launcher.backends.run_lock import flock_holder, read_lock_record
 
 RUNNER_LOCK_FILE = "runner.lock"
 
@@ -56,7 +57,7 @@ def acquire_sweep_lock(sweep_dir: Path, *, action: str = "sweep") -> SweepLock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _read_record(fd) or {}
+        holder = read_lock_record(fd) or {}
         os.close(fd)
         raise ConfigError([Problem(
             "sweep_dir", str(sweep_dir),
@@ -74,27 +75,4 @@ def acquire_sweep_lock(sweep_dir: Path, *, action: str = "sweep") -> SweepLock:
 def sweep_runner(sweep_dir: Path) -> dict | None:
     """The live runner of `sweep_dir` (its record; {} when unreadable), or None when no process
     holds the lock."""
-    path = Path(sweep_dir) / RUNNER_LOCK_FILE
-    if not path.is_file():
-        return None
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _read_record(fd) or {}
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
-def _read_record(fd: int) -> dict | None:
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return None
-    try:
-        record = json.loads(os.pread(fd, size, 0).decode(errors="replace"))
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+    return flock_holder(Path(sweep_dir) / RUNNER_LOCK_FILE)

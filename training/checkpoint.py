@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import random
 import shutil
 import time
 import warnings
@@ -22,7 +21,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -35,7 +33,10 @@ from conf.run_dir.checkpoint_dirs import (META_FILENAME, checkpoints_beyond_newe
                                           read_checkpoint_meta, replaced_step_dir, stale_dirs,
                                           step_dir, tmp_step_dir)
 from conf.run_dir.disk_space import disk_full_line, is_disk_full
-from conf.run_dir.checkpoint_verify import MANIFEST_KEY, checkpoint_problems, describe, file_digest
+from conf.run_dir.checkpoint_verify import MANIFEST_KEY, checkpoint_problems, describe
+from training.checkpoint_digests import add_unclaimed_digests, gather_digests, own_digests
+from training.durable_files import fsync_path, fsynced_write
+from training.rng_state import capture_rng_state, restore_rng_state
 from training.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 
 __all__ = ["CheckpointCorrupt", "CheckpointError", "CheckpointMismatch", "latest_checkpoint", "load_checkpoint",
@@ -117,31 +118,6 @@ def _run_on_rank0(action, *, what: str, group=None, where: Path | None = None) -
 
 # --- rank-local state: RNG + caller extras ------------------------------------------------------
 
-def capture_rng_state() -> dict:
-    """This process's RNG states (python, numpy, torch CPU, current CUDA device) as plain data."""
-    algorithm, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {"algorithm": algorithm, "keys": keys.tolist(), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
-        "torch_cpu": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["torch_cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def restore_rng_state(state: dict) -> None:
-    """Inverse of `capture_rng_state`."""
-    random.setstate(state["python"])
-    np_state = state["numpy"]
-    np.random.set_state((np_state["algorithm"], np.array(np_state["keys"], dtype=np.uint32),
-                         np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"]))
-    torch.set_rng_state(state["torch_cpu"])
-    if "torch_cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["torch_cuda"])
-
-
 def _check_plain(value, *, where: str) -> None:
     """Fail at save time (not at resume) if `value` cannot be loaded with weights_only=True."""
     if isinstance(value, dict):
@@ -165,13 +141,6 @@ def _validate_save_inputs(*, extra: dict, metadata: dict, keep_last: int | None)
         raise ValueError(f"keep_last must be >= 1 (or None to keep all), got {keep_last}")
 
 
-def _fsynced_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def _rank_file(folder: Path, *, rank: int) -> Path:
     return folder / f"rank_{rank}.pt"
 
@@ -179,7 +148,7 @@ def _rank_file(folder: Path, *, rank: int) -> Path:
 def _write_rank_file(folder: Path, *, rank: int, rng_state: dict, extra: dict) -> None:
     buffer = io.BytesIO()
     torch.save({"rng": rng_state, "extra": extra}, buffer)
-    _fsynced_write(_rank_file(folder, rank=rank), buffer.getvalue())
+    fsynced_write(_rank_file(folder, rank=rank), buffer.getvalue())
 
 
 def _read_rank_file(folder: Path, *, rank: int) -> dict:
@@ -196,18 +165,10 @@ def _read_rank_file(folder: Path, *, rank: int) -> dict:
 
 # --- folder publishing (rank 0) -----------------------------------------------------------------
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _rename_into_place(source: Path, target: Path) -> None:
     """The single atomic step that makes a checkpoint visible (tests inject crashes here)."""
     os.replace(source, target)
-    _fsync_dir(target.parent)
+    fsync_path(target.parent)
 
 
 def _prepare_tmp_dir(root: Path, *, step: int) -> None:
@@ -219,7 +180,7 @@ def _prepare_tmp_dir(root: Path, *, step: int) -> None:
 
 
 def _write_meta(folder: Path, *, meta: dict) -> None:
-    _fsynced_write(folder / META_FILENAME, json.dumps(meta, indent=2, sort_keys=True).encode())
+    fsynced_write(folder / META_FILENAME, json.dumps(meta, indent=2, sort_keys=True).encode())
 
 
 def _publish(root: Path, *, step: int, meta: dict) -> None:
@@ -404,43 +365,21 @@ def _write_and_publish(staged: StagedSave, *, group) -> Path:
 
     def write_and_hash() -> None:
         _write_rank_file(tmp, rank=rank, rng_state=staged.rng_state, extra=staged.extra)
-        digests.update(_own_digests(tmp, rank=rank))
+        digests.update(own_digests(tmp, rank=rank, rank_file=_rank_file(tmp, rank=rank).name))
 
     _on_every_rank(write_and_hash, what=f"writing rank files into {tmp}", group=group,
                    where=tmp)
-    manifest = _gather_digests(digests, group)
+    manifest = gather_digests(digests, group)
     meta = {**staged.meta, "saved_unix_s": time.time(), MANIFEST_KEY: manifest}
 
     def finish() -> None:
-        _add_unclaimed_digests(tmp, manifest)
+        add_unclaimed_digests(tmp, manifest)
         _publish(root, step=step, meta=meta)
         _remove_stale_and_old(root, keep_last=staged.keep_last)
 
     _run_on_rank0(finish, what=f"publishing checkpoint step {step} in {root}", group=group,
                   where=tmp)
     return step_dir(root, step=step)
-
-
-def _own_digests(folder: Path, *, rank: int) -> dict:
-    """Size and checksum of the files this rank wrote (DCP's `__<rank>_*`, its rank file)."""
-    names = [p.name for p in folder.iterdir() if p.name.startswith(f"__{rank}_")]
-    names.append(_rank_file(folder, rank=rank).name)
-    return {name: file_digest(folder / name) for name in names}
-
-
-def _gather_digests(digests: dict, group=None) -> dict:
-    if not _is_distributed():
-        return dict(digests)
-    every: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(every, digests, group=group)
-    return {name: entry for part in every for name, entry in part.items()}
-
-
-def _add_unclaimed_digests(folder: Path, manifest: dict) -> None:
-    """Rank 0 checksums what no rank claimed (DCP's .metadata, files of unexpected names)."""
-    for path in folder.iterdir():
-        if path.is_file() and path.name != META_FILENAME and path.name not in manifest:
-            manifest[path.name] = file_digest(path)
 
 
 def verify_checkpoint(path: Path) -> None:

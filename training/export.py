@@ -26,6 +26,7 @@ from conf.spec import ModelSpec
 from conf.data_contract.tokenizer_info import (TIKTOKEN_MODEL, TOKENIZER_FILE, TokenizerInfo,
                                                read_tokenizer_info)
 from parallel.cost.params import parameter_shapes
+from training.durable_files import fsync_path
 from training.models import family_of
 from training.models.hf_names import hf_name, meshrun_name
 
@@ -114,15 +115,7 @@ def _write_export(state_dict: dict[str, torch.Tensor], model: ModelSpec, out_dir
     for path in out_dir.iterdir():
         if path.is_file():
             make_shareable(path)
-            _fsync(path)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            fsync_path(path)
 
 
 def _publish_export(tmp: Path, out_dir: Path) -> None:
@@ -132,7 +125,7 @@ def _publish_export(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(replaced, ignore_errors=True)
         os.replace(out_dir, replaced)
     os.replace(tmp, out_dir)
-    _fsync(out_dir.parent)
+    fsync_path(out_dir.parent)
     shutil.rmtree(replaced, ignore_errors=True)
 
 

@@ -56,12 +56,12 @@ def acquire_run_lock(run_dir: Path, *, action: str) -> RunLock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _read_record(fd)
+        holder = read_lock_record(fd)
         os.close(fd)
         raise ConfigError([_held_problem(run_dir, path, holder, action)],
                           f"Cannot {action}") from None
     try:
-        _check_previous(run_dir, path, _read_record(fd), action)
+        _check_previous(run_dir, path, read_lock_record(fd), action)
         record = {"host": socket.gethostname(), "pid": os.getpid(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv}
         os.ftruncate(fd, 0)
@@ -104,7 +104,7 @@ def _held_problem(run_dir: Path, path: Path, holder: dict | None, action: str) -
                    f"wait for it to end (or stop it: kill {pid}), then {action} again")
 
 
-def _read_record(fd: int) -> dict | None:
+def read_lock_record(fd: int) -> dict | None:
     size = os.fstat(fd).st_size
     if size == 0:
         return None
@@ -129,7 +129,13 @@ def pid_alive(pid) -> bool:
 
 def lock_holder(run_dir: Path) -> dict | None:
     """Who holds `run_dir`'s lock now (its record), or None when nobody does."""
-    path = RunDir(run_dir).lock_file
+    return flock_holder(RunDir(run_dir).lock_file)
+
+
+def flock_holder(path: Path) -> dict | None:
+    """Who holds the flock on the lock file `path` now (the record it wrote; {} when
+    unreadable), or None when nobody does (a free lock: its last holder is gone)."""
+    path = Path(path)
     if not path.is_file():
         return None
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -137,7 +143,7 @@ def lock_holder(run_dir: Path) -> dict | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return _read_record(fd) or {}
+            return read_lock_record(fd) or {}
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
