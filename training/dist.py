@@ -9,6 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from training import flight_recorder
+
 
 OWN_STORE_ENV = "MESHRUN_OWN_STORE"
 
@@ -47,6 +49,7 @@ def init_distributed(device_kind: str, *, join_timeout_s: float,
     if init_timeout_s:
         kwargs["timeout"] = timedelta(seconds=init_timeout_s)
     if not dist.is_initialized():
+        flight_recorder.enable()
         if os.environ.get(OWN_STORE_ENV) == "1" and world > 1:
             store = _joined_store(rank=rank, world=world, timeout_s=join_timeout_s)
             kwargs["store"] = store

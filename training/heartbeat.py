@@ -18,6 +18,7 @@ from collections import deque
 from pathlib import Path
 
 from conf.run_dir.heartbeats import STACK_SIGNAL, heartbeat_file, stacks_file, write_atomically
+from training.flight_recorder import FlightDumper
 
 RING = 8
 """Collectives kept in the ring buffer (newest last)."""
@@ -25,6 +26,8 @@ FLUSH_S = 0.1
 """How often the writer thread writes a changed heartbeat: collectives and steps only mark it
 changed, so the step pays no file write (benchmarks/watchdog_cost.py); phases write at once."""
 STEP_TIMES_KEPT = 20
+REQUEST_POLL_S = 0.5
+"""How often the writer thread looks for the watchdog's flight-record request (one stat)."""
 
 
 class Heartbeat:
@@ -45,6 +48,7 @@ class Heartbeat:
         """Gradient-sync clocks (training/rank_times.py), settled after each backward."""
         self._lock = threading.Lock()
         self._changed = threading.Event()
+        self._flight = FlightDumper(run_dir, rank)
         threading.Thread(target=self._write_changes, name="heartbeat", daemon=True).start()
 
     def install_stack_dump(self, run_dir: Path) -> None:
@@ -102,10 +106,11 @@ class Heartbeat:
 
     def _write_changes(self) -> None:
         while True:
-            self._changed.wait()
-            self._changed.clear()
-            self.write(advance=False)
-            time.sleep(FLUSH_S)
+            if self._changed.wait(REQUEST_POLL_S):
+                self._changed.clear()
+                self.write(advance=False)
+                time.sleep(FLUSH_S)
+            self._flight.poll()
 
     def write(self, *, advance: bool = True) -> None:
         """Write the heartbeat now (phases: at once)."""

@@ -1,8 +1,9 @@
-"""What one Slurm task runs: one rank of the run, in the task's own process.
+"""What one Slurm task runs: one rank of the run, in a child its task process keeps
+(training/slurm_keeper.py: a rank that dies without a word is noticed there).
 
 The launcher pickles `SlurmRankTask(run_dir)` through submitit; every task of the job unpickles
 it and calls it. One task per rank (not torchrun inside a task) means Slurm's warning signal
-and SIGTERM reach the training process itself, which checkpoints and requeues the job. Torch
+and SIGTERM reach the training process itself (Slurm signals every process of the step), which checkpoints and requeues the job. Torch
 is imported only inside the call, so the launcher can build the task without it.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from conf.run_dir.paths import RunDir
 from conf.spec import ClusterSpec
+from training.slurm_keeper import REQUEUED, keep_rank
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 
@@ -57,20 +59,17 @@ class SlurmRankTask:
     def __call__(self) -> str:
         spec = RunDir(self.run_dir).read_spec()
         export_rank_environment(spec.cluster)
-        if os.environ["RANK"] == "0" and not self.preflight_only:
+        if self.preflight_only:
+            from training.main import run
+
+            return run(Path(self.run_dir), preflight_only=True)
+        if os.environ["RANK"] == "0":
             start_hang_guard(self.run_dir, spec)
-        from training.main import run
-
-        try:
-            outcome = run(Path(self.run_dir), preflight_only=self.preflight_only)
-        except Exception:
-            from training.failure_requeue import requeue_after_failure
-
-            if self.preflight_only or not requeue_after_failure(
-                    Path(self.run_dir), max_restarts=spec.training.max_restarts):
-                raise
-            outcome = "requeued"  # after a failure: training.max_restarts
-        if outcome == "requeued":
+        outcome = keep_rank(lambda: _train_rank(self.run_dir, spec), run_dir=self.run_dir,
+                            rank=int(os.environ["RANK"]),
+                            max_restarts=spec.training.max_restarts,
+                            step_signals=step_signals(spec.cluster))
+        if outcome == REQUEUED:
             # The job is back in the queue and will rerun this task: write no result file.
             sys.stdout.flush()
             sys.stderr.flush()
@@ -78,9 +77,33 @@ class SlurmRankTask:
         return outcome
 
 
+def _train_rank(run_dir: str, spec) -> str:
+    """One rank's training (in the keeper's child): its outcome, REQUEUED after a failure
+    under training.max_restarts (training/failure_requeue.py)."""
+    from training.failure_requeue import requeue_after_failure
+    from training.main import run
+
+    try:
+        return run(Path(run_dir))
+    except Exception:
+        if not requeue_after_failure(Path(run_dir), max_restarts=spec.training.max_restarts):
+            raise
+        return REQUEUED
+
+
+def step_signals(cluster: ClusterSpec) -> list[int]:
+    """The signals Slurm (or the hang guard) sends every process of the step, which the keeper
+    leaves to its rank: the warning signal, submitit's, SIGTERM, SIGINT, the stack signal."""
+    from conf.run_dir.heartbeats import STACK_SIGNAL
+
+    warning = getattr(signal, "SIG" + cluster.warning_signal.split("@")[0])
+    return sorted({warning, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, STACK_SIGNAL})
+
+
 def start_hang_guard(run_dir: str, spec) -> int:
-    """Fork the hang watchdog (conf/run_dir/hang_watch.py) from rank 0's task, before torch
-    is imported: a process of its own, so a stopped or stuck rank 0 does not stop it. On a
+    """Fork the hang watchdog (conf/run_dir/hang_watch.py) from rank 0's task process (the
+    keeper), before torch is imported: a process of its own, so a stopped, stuck or killed
+    rank 0 does not stop it. On a
     hang it asks every task of the job for its stacks (`scancel --signal`), writes the report
     and the `hung` event, then cancels the job. It dies with the task (parent-death signal)."""
     from conf.run_dir.hang_watch import HangWatchdog

@@ -6,7 +6,9 @@ It reads the ranks' heartbeats (conf/run_dir/heartbeats.py). When a rank's heart
 advanced within its phase's timeout it: names the stalled rank(s) and what each was doing
 (phase, step, the last collectives it entered); asks every live rank for its Python stack
 (STACK_SIGNAL -> faulthandler -> logs/stacks.rank<R>.txt; a stopped process cannot answer, which
-the report says); writes logs/hang_report.txt and the `hung` event (state hung) into
+the report says) and for torch's flight record of every collective it entered, in every
+process group (a request file its heartbeat thread answers; conf/run_dir/flight_dumps.py says
+which rank is behind in which group); writes logs/hang_report.txt and the `hung` event (state hung) into
 metrics.jsonl; and stops the run with `stop_all`. The newest complete checkpoint is untouched.
 """
 from __future__ import annotations
@@ -20,8 +22,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from conf.run_dir.flight_dumps import flight_lines, read_flight_dumps
 from conf.run_dir.heartbeats import (
-    HANG_REPORT_FILE, HUNG_EVENT, STACK_SIGNAL, NEVER_STARTED_GRACE_S, hang_timeout_s, heartbeat_dir, read_heartbeats, stacks_file,
+    HANG_REPORT_FILE, HUNG_EVENT, NEVER_STARTED_GRACE_S, STACK_SIGNAL, hang_timeout_s,
+    heartbeat_dir, read_heartbeats, request_flight_dumps, stacks_file,
 )
 from conf.run_dir.paths import RunDir
 
@@ -98,6 +102,8 @@ class HangWatchdog:
     def fire(self, stalled: list[int]) -> None:
         now, beats = self.clock(), self.beats
         culprits = _culprits(stalled, beats)
+        asked_at = time.time()
+        request_flight_dumps(self.run_dir)
         asked = _ask_for_stacks(beats, signal_all=self.ask_stacks is None)
         if self.ask_stacks is not None:
             self.ask_stacks()
@@ -108,13 +114,14 @@ class HangWatchdog:
             lines.append(_rank_line(rank, beats.get(rank), now - self.seen[rank][1],
                                     culprit=rank in culprits, answered=asked.get(rank)))
         summary = "\n".join(lines)
-        self._write_report(summary)
+        self._write_report(summary, asked_at)
         self._append_event(culprits, beats, summary)
         self.report = summary
         self.stop_all()
 
-    def _write_report(self, summary: str) -> None:
-        parts = [summary, ""]
+    def _write_report(self, summary: str, asked_at: float) -> None:
+        dumps = read_flight_dumps(self.run_dir, self.world_size, since=asked_at - 1.0)
+        parts = [summary, "", *flight_lines(dumps, self.world_size), ""]
         for rank in range(self.world_size):
             path = stacks_file(self.run_dir, rank)
             text = path.read_text(errors="replace") if path.exists() else ""

@@ -55,6 +55,22 @@ def stacks_file(run_dir: Path | str, rank: int) -> Path:
     return Path(run_dir) / "logs" / f"stacks.rank{rank}.txt"
 
 
+def flight_request_file(run_dir: Path | str) -> Path:
+    """The watchdog's request for flight records (training/flight_recorder.py): a file, since a
+    rank blocked in a collective runs no Python signal handler; its threads poll for it."""
+    return Path(run_dir) / "logs" / "flight_request"
+
+
+def flight_dump_file(run_dir: Path | str, rank: int) -> Path:
+    """Where a rank writes torch's flight record (JSON) when the watchdog asks."""
+    return Path(run_dir) / "logs" / f"flight.rank{rank}.json"
+
+
+def request_flight_dumps(run_dir: Path | str) -> None:
+    """Ask every live rank, on any host sharing the run dir, for its flight record."""
+    write_atomically(flight_request_file(run_dir), str(time.time()))
+
+
 def hang_timeout_s(setting: float, *, phase: str, step_times_s: list[float]) -> float:
     """How long `phase` may go without a heartbeat before its rank counts as hung.
 

@@ -141,6 +141,7 @@ def test_rank_stopped_mid_training_is_named_others_stopped_and_stacks_dumped(hun
     assert "no progress from rank(s) 1 " in out and f"phase {phase}" in out, out
     report = hung_twice["late_report"]
     assert "loss all_reduce@" in report or "grad sync@" in report, report
+    assert "flight records" in report and "1 of 2 ranks answered" in report, report  # rank 0
     rank0_stack = report.split("--- rank 0 Python stacks")[1].split("--- rank 1")[0]
     assert "File " in rank0_stack and "training/loop.py" in rank0_stack, report
     assert not pid_alive(pid) and not survivors(str(run_dir)), survivors(str(run_dir))

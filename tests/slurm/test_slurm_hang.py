@@ -1,6 +1,8 @@
-"""No silent hang on Slurm: rank 1 of a 2-rank job SIGSTOPped mid-training is named by the hang
-guard forked from rank 0's task (training/slurm_entry.py), the job is cancelled, the run's
-state is `hung`, and the last checkpoint is complete."""
+"""No silent hang on Slurm: rank 1 of a 2-node job (one rank per node) SIGSTOPped mid-training
+is named by the hang guard forked from rank 0's task on the other node (training/
+slurm_entry.py; it reads every rank's heartbeat in the shared run dir), the job is cancelled,
+the run's state is `hung`, and the last checkpoint is complete. With training.max_restarts the
+hung job is requeued instead and finishes."""
 from __future__ import annotations
 
 import json
@@ -24,9 +26,11 @@ SCANCEL_SLACK_S = 20.0
 """Beyond the guard's bound: a step's age, scancel, and sacct seeing the job end."""
 
 
-def test_a_stopped_rank_on_slurm_is_named_and_the_job_cancelled(slurm_cluster, tmp_path):
+def test_a_stopped_rank_on_another_node_is_named_and_the_job_cancelled(slurm_cluster,
+                                                                       tmp_path):
     runs = tmp_path / "runs"
-    args = [*TINY, *SLURM, "cluster.nodes=1", "logging=disabled", f"runs_dir={runs}",
+    one_per_node = [o for o in SLURM if not o.startswith("cluster.procs_per_node=")]
+    args = [*TINY, *one_per_node, "cluster.nodes=2", "cluster.procs_per_node=1", "logging=disabled", f"runs_dir={runs}",
             "training.steps=400", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
             "checkpoint.export_safetensors=false", f"training.hang_timeout_s={HANG_S}"]
     submitted = meshrun("run", *args, timeout=120)

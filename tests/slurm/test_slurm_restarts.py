@@ -1,14 +1,17 @@
-"""training.max_restarts on the local Slurm cluster: rank 1 of a 2-task job SIGKILLs itself
-before step 6 (training/fault_injection.py, test-only), after the checkpoint of step 4. A
-surviving rank requeues the job (a failure requeue, apart from preemption requeues); it
-resumes from step 4, records the restart leg with its job id, finishes, and redoes step 5 with
-the same loss, bit for bit."""
+"""training.max_restarts on the local Slurm cluster, one job: rank 1 of 2 tasks SIGKILLs
+itself before step 6 (training/fault_injection.py, test-only), after the checkpoint of step 4;
+then, in the restarted leg, every rank SIGKILLs itself before step 7 at once (no rank left to
+catch an error: the task processes that keep the ranks notice, training/slurm_keeper.py). Each
+time the job is requeued (a failure requeue, apart from preemption requeues), resumes from
+step 4, records the restart leg with its job id, and redoes the steps with the same losses, bit
+for bit, to the end."""
 from __future__ import annotations
 
 import json
 import os
 import time
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -23,26 +26,29 @@ pytestmark = pytest.mark.slurm
 meshrun = partial(run_meshrun, timeout=400)
 
 
-def test_failed_rank_requeues_the_job_which_resumes_to_the_same_losses(slurm_cluster, tmp_path):
-    env = {**os.environ, "MESHRUN_TEST_KILL_AT": "1:6",
-           "MESHRUN_TEST_KILL_ONCE": str(tmp_path / "killed-once")}
+def test_failed_ranks_requeue_the_job_which_resumes_to_the_same_losses(slurm_cluster, tmp_path):
+    once = tmp_path / "killed-once"
+    env = {**os.environ, "MESHRUN_TEST_KILL_AT": "1:6,*:7", "MESHRUN_TEST_KILL_ONCE": str(once)}
     result = meshrun("run", *TINY, "training.steps=8", "checkpoint.every_steps=4",
-                     "training.max_restarts=1", *SLURM, f"runs_dir={tmp_path / 'runs'}", env=env)
+                     "training.max_restarts=2", *SLURM, f"runs_dir={tmp_path / 'runs'}", env=env)
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path / "runs")
     deadline = time.monotonic() + 300
     while not RunDir(run_dir).summary_file.exists():
         assert time.monotonic() < deadline, "the run did not finish after its restart"
         time.sleep(0.5)
-    assert (tmp_path / "killed-once").exists()
+    assert all(Path(f"{once}{r}").exists() for r in ("", ".rank0", ".rank1"))  # faults fired
     (job,) = json.loads(RunDir(run_dir).jobs_file.read_text())
-    (leg,) = RunDir(run_dir).read_resumes()
-    assert leg[RESTART_KEY] == 1 and leg["slurm_job_id"] == job["job_id"]
-    assert leg["after"]["step"] == 5
+    legs = RunDir(run_dir).read_resumes()
+    assert [leg[RESTART_KEY] for leg in legs] == [1, 2]
+    assert all(leg["slurm_job_id"] == job["job_id"] for leg in legs)
+    assert [leg["after"]["step"] for leg in legs] == [5, 6]
     written = [parse_metrics_line(line) for line in RunDir(run_dir).metrics_file.read_text()
                .splitlines()]
-    step5 = [r["loss"] for r in written if r and r.get("kind") == "train" and r["step"] == 5]
-    assert len(step5) == 2 and step5[0] == step5[1]  # the killed leg's and the restart's
+    losses = lambda step: [r["loss"] for r in written  # noqa: E731
+                           if r and r.get("kind") == "train" and r["step"] == step]
+    assert len(losses(5)) == 3 and len(set(losses(5))) == 1  # every leg's step 5: one loss
+    assert len(losses(6)) == 2 and len(set(losses(6))) == 1
     history = [r for r in RunDir(run_dir).read_rows() if r.get("kind") == "train"]
     assert [r["step"] for r in history] == list(range(1, 9))
     events = [r.get("event") for r in RunDir(run_dir).read_rows() if r.get("kind") == "event"]
