@@ -85,22 +85,31 @@ def hydra_fix(key: str, value: object) -> str:
 
 
 def _equivalent(key: str, value: object) -> str:
+    """`value`: the override's one value (None for a sweep or `~key`)."""
+    given = "" if value is None or "${" in str(value) else str(value)
+    if key == "hydra.run.dir" and given.strip("/"):
+        return _run_dir_fix(given)
+    if key == "hydra.sweep.dir" and given:
+        return f"meshrun sweep --dir {given} ..."
     if key.startswith("hydra.launcher."):
         param = key.split(".", 2)[2]
         if param in SUBMITIT_KEYS:
             return f"{SUBMITIT_KEYS[param]} (with cluster=slurm)"
     if key == "hydra/launcher" and "slurm" in str(value):
         return "cluster=slurm (Slurm through submitit; its settings are cluster.*)"
-    if key == "hydra.run.dir" and str(value).strip("/") and "${" not in str(value):
-        parent, _, name = str(value).rstrip("/").rpartition("/")
-        parent = parent or ("/" if str(value).startswith("/") else ".")
-        return (f"runs_dir={parent} name={name} (the run's dir is then "
-                f"{parent.rstrip('/')}/{name}-<YYYYmmdd-HHMMSS>)")
-    if key == "hydra.sweep.dir" and value and "${" not in str(value):
-        return f"meshrun sweep --dir {value} ..."
     found = [e for e in EQUIVALENTS if key == e.hydra_key or key.startswith(e.hydra_key + ".")]
     if found:
         return max(found, key=lambda e: len(e.hydra_key)).fix
-    shown = [e for e in EQUIVALENTS if e.shown_as in ("run_dir", "sweep_dir", "launcher", "job_name")]
+    shown = [e for e in EQUIVALENTS
+             if e.shown_as in ("run_dir", "sweep_dir", "launcher", "job_name")]
     return ("no meshrun equivalent: remove it (meshrun's equivalents of Hydra settings: "
             + ", ".join(f"{e.hydra_key} -> {e.set_with}" for e in shown) + ")")
+
+
+def _run_dir_fix(run_dir: str) -> str:
+    """hydra.run.dir=/data/out/exp1 -> runs_dir=/data/out name=exp1 (not the same dir: meshrun
+    adds the launch time to the name)."""
+    parent, _, name = run_dir.rstrip("/").rpartition("/")
+    parent = parent or ("/" if run_dir.startswith("/") else ".")
+    return (f"runs_dir={parent} name={name} (the run's dir is then "
+            f"{parent.rstrip('/')}/{name}-<YYYYmmdd-HHMMSS>)")

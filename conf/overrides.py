@@ -89,7 +89,7 @@ def check_override(line: str, ov: ParsedOverride | None, syntax_error: str,
                      "write key=value, group=option, +key=value or ~key")
         return
     if is_hydra_key(ov.key):  # hydra.run.dir=, hydra/launcher=: meshrun's equivalent instead
-        problems.add(ov.key, ov.value_text, NO_RUNTIME, hydra_fix(ov.key, ov.value_text))
+        problems.add(ov.key, ov.value_text, NO_RUNTIME, hydra_fix(ov.key, ov.value))
         return
     if ov.is_sweep:
         problems.add(ov.key, ov.value_text,
