@@ -39,8 +39,15 @@ def print_cfg(overrides: list[str], *, part: str, package: str | None, resolve: 
     return 0
 
 
-def check_cfg_flags(*, cfg: str | None, package: str | None, resolve: bool) -> None:
-    """--package and --resolve only mean something with --cfg (Hydra refuses --resolve too)."""
+def check_cfg_flags(*, cfg: str | None, package: str | None, resolve: bool,
+                    others: dict[str, bool]) -> None:
+    """--package and --resolve only mean something with --cfg (Hydra refuses --resolve too);
+    --cfg runs nothing, so it goes with none of `others` (flag -> given), as in Hydra."""
+    given = [flag for flag, on in others.items() if on]
+    if cfg is not None and given:
+        raise ConfigError([Problem("--cfg", cfg, f"prints the config and runs nothing: it does "
+                                   f"not go with {', '.join(given)}",
+                                   f"drop --cfg, or drop {', '.join(given)}")], "Bad command")
     if cfg is None and (package is not None or resolve):
         flag = "--package" if package is not None else "--resolve"
         raise ConfigError([Problem(flag, package or "", "only works with --cfg",

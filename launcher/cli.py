@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "exit; start it with the torchrun line --dry-run prints")
     run.add_argument("--force", action="store_true", help=FORCE_HELP)
     hydra_flags.add_run_flags(run)
-    run.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value, ...")
+    run.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value, "
+                     "...; anywhere on the line, before or after flags")
     plan = sub.add_parser("plan", help="print the numbers of a run (memory, FLOPs, tokens)")
     plan.add_argument("--attention-flops", choices=("full", "causal"), default="full",
                       help="FLOPs attention term: full (12*L*H*Q*T, PaLM/torchtitan, what MFU "
@@ -142,7 +143,9 @@ def run_command(args: argparse.Namespace, console: Console,
     from launcher import commands, hydra_flags
     from launcher.cfg_flag import check_cfg_flags, print_cfg
 
-    check_cfg_flags(cfg=args.cfg, package=args.package, resolve=args.resolve)
+    check_cfg_flags(cfg=args.cfg, package=args.package, resolve=args.resolve,
+                    others={"--info": bool(args.info), "--multirun": args.multirun,
+                            "--dry-run": args.dry_run, "--prepare-only": args.prepare_only})
     if args.info:
         print(hydra_flags.info_text(args.info))
         return 0

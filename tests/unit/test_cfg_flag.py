@@ -72,6 +72,8 @@ def test_all_is_the_job_config_and_meshruns_section_in_one_document(capsys):
      ["--package=hydra.run.dir", "no Hydra runtime config", "--package meshrun.run_dir"]),
     (["--resolve", "model=tiny"], ["--resolve", "only works with --cfg", "--cfg job"]),
     (["--package", "model"], ["--package=model", "only works with --cfg"]),
+    (["--cfg", "job", "-m", "optim.lr=1e-4,1e-3"], ["--cfg=job", "--multirun", "drop --cfg"]),
+    (["--cfg", "all", "--dry-run"], ["--cfg=all", "does not go with --dry-run"]),
 ])
 def test_bad_cfg_flags_exit_2_naming_the_fix(argv, wants, capsys):
     assert main(["run", *argv]) == 2
