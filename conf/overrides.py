@@ -14,6 +14,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from conf.errors import ProblemList
+from conf.hydra_keys import NO_RUNTIME, hydra_fix, is_hydra_key
 from conf.schema import RunConfig
 from conf.search_path import group_options
 
@@ -86,6 +87,9 @@ def check_override(line: str, ov: ParsedOverride | None, syntax_error: str,
     if ov is None:
         problems.add(line, "", f"is not valid override syntax ({syntax_error})",
                      "write key=value, group=option, +key=value or ~key")
+        return
+    if is_hydra_key(ov.key):  # hydra.run.dir=, hydra/launcher=: meshrun's equivalent instead
+        problems.add(ov.key, ov.value_text, NO_RUNTIME, hydra_fix(ov.key, ov.value))
         return
     if ov.is_sweep:
         problems.add(ov.key, ov.value_text,

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "exit; start it with the torchrun line --dry-run prints")
     run.add_argument("--force", action="store_true", help=FORCE_HELP)
     hydra_flags.add_run_flags(run)
-    run.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value, ...")
+    run.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value, "
+                     "...; anywhere on the line, before or after flags")
     plan = sub.add_parser("plan", help="print the numbers of a run (memory, FLOPs, tokens)")
     plan.add_argument("--attention-flops", choices=("full", "causal"), default="full",
                       help="FLOPs attention term: full (12*L*H*Q*T, PaLM/torchtitan, what MFU "
@@ -99,11 +100,12 @@ def _main(argv: list[str], warm: WarmTorchrun | None) -> int:
 
     from conf.errors import ConfigError
     from launcher import commands, hydra_flags
+    from launcher.intermixed_args import parse_intermixed
 
     console = Console()
     try:
         argv = hydra_flags.apply_search_path_args(argv)
-        args = build_parser().parse_args(argv)
+        args = parse_intermixed(build_parser(), argv)
         if getattr(args, "handler", None) is not None:
             return args.handler(args, console)
         if args.command == "plan" and args.search:
@@ -136,17 +138,22 @@ def _main(argv: list[str], warm: WarmTorchrun | None) -> int:
 
 def run_command(args: argparse.Namespace, console: Console,
                 warm: WarmTorchrun | None = None) -> int:
-    """`meshrun run`, with Hydra's --cfg, --info and -m/--multirun; `warm`: the torchrun
-    agent `main` started, for a run that launches here."""
+    """`meshrun run`, with Hydra's --cfg (--package, --resolve), --info and -m/--multirun;
+    `warm`: the torchrun agent `main` started, for a run that launches here."""
     from launcher import commands, hydra_flags
+    from launcher.cfg_flag import check_cfg_flags, print_cfg
 
+    check_cfg_flags(cfg=args.cfg, package=args.package, resolve=args.resolve,
+                    others={"--info": bool(args.info), "--multirun": args.multirun,
+                            "--dry-run": args.dry_run, "--prepare-only": args.prepare_only})
     if args.info:
         print(hydra_flags.info_text(args.info))
         return 0
     if args.multirun:
         return hydra_flags.multirun(args, build_parser)
     if args.cfg:
-        return commands.print_composed(args.overrides)
+        return print_cfg(args.overrides, part=args.cfg, package=args.package,
+                         resolve=args.resolve)
     return commands.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait,
                         prepare_only=args.prepare_only, warm=warm, force=args.force)
 

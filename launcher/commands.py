@@ -64,12 +64,6 @@ def plan(overrides: list[str], *, console: Console, attention: str = "full",
     return 0
 
 
-def print_composed(overrides: list[str]) -> int:
-    """`meshrun run --cfg job`: the composed config as YAML (before resolve), nothing created."""
-    print(config_yaml(compose_config(overrides)), end="")
-    return 0
-
-
 def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False,
         prepare_only: bool = False, warm: WarmTorchrun | None = None,
         force: bool = False) -> int:

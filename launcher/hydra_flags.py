@@ -1,4 +1,5 @@
-"""The flags a Hydra user reaches for, on `meshrun run`: --config-dir, --cfg job, --info,
+"""The flags a Hydra user reaches for, on `meshrun run`: --config-dir, --cfg job|hydra|all
+(--package, --resolve: launcher/cfg_flag.py), --info,
 -m/--multirun, and the config groups in --help (and `meshrun completion bash`).
 
 Groups and options are read from the YAML files on the config search path
@@ -56,8 +57,14 @@ def add_config_dir_arg(parser: argparse.ArgumentParser) -> None:
 def add_run_flags(run: argparse.ArgumentParser) -> None:
     """The Hydra-style flags of `meshrun run`, and its --help listing of the config groups."""
     add_config_dir_arg(run)
-    run.add_argument("--cfg", choices=("job",),
-                     help="print the composed config as YAML and exit (nothing is created)")
+    run.add_argument("--cfg", "-c", choices=("job", "hydra", "all"),
+                     help="print the config and exit, nothing created: job = the composed "
+                          "config; hydra = what meshrun uses in place of Hydra's runtime "
+                          "settings (run dir, sweep dir, launcher = cluster); all = both")
+    run.add_argument("--package", "-p", metavar="PKG",
+                     help="with --cfg: print only this part of the config (model, model.dim)")
+    run.add_argument("--resolve", action="store_true",
+                     help="with --cfg: resolve interpolations (${model.name}) before printing")
     run.add_argument("--info", nargs="?", const="all", choices=INFO_TOPICS,
                      help="print the config search path and the config groups found, and exit")
     run.add_argument("-m", "--multirun", action="store_true",
@@ -124,7 +131,8 @@ def completion_script(shell: str) -> str:
     words = [f"{group}={name}" for group in GROUPS for name in option_sources(group)]
     words += [f"+{group}={name}" for group in OPTIONAL_GROUPS for name in option_sources(group)]
     commands = "run plan resume status preflight sweep compare completion"
-    flags = "--dry-run --cfg --info --multirun --config-dir --prepare-only --help"
+    flags = ("--dry-run --cfg --package --resolve --info --multirun --config-dir --prepare-only "
+             "--help")
     return textwrap.dedent(f"""\
         # meshrun bash completion: eval "$(meshrun completion bash)"
         _meshrun() {{

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 from conf.compose.parse import quote_value, try_parse_override
@@ -20,23 +21,30 @@ HYDRA_VERSION_BASE = "1.3"
 
 def compose_config(overrides: list[str]) -> RunConfig:
     """Compose the default config with `overrides`; raise ConfigError on any bad override."""
-    import yaml
-    from hydra.errors import HydraException
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     check_overrides(overrides)
+    with hydra_errors_as_problems():
+        run_config = OmegaConf.to_object(compose_dict_config(list(overrides)))
+    assert isinstance(run_config, RunConfig), type(run_config)
+    return run_config
+
+
+@contextlib.contextmanager
+def hydra_errors_as_problems():
+    """Hydra's, OmegaConf's and YAML's errors inside -> one ConfigError naming the key or file."""
+    import yaml
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
-        cfg = compose_dict_config(list(overrides))
-        run_config = OmegaConf.to_object(cfg)
+        yield
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError([_problem_from_hydra(err)], "Invalid overrides") from None
     except yaml.YAMLError as err:
         raise ConfigError([_problem_from_yaml(err)], "Invalid config file") from None
     except UnicodeDecodeError as err:
         raise ConfigError(_undecodable_files(err), "Invalid config file") from None
-    assert isinstance(run_config, RunConfig), type(run_config)
-    return run_config
 
 
 def check_overrides(overrides: list[str]) -> None:
@@ -55,10 +63,11 @@ def config_yaml(run_config: RunConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(run_config))
 
 
-def compose_dict_config(overrides: list[str]):
+def compose_dict_config(overrides: list[str], *, with_hydra_node: bool = False):
     """Hydra's public compose of conf/config.yaml with `overrides`: a DictConfig, for this
-    package only. The user config dirs (conf.search_path) are Hydra's search path after
-    conf/. Raises Hydra's and OmegaConf's own errors."""
+    package only (`with_hydra_node`: with Hydra's `hydra` node, for its runtime.choices). The
+    user config dirs (conf.search_path) are Hydra's search path after conf/. Raises Hydra's
+    and OmegaConf's own errors."""
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
@@ -68,7 +77,8 @@ def compose_dict_config(overrides: list[str]):
         overrides = [f"{SEARCHPATH_KEY}=[{','.join(quote_value(p) for p in extra)}]",
                      *overrides]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=HYDRA_VERSION_BASE):
-        return compose(config_name=CONFIG_NAME, overrides=overrides)
+        return compose(config_name=CONFIG_NAME, overrides=overrides,
+                       return_hydra_config=with_hydra_node)
 
 
 def _problem_from_hydra(err: Exception) -> Problem:

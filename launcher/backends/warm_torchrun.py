@@ -22,8 +22,8 @@ import sys
 
 from launcher.backends.process_lifetime import parent_death_preexec
 
-NO_LAUNCH_FLAGS = frozenset({"--dry-run", "--prepare-only", "-h", "--help", "--cfg", "--info",
-                             "-m", "--multirun"})
+NO_LAUNCH_FLAGS = frozenset({"--dry-run", "--prepare-only", "-h", "--help", "--cfg", "-c",
+                             "--info", "-m", "--multirun"})
 """Flags after which `meshrun run` prints (or runs many) instead of launching one run here."""
 
 

@@ -46,11 +46,13 @@ class MetricsTail:
 
 
 def describe(row: dict) -> str:
-    parts = [f"loss {row['loss']:.4f}"]
+    """loss, MFU, val loss, tokens/s: most wanted first, since a narrow terminal cuts the end
+    (at 80 columns the progress line keeps loss and MFU whole)."""
+    mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
+    parts = [f"loss {row['loss']:.4f}", f"MFU {mfu}"]
     if "val_loss" in row:
         parts.append(f"val {row['val_loss']:.4f}")
-    mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
-    parts += [f"{row['tokens_per_s']:,.0f} tok/s", f"MFU {mfu}"]
+    parts.append(f"{row['tokens_per_s']:,.0f} tok/s")
     return "  ".join(parts)
 
 
@@ -88,7 +90,8 @@ BAR_WIDTH, BAR_WIDTH_NARROW = 20, 10
 
 def progress_columns(*, terminal_columns: int) -> tuple:
     """step, a fixed-width bar, times, then the metrics. rich's default bar (40) collapsed to
-    5 characters at 80 columns; now the metrics text is what gets cut (with an ellipsis)."""
+    5 characters at 80 columns; now the metrics text is what gets cut (with an ellipsis), from
+    its end: `describe` puts loss and MFU first."""
     bar = BAR_WIDTH_NARROW if terminal_columns < NARROW_COLUMNS else BAR_WIDTH
     fixed = dict(no_wrap=True)
     return (TextColumn("step {task.completed}/{task.total}", table_column=Column(**fixed)),

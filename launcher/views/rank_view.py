@@ -38,11 +38,16 @@ def rank_table(spec: RunSpec) -> Table:
     more = dims.world_size - shown
     title = f"Ranks ({shown} of {dims.world_size} shown)" if more else "Ranks"
     table = Table(title=title, title_justify="left",
-                  caption="coordinates; the ranks sharing each axis (its process group); sizes (M = MiB, G = GiB) of parameters + "
-                          "gradients + optimizer state, and of activations (estimate)")
-    table.add_column("rank", justify="right")
+                  caption="coordinates; the ranks sharing each axis (its process group); sizes "
+                          "(M = MiB, G = GiB) of parameters + gradients + optimizer state, and "
+                          "of activations (estimate)")
+    # at 80 columns only the group lists wrap (folded at the column's width): rank,
+    # coordinates and sizes stay whole (rich shrinks wrappable columns first)
+    table.add_column("rank", justify="right", no_wrap=True)
     table.add_column("pp,dp,cp,tp", no_wrap=True)
-    for column in (*(f"{axis} with" for axis in GROUP_AXES), "state", "activ."):
+    for axis in GROUP_AXES:
+        table.add_column(f"{axis} with", overflow="fold")
+    for column in ("state", "activ."):
         table.add_column(column, no_wrap=True)
     for rank in range(shown):
         c, m = dims.coordinates(rank), estimate_memory(spec, rank=rank)

@@ -75,14 +75,18 @@ def _legs(rd: RunDir) -> list[dict]:
 
 
 def print_status(status: dict, console: Console) -> None:
+    """The run dir on its own line (soft-wrapped by the terminal, never cut: it is copied),
+    then a table of the rest."""
+    console.print(f"run dir: {status['run_dir']}", markup=False, highlight=False,
+                  soft_wrap=True)
     table = Table(title="Status", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # wrapped, never cut with an ellipsis
     latest = status.get("latest") or {}
     state = str(status["state"])
     if "scheduler_state" in status:
         state += f" (Slurm: {status['scheduler_state']})"
-    rows = [("run dir", status["run_dir"]), ("state", state), ("job", status.get("job_id", "local")),
+    rows = [("state", state), ("job", status.get("job_id", "local")),
             ("step", str(status["step"])),
             ("loss", f"{latest['loss']:.4f}" if "loss" in latest else "-"),
             ("val loss", f"{status['val_loss']:.4f}" if status["val_loss"] is not None else "-"),

@@ -34,7 +34,7 @@ def options_on_disk(*dirs: Path) -> dict[str, list[str]]:
 
 def test_cfg_job_prints_the_composed_config_and_creates_nothing(tmp_path, capsys, user_dir):
     overrides = ["model=tiny", "optim.lr=0.003", f"runs_dir={tmp_path / 'runs'}"]
-    assert main(["run", "--cfg", "job", *overrides]) == 0
+    assert main(["run", "--cfg", "job", "--resolve", *overrides]) == 0
     assert capsys.readouterr().out == config_yaml(compose_config(overrides))
     assert not (tmp_path / "runs").exists()
 
