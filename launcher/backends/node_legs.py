@@ -26,6 +26,9 @@ LEGS_DIR = "node_legs"
 DECISION_FILE = "decision.json"
 HANG_CLAIM = "hang.claim"
 INTERRUPTED = 130
+STOPPED_ON_PURPOSE = ("interrupt", "stop")
+"""NodeEnd.stopped of a node stopped gently (exit INTERRUPTED): Ctrl-C / SIGTERM to its
+agent; `meshrun stop`, or a peer node stopped so."""
 HUNG_STATUS = 3
 """A leg the watchdog stopped (launcher.watchdog.HUNG_EXIT, the local launcher's)."""
 
@@ -37,7 +40,8 @@ class NodeEnd:
     node: int
     status: int
     stopped: str | None
-    """Why the agent stopped it ("peer", "hang", "interrupt"), None: it ended by itself."""
+    """Why the agent stopped it ("peer", "hang", "interrupt", "stop"), None: it ended by
+    itself."""
     cause: str
     time: float
 
@@ -76,6 +80,11 @@ class NodeLegs:
     def peer_failed(self, leg: int, node: int) -> bool:
         """Another node's torchrun of `leg` ended with a failure: stop this node's."""
         return any(e.node != node and e.status != 0 for e in self.ends(leg))
+
+    def peer_stopped(self, leg: int, node: int) -> bool:
+        """Another node's torchrun of `leg` was stopped on purpose: stop this node's gently
+        (its ranks checkpoint), not as after a failure."""
+        return any(e.node != node and e.status == INTERRUPTED for e in self.ends(leg))
 
     def wait_ends(self, leg: int, timeout_s: float) -> list[NodeEnd]:
         deadline = time.monotonic() + timeout_s
