@@ -62,10 +62,10 @@ def agent_presence(run_dir: Path, node: int):
         holder = read_lock_record(fd) or {}
         os.close(fd)
         raise ConfigError([Problem(
-            f"--node-rank={node}", str(path),
+            "--node-rank", str(node),
             f"node {node}'s agent is already running (pid {holder.get('pid', '?')} on "
-            f"{holder.get('host', '?')})", "start one agent per node; stop the run with "
-            f"`meshrun stop {run_dir}`")], "Cannot start the node agent") from None
+            f"{holder.get('host', '?')}, holding {path})", "start one agent per node; stop "
+            f"the run with `meshrun stop {run_dir}`")], "Cannot start the node agent") from None
     record = {"node": node, "host": socket.gethostname(), "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     os.ftruncate(fd, 0)

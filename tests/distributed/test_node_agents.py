@@ -30,6 +30,8 @@ from conf.run_dir.checkpoint_dirs import checkpoint_step, is_complete_checkpoint
 from conf.run_dir.paths import RunDir
 from conf.run_dir.restart_legs import RESTART_KEY
 from conf.run_dir.run_states import RunState, state_from_files
+from conf.run_dir.stop_request import stop_request_file
+from launcher.views.run_status import run_status
 from launcher.watchdog import HUNG_EXIT
 from tests.support.meshrun_cli import REPO, meshrun
 from tests.support.processes import pid_alive, wait_for
@@ -152,6 +154,7 @@ def test_meshrun_stop_stops_every_node_with_a_checkpoint_and_resume_trains_on(tm
                                        "training.max_restarts=1", "checkpoint.keep_last=1")
     nodes = _start(commands, tmp_path)
     wait_for(lambda: _ready(run_dir), 180, "rank 1 past a checkpoint")
+    assert run_status(run_dir)["state"] is RunState.running  # its live agents own it
     asked = meshrun("stop", str(run_dir), timeout=60)
     asked_at = time.monotonic()
     assert asked.returncode == 0, asked.stderr
@@ -162,7 +165,7 @@ def test_meshrun_stop_stops_every_node_with_a_checkpoint_and_resume_trains_on(tm
     assert statuses == [130, 130], outs
     assert not any("restart" in out for out in outs), outs
     assert not RunDir(run_dir).resumes_file.exists()  # no restart leg
-    assert state_from_files(run_dir) is RunState.stopped
+    assert run_status(run_dir)["state"] is RunState.stopped
     (stopped,) = [r for r in RunDir(run_dir).read_rows() if r.get("event") == "stopped"]
     latest = RunDir(run_dir).latest_checkpoint()
     assert is_complete_checkpoint(latest) and checkpoint_step(latest) == stopped["step"]
@@ -172,6 +175,7 @@ def test_meshrun_stop_stops_every_node_with_a_checkpoint_and_resume_trains_on(tm
     end = stopped["step"] + 2
     resumed = meshrun("resume", str(run_dir), f"training.steps={end}")
     assert resumed.returncode == 0, resumed.stderr
+    assert not stop_request_file(run_dir).exists()
     nodes = _start(_node_commands(resumed.stdout), tmp_path)
     assert [n.wait(timeout=300) for n in nodes] == [0, 0], (tmp_path / "node0.txt").read_text()
     assert state_from_files(run_dir) is RunState.completed
