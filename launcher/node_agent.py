@@ -164,12 +164,13 @@ def decide_leg(run_dir: Path, legs: NodeLegs, leg: int, *, max_restarts: int) ->
 
 def run_node(run_dir: Path, node: int) -> int:
     with agent_presence(run_dir, node) as me:
-        return _run_legs(run_dir, node, stop_asked=lambda: stop_asked_of(run_dir, me))
+        return _run_legs(run_dir, node, since_ns=me["since_ns"],
+                         stop_asked=lambda: stop_asked_of(run_dir, me))
 
 
-def _run_legs(run_dir: Path, node: int, *, stop_asked) -> int:
+def _run_legs(run_dir: Path, node: int, *, since_ns: int, stop_asked) -> int:
     spec = RunDir(run_dir).read_spec()
-    legs = NodeLegs(run_dir, spec.cluster.nodes)
+    legs = NodeLegs(run_dir, spec.cluster.nodes, since_ns=since_ns)
     if node == 0:
         legs.forget()
         clear_heartbeats(run_dir)  # no rank starts before node 0's torchrun joins

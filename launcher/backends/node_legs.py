@@ -9,6 +9,10 @@ renamed):
   passed): `{"restart": bool, "status": N}`; every agent then starts leg N+1 or exits N.
 - `hang.claim`, created exclusively by the first agent whose watchdog fires: that agent writes
   the hang report and the `hung` event, once; the others only stop their node.
+
+An agent reads only files written since it started (`since_ns`: its lock file's mtime, the same
+file system's clock): node 0's agent removes an earlier launch's files when it starts, but
+another node's agent may start first and must not take that launch's ends for this one's.
 """
 from __future__ import annotations
 
@@ -55,8 +59,8 @@ class Decision:
 class NodeLegs:
     """The leg files of one run dir."""
 
-    def __init__(self, run_dir: Path, nodes: int):
-        self.run_dir, self.nodes = Path(run_dir), nodes
+    def __init__(self, run_dir: Path, nodes: int, *, since_ns: int = 0):
+        self.run_dir, self.nodes, self.since_ns = Path(run_dir), nodes, since_ns
         self.root = RunDir(run_dir).logs_dir / LEGS_DIR
 
     def forget(self) -> None:
@@ -72,7 +76,7 @@ class NodeLegs:
     def ends(self, leg: int) -> list[NodeEnd]:
         found = []
         for node in range(self.nodes):
-            data = _read(self.leg_dir(leg) / f"node{node}.json")
+            data = self._read(self.leg_dir(leg) / f"node{node}.json")
             if data is not None:
                 found.append(NodeEnd(**data))
         return found
@@ -97,11 +101,20 @@ class NodeLegs:
 
     def wait_decision(self, leg: int, timeout_s: float) -> Decision | None:
         deadline = time.monotonic() + timeout_s
-        while (data := _read(self.leg_dir(leg) / DECISION_FILE)) is None:
+        while (data := self._read(self.leg_dir(leg) / DECISION_FILE)) is None:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.5)
         return Decision(**data)
+
+    def _read(self, path: Path) -> dict | None:
+        """The file's data when it was written since this agent started, else None."""
+        try:
+            if path.stat().st_mtime_ns < self.since_ns:
+                return None
+        except OSError:
+            return None
+        return _read(path)
 
     def claim_hang(self, leg: int) -> bool:
         """True for the first agent to ask (O_EXCL create), False for every later one."""

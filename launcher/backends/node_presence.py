@@ -51,8 +51,9 @@ class AgentSeen:
 
 @contextlib.contextmanager
 def agent_presence(run_dir: Path, node: int):
-    """Hold node `node`'s agent lock while the agent runs; yields its record. ConfigError when
-    another live agent of that node holds it."""
+    """Hold node `node`'s agent lock while the agent runs; yields its record, and `since_ns`:
+    the lock file's mtime once written (when this agent started, on the file system's clock).
+    ConfigError when another live agent of that node holds it."""
     path = agent_lock_file(run_dir, node)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -70,11 +71,12 @@ def agent_presence(run_dir: Path, node: int):
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    since_ns = os.fstat(fd).st_mtime_ns
     done = threading.Event()
     beat = threading.Thread(target=_touch_until, args=(path, done), daemon=True)
     beat.start()
     try:
-        yield record
+        yield {**record, "since_ns": since_ns}
     finally:
         done.set()
         os.ftruncate(fd, 0)  # a clean end: nobody to stop, nothing was killed

@@ -65,7 +65,8 @@ def test_one_agent_per_node_and_a_clean_end_leaves_no_record(run_dir):
             with agent_presence(run_dir, 0):
                 pass
         (seen,) = agents_seen(run_dir, 2)
-        assert seen.alive and seen.record == me
+        assert seen.alive and seen.record == {k: v for k, v in me.items() if k != "since_ns"}
+        assert me["since_ns"] == agent_lock_file(run_dir, 0).stat().st_mtime_ns
         assert NodesBackend().state(run_dir) == {}  # a live agent owns it
     (seen,) = agents_seen(run_dir, 2)
     assert not seen.alive and seen.record == {}
