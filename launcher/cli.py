@@ -1,4 +1,4 @@
-"""The `meshrun` command: run (with --dry-run), plan, resume.
+"""The `meshrun` command: run (with --dry-run), plan, resume, status, stop.
 
 Bad input ends with one message and exit status 2, never a traceback. Nothing on the dry-run
 path imports torch. `main` starts a local run's torchrun agent before it imports the rest of
@@ -27,6 +27,7 @@ FORCE_HELP = ("launch even when the plan says the run does not fit (a GPU's memo
 def build_parser() -> argparse.ArgumentParser:
     from launcher import hydra_flags
     from launcher.data import data_command
+    from launcher import stop_command
 
     parser = argparse.ArgumentParser(prog="meshrun", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("run_dir", type=Path)
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
     data_command.register(sub)
+    stop_command.register(sub)
     for register in command_plugins():
         register(sub)
     return parser

@@ -130,7 +130,7 @@ def completion_script(shell: str) -> str:
                           "Bad command")
     words = [f"{group}={name}" for group in GROUPS for name in option_sources(group)]
     words += [f"+{group}={name}" for group in OPTIONAL_GROUPS for name in option_sources(group)]
-    commands = "run plan resume status preflight sweep compare completion"
+    commands = "run plan resume status stop preflight sweep compare completion"
     flags = ("--dry-run --cfg --package --resolve --info --multirun --config-dir --prepare-only "
              "--help")
     return textwrap.dedent(f"""\

@@ -11,7 +11,11 @@ On its node it does what the local launcher does on one machine:
 - training.max_restarts without torchrun's --max-restarts (which hung re-forming the gloo group
   across nodes): each leg has its own rendezvous id; when a node's torchrun fails, every agent
   stops its own; node 0's agent decides with the local loop's rules (restart_loop.py) and
-  writes the decision; every agent starts the next leg or exits with the leg's status.
+  writes the decision; every agent starts the next leg or exits with the leg's status;
+- holds logs/node_agents/node<K>.lock while it runs (launcher/backends/node_presence.py) and
+  polls the run dir for a `meshrun stop` request naming it (conf/run_dir/stop_request.py):
+  then, as on Ctrl-C, SIGTERM to its torchrun (the ranks checkpoint first), no restart leg,
+  exit 130, the run `stopped` as a local run stopped so.
 """
 from __future__ import annotations
 
@@ -22,13 +26,16 @@ import sys
 import time
 from pathlib import Path
 
+from conf.errors import ConfigError
 from conf.run_dir.hang_watch import STACK_WAIT_S, HangWatchdog
 from conf.run_dir.paths import RunDir
 from conf.run_dir.restart_legs import failure_of
+from conf.run_dir.stop_request import stop_asked_of
 from conf.spec import RunSpec
 from launcher.backends.local_torchrun import rank_environment
-from launcher.backends.node_legs import (HUNG_STATUS, INTERRUPTED, Decision, NodeEnd,
-                                         NodeLegs, leg_failure, leg_status)
+from launcher.backends.node_legs import (HUNG_STATUS, INTERRUPTED, STOPPED_ON_PURPOSE,
+                                         Decision, NodeEnd, NodeLegs, leg_failure, leg_status)
+from launcher.backends.node_presence import agent_presence
 from launcher.backends.nodes_torchrun import node_torchrun_command
 from launcher.backends.process_lifetime import kill_tree, parent_death_preexec
 from launcher.backends.restart_loop import ENDED_ON_PURPOSE, restart_decided
@@ -65,9 +72,10 @@ def node_log(run_dir: Path, node: int) -> Path:
     return rd.torchrun_log if node == 0 else rd.logs_dir / f"torchrun.node{node}.log"
 
 
-def run_leg(spec: RunSpec, run_dir: Path, node: int, legs: NodeLegs, leg: int) -> NodeEnd:
+def run_leg(spec: RunSpec, run_dir: Path, node: int, legs: NodeLegs, leg: int,
+            stop_asked) -> NodeEnd:
     """Run this node's torchrun of `leg` to its end (or stop it: a peer failed, a hang, an
-    interrupt); record and return how it ended."""
+    interrupt, a stop request: `stop_asked()`); record and return how it ended."""
     log_path = node_log(run_dir, node)
     log_from = log_path.stat().st_size if log_path.exists() else 0
     stopped: list[str] = []
@@ -77,16 +85,17 @@ def run_leg(spec: RunSpec, run_dir: Path, node: int, legs: NodeLegs, leg: int) -
                                 env=rank_environment(spec), start_new_session=True,
                                 preexec_fn=parent_death_preexec())
 
-        def stop(why: str) -> None:
+        def stop(why: str, *, kill: bool = True) -> None:
             if not stopped:
                 stopped.append(why)
-                kill_tree(proc.pid)
+                if kill:
+                    kill_tree(proc.pid)
 
         c = spec.cluster
         with NodeHangWatchdog(run_dir, legs=legs, leg=leg, world_size=c.nodes * c.procs_per_node,
                               setting=spec.training.hang_timeout_s,
                               stop_all=lambda: stop("hang")) as watchdog:
-            _follow(proc, legs, leg, node, stop)
+            _follow(proc, legs, leg, node, stop, stop_asked)
     if watchdog.claimed:
         hung_exit(watchdog)
     elif watchdog.report:
@@ -100,11 +109,15 @@ def run_leg(spec: RunSpec, run_dir: Path, node: int, legs: NodeLegs, leg: int) -
     return end
 
 
-def _follow(proc: subprocess.Popen, legs: NodeLegs, leg: int, node: int, stop) -> None:
-    """Wait for torchrun; stop it when another node's torchrun of this leg failed."""
+def _follow(proc: subprocess.Popen, legs: NodeLegs, leg: int, node: int, stop,
+            stop_asked) -> None:
+    """Wait for torchrun; stop it gently when asked to (or another node's was), at once when
+    another node's torchrun of this leg failed."""
     try:
         while proc.poll() is None:
-            if legs.peer_failed(leg, node):
+            if stop_asked() or legs.peer_stopped(leg, node):
+                stop_gently(proc, stop, why="stop")
+            elif legs.peer_failed(leg, node):
                 stop("peer")
             try:
                 proc.wait(timeout=POLL_S)
@@ -114,22 +127,22 @@ def _follow(proc: subprocess.Popen, legs: NodeLegs, leg: int, node: int, stop) -
         stop_gently(proc, stop)
 
 
-def stop_gently(proc: subprocess.Popen, stop) -> None:
-    """Ctrl-C / SIGTERM to the agent: SIGTERM to torchrun (its ranks checkpoint and stop),
-    then the whole tree after TERM_GRACE_S."""
+def stop_gently(proc: subprocess.Popen, stop, *, why: str = "interrupt") -> None:
+    """Ctrl-C / SIGTERM to the agent, or a stop request: SIGTERM to torchrun (its ranks
+    checkpoint and stop), then the whole tree after TERM_GRACE_S."""
     proc.terminate()
     try:
         proc.wait(timeout=TERM_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
-    stop("interrupt")
+    stop(why, kill=proc.poll() is None)
     proc.wait()
 
 
 def _status(returncode: int, stopped: str | None) -> int:
     if stopped == "hang":
         return HUNG_STATUS
-    if stopped == "interrupt":
+    if stopped in STOPPED_ON_PURPOSE:
         return INTERRUPTED
     return 128 - returncode if returncode < 0 else returncode
 
@@ -150,14 +163,24 @@ def decide_leg(run_dir: Path, legs: NodeLegs, leg: int, *, max_restarts: int) ->
 
 
 def run_node(run_dir: Path, node: int) -> int:
+    with agent_presence(run_dir, node) as me:
+        return _run_legs(run_dir, node, since_ns=me["since_ns"],
+                         stop_asked=lambda: stop_asked_of(run_dir, me))
+
+
+def _run_legs(run_dir: Path, node: int, *, since_ns: int, stop_asked) -> int:
     spec = RunDir(run_dir).read_spec()
-    legs = NodeLegs(run_dir, spec.cluster.nodes)
+    legs = NodeLegs(run_dir, spec.cluster.nodes, since_ns=since_ns)
     if node == 0:
         legs.forget()
         clear_heartbeats(run_dir)  # no rank starts before node 0's torchrun joins
     leg = 0
     while True:
-        end = run_leg(spec, run_dir, node, legs, leg)
+        end = run_leg(spec, run_dir, node, legs, leg, stop_asked)
+        if end.status == INTERRUPTED:  # stopped on purpose: no restart, whatever the others
+            if node == 0:
+                legs.decide(leg, Decision(restart=False, status=INTERRUPTED))
+            return INTERRUPTED
         if node == 0:
             decision = decide_leg(run_dir, legs, leg,
                                   max_restarts=spec.training.max_restarts)
@@ -169,6 +192,8 @@ def run_node(run_dir: Path, node: int) -> int:
             return end.status or 1
         if not decision.restart:
             return decision.status
+        if stop_asked():  # asked between legs: no next leg
+            return INTERRUPTED
         leg += 1
 
 
@@ -186,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _interrupt)
     try:
         return run_node(args.run_dir.resolve(), args.node_rank)
+    except ConfigError as err:  # another agent of this node runs: one message, exit 2
+        sys.stderr.write(f"{err}\n")
+        return 2
     except KeyboardInterrupt:  # between legs (a leg's own interrupt stops its torchrun)
         return INTERRUPTED
 

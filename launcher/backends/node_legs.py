@@ -9,6 +9,10 @@ renamed):
   passed): `{"restart": bool, "status": N}`; every agent then starts leg N+1 or exits N.
 - `hang.claim`, created exclusively by the first agent whose watchdog fires: that agent writes
   the hang report and the `hung` event, once; the others only stop their node.
+
+An agent reads only files written since it started (`since_ns`: its lock file's mtime, the same
+file system's clock): node 0's agent removes an earlier launch's files when it starts, but
+another node's agent may start first and must not take that launch's ends for this one's.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ LEGS_DIR = "node_legs"
 DECISION_FILE = "decision.json"
 HANG_CLAIM = "hang.claim"
 INTERRUPTED = 130
+STOPPED_ON_PURPOSE = ("interrupt", "stop")
+"""NodeEnd.stopped of a node stopped gently (exit INTERRUPTED): Ctrl-C / SIGTERM to its
+agent; `meshrun stop`, or a peer node stopped so."""
 HUNG_STATUS = 3
 """A leg the watchdog stopped (launcher.watchdog.HUNG_EXIT, the local launcher's)."""
 
@@ -37,7 +44,8 @@ class NodeEnd:
     node: int
     status: int
     stopped: str | None
-    """Why the agent stopped it ("peer", "hang", "interrupt"), None: it ended by itself."""
+    """Why the agent stopped it ("peer", "hang", "interrupt", "stop"), None: it ended by
+    itself."""
     cause: str
     time: float
 
@@ -51,8 +59,8 @@ class Decision:
 class NodeLegs:
     """The leg files of one run dir."""
 
-    def __init__(self, run_dir: Path, nodes: int):
-        self.run_dir, self.nodes = Path(run_dir), nodes
+    def __init__(self, run_dir: Path, nodes: int, *, since_ns: int = 0):
+        self.run_dir, self.nodes, self.since_ns = Path(run_dir), nodes, since_ns
         self.root = RunDir(run_dir).logs_dir / LEGS_DIR
 
     def forget(self) -> None:
@@ -68,7 +76,7 @@ class NodeLegs:
     def ends(self, leg: int) -> list[NodeEnd]:
         found = []
         for node in range(self.nodes):
-            data = _read(self.leg_dir(leg) / f"node{node}.json")
+            data = self._read(self.leg_dir(leg) / f"node{node}.json")
             if data is not None:
                 found.append(NodeEnd(**data))
         return found
@@ -76,6 +84,11 @@ class NodeLegs:
     def peer_failed(self, leg: int, node: int) -> bool:
         """Another node's torchrun of `leg` ended with a failure: stop this node's."""
         return any(e.node != node and e.status != 0 for e in self.ends(leg))
+
+    def peer_stopped(self, leg: int, node: int) -> bool:
+        """Another node's torchrun of `leg` was stopped on purpose: stop this node's gently
+        (its ranks checkpoint), not as after a failure."""
+        return any(e.node != node and e.status == INTERRUPTED for e in self.ends(leg))
 
     def wait_ends(self, leg: int, timeout_s: float) -> list[NodeEnd]:
         deadline = time.monotonic() + timeout_s
@@ -88,11 +101,20 @@ class NodeLegs:
 
     def wait_decision(self, leg: int, timeout_s: float) -> Decision | None:
         deadline = time.monotonic() + timeout_s
-        while (data := _read(self.leg_dir(leg) / DECISION_FILE)) is None:
+        while (data := self._read(self.leg_dir(leg) / DECISION_FILE)) is None:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.5)
         return Decision(**data)
+
+    def _read(self, path: Path) -> dict | None:
+        """The file's data when it was written since this agent started, else None."""
+        try:
+            if path.stat().st_mtime_ns < self.since_ns:
+                return None
+        except OSError:
+            return None
+        return _read(path)
 
     def claim_hang(self, leg: int) -> bool:
         """True for the first agent to ask (O_EXCL create), False for every later one."""

@@ -7,7 +7,11 @@ rendezvous on 127.0.0.1) started from the commands `meshrun run` prints, each a 
   both agents stop their node and exit HUNG_EXIT, the hung event is written once, state hung;
 - training.max_restarts=1 with rank 1 SIGKILLing itself once before step 5 (after the step-4
   checkpoint, training/fault_injection.py): every agent starts leg 1 (a fresh rendezvous), the
-  run finishes with one restart leg, and its losses equal the uninterrupted run's, bit for bit.
+  run finishes with one restart leg, and its losses equal the uninterrupted run's, bit for bit;
+- `meshrun stop` mid-training: both agents SIGTERM their torchrun, the ranks checkpoint, no
+  restart leg (training.max_restarts=1), both exit 130, state stopped; a second stop is refused
+  (exit 2, no agent alive); `meshrun resume` prints the commands of a leg that trains on to its
+  end (the stale stop request does not stop it).
 """
 from __future__ import annotations
 
@@ -22,9 +26,12 @@ import pytest
 
 from conf.run_dir.hang_watch import DETECTION_BOUND_S
 from conf.run_dir.heartbeats import HANG_REPORT_FILE, HUNG_EVENT, read_heartbeats
+from conf.run_dir.checkpoint_dirs import checkpoint_step, is_complete_checkpoint
 from conf.run_dir.paths import RunDir
 from conf.run_dir.restart_legs import RESTART_KEY
 from conf.run_dir.run_states import RunState, state_from_files
+from conf.run_dir.stop_request import stop_request_file
+from launcher.views.run_status import run_status
 from launcher.watchdog import HUNG_EXIT
 from tests.support.meshrun_cli import REPO, meshrun
 from tests.support.processes import pid_alive, wait_for
@@ -53,9 +60,13 @@ def _printed_nodes(runs, *overrides) -> tuple:
     result = meshrun("run", *RUN, *overrides, f"cluster.rdzv_port={free_port()}",
                      f"runs_dir={runs}")
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    return only_run_dir(runs), _node_commands(result.stdout)
+
+
+def _node_commands(stdout: str) -> list[list[str]]:
+    lines = stdout.splitlines()
     start = lines.index("launch command per node:") + 1
-    return only_run_dir(runs), [shlex.split(line) for line in lines[start:start + 2]]
+    return [shlex.split(line) for line in lines[start:start + 2]]
 
 
 def _start(commands, out_dir, env=None) -> list[subprocess.Popen]:
@@ -136,3 +147,36 @@ def test_rank_stopped_mid_training_stops_every_node_and_is_named(tmp_path):
 def _ready(run_dir):
     b = read_heartbeats(run_dir).get(1)
     return b if b and b.get("step", 0) >= 3 and RunDir(run_dir).latest_checkpoint() else None
+
+
+def test_meshrun_stop_stops_every_node_with_a_checkpoint_and_resume_trains_on(tmp_path):
+    run_dir, commands = _printed_nodes(tmp_path / "runs", "training.steps=400",
+                                       "training.max_restarts=1", "checkpoint.keep_last=1")
+    nodes = _start(commands, tmp_path)
+    wait_for(lambda: _ready(run_dir), 180, "rank 1 past a checkpoint")
+    assert run_status(run_dir)["state"] is RunState.running  # its live agents own it
+    asked = meshrun("stop", str(run_dir), timeout=60)
+    asked_at = time.monotonic()
+    assert asked.returncode == 0, asked.stderr
+    assert "node 0 (pid" in asked.stdout and "node 1 (pid" in asked.stdout, asked.stdout
+    statuses = [n.wait(timeout=120) for n in nodes]
+    print(f"both agents exited {time.monotonic() - asked_at:.1f} s after `meshrun stop`")
+    outs = [(tmp_path / f"node{k}.txt").read_text() for k in (0, 1)]
+    assert statuses == [130, 130], outs
+    assert not any("restart" in out for out in outs), outs
+    assert not RunDir(run_dir).resumes_file.exists()  # no restart leg
+    assert run_status(run_dir)["state"] is RunState.stopped
+    (stopped,) = [r for r in RunDir(run_dir).read_rows() if r.get("event") == "stopped"]
+    latest = RunDir(run_dir).latest_checkpoint()
+    assert is_complete_checkpoint(latest) and checkpoint_step(latest) == stopped["step"]
+    again = meshrun("stop", str(run_dir), timeout=60)
+    assert again.returncode == 2 and "has no live node agent" in again.stderr, again
+    assert str(run_dir) in again.stderr and "Traceback" not in again.stderr
+    end = stopped["step"] + 2
+    resumed = meshrun("resume", str(run_dir), f"training.steps={end}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert not stop_request_file(run_dir).exists()
+    nodes = _start(_node_commands(resumed.stdout), tmp_path)
+    assert [n.wait(timeout=300) for n in nodes] == [0, 0], (tmp_path / "node0.txt").read_text()
+    assert state_from_files(run_dir) is RunState.completed
+    assert max(_losses(run_dir)) == end

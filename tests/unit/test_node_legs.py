@@ -2,8 +2,8 @@
 which failure the restart rules see, one hang claim, decisions read back."""
 from __future__ import annotations
 
-from launcher.backends.node_legs import (HUNG_STATUS, Decision, NodeEnd, NodeLegs,
-                                         leg_failure, leg_status)
+from launcher.backends.node_legs import (HUNG_STATUS, INTERRUPTED, Decision, NodeEnd,
+                                         NodeLegs, leg_failure, leg_status)
 
 
 def _end(node, status, stopped=None, cause="", t=0.0):
@@ -35,3 +35,23 @@ def test_ends_claims_and_decisions_go_through_the_run_dir(tmp_path):
     assert not list(legs.leg_dir(0).glob(".*tmp"))  # written atomically, nothing left over
     legs.forget()
     assert legs.ends(0) == []
+
+
+def test_a_node_stopped_on_purpose_stops_its_peers_gently(tmp_path):
+    legs = NodeLegs(tmp_path, nodes=2)
+    legs.record_end(0, _end(0, INTERRUPTED, "stop", "stopped (stop)"))
+    assert legs.peer_stopped(0, node=1) and not legs.peer_stopped(0, node=0)
+    assert leg_status(legs.ends(0) + [_end(1, 1)]) == INTERRUPTED  # no restart follows
+
+
+def test_an_agent_reads_no_leg_file_older_than_itself(tmp_path):
+    """node 1's agent may start before node 0's removes the last launch's files."""
+    earlier = NodeLegs(tmp_path, nodes=2)
+    earlier.record_end(0, _end(0, INTERRUPTED, "stop"))
+    earlier.decide(0, Decision(restart=False, status=INTERRUPTED))
+    written = (earlier.leg_dir(0) / "node0.json").stat().st_mtime_ns
+    decided = (earlier.leg_dir(0) / "decision.json").stat().st_mtime_ns
+    later = NodeLegs(tmp_path, nodes=2, since_ns=max(written, decided) + 1)
+    assert later.ends(0) == [] and not later.peer_stopped(0, node=1)
+    assert later.wait_decision(0, timeout_s=0.1) is None
+    assert NodeLegs(tmp_path, nodes=2, since_ns=written).ends(0) == earlier.ends(0)
