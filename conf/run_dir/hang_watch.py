@@ -140,9 +140,12 @@ class HangWatchdog:
 
 
 def _culprits(stalled: list[int], beats: dict) -> list[int]:
-    """Of the stalled ranks, those behind: a stopped process, else the lowest progress (a
-    rank waiting in a collective for a stalled peer goes silent too, but later and ahead)."""
-    stopped = [r for r in stalled if _process_state(beats.get(r, {})) == "T"]
+    """The ranks behind: a stopped process (of any rank: one stopped just after its last
+    heartbeat may not be past its timeout yet while the peer waiting for it, silent since
+    earlier, is), else the stalled ranks of lowest progress (a rank waiting in a collective
+    for a stalled peer goes silent too, but later and ahead)."""
+    stopped = sorted(r for r in set(stalled) | set(beats)
+                     if _process_state(beats.get(r, {})) == "T")
     if stopped:
         return stopped
     def progress(rank: int) -> tuple:

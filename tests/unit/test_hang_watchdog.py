@@ -77,3 +77,25 @@ def test_status_lists_heartbeats_older_than_their_phase_timeout(tmp_path):
     _beat(tmp_path, 1, beat=1, phase="done", wall=0.0)
     assert [s["rank"] for s in stale_ranks(tmp_path, setting=5, now=6.0)] == [0]
     assert stale_ranks(tmp_path, setting=5, now=4.0) == []
+
+
+def test_a_stopped_rank_is_the_culprit_even_before_its_own_timeout(tmp_path):
+    """Rank 1 SIGSTOPped right after its first heartbeat; rank 0, waiting for it, went silent
+    earlier, so only rank 0 is past its timeout: the stopped process is still the one named."""
+    import signal
+    import socket
+    import subprocess
+
+    from conf.run_dir.hang_watch import _culprits
+
+    stopped = subprocess.Popen(["sleep", "60"])
+    try:
+        stopped.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)  # /proc shows state T
+        beats = {0: {"pid": 0, "host": "elsewhere", "step": 0},
+                 1: {"pid": stopped.pid, "host": socket.gethostname(), "step": 0}}
+        assert _culprits([0], beats) == [1]
+        assert _culprits([0], {0: beats[0]}) == [0]  # nobody stopped: the stalled rank
+    finally:
+        stopped.kill()
+        stopped.wait()
