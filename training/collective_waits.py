@@ -21,13 +21,13 @@ entry points every wait above goes through, process-wide attributes torch looks 
 call: `Work.wait` and `_functional_collectives.wait_tensor`; the returned function restores
 them. Counted: waits on the thread that installed it (the training loop) and inside backward
 (autograd's device threads on CUDA), not the checkpoint thread's (its own group). A wait
-inside a timed block (`Heartbeat.collective`) counts once. The wrapper costs about a
-microsecond per wait (benchmarks/watchdog_cost.py) and touches no tensor: no host sync.
+inside a timed block (`Heartbeat.collective`) counts once. The wrapper costs a few
+microseconds per wait (benchmarks/watchdog_cost.py) and touches no tensor: no host sync.
 
 Not seen: collectives compiled into a graph (training.compile with tp: Inductor calls the
 wait op itself). On CUDA both waits only order streams, so the host does not block there; a
-fast rank's wait then lands in the step's host sync and counts as compute (the straggler rule
-says the split is host-only there: conf/run_dir/stragglers.py).
+fast rank's wait then lands in the step's host sync and counts as compute. Status and the
+summary say so for such runs (conf/run_dir/stragglers.py `partial_wait`).
 """
 from __future__ import annotations
 
@@ -44,19 +44,16 @@ from training.heartbeat import Heartbeat
 def time_collective_waits(heartbeat: Heartbeat) -> Callable[[], None]:
     """Add the host time blocked in every collective wait to `heartbeat.wait_s` from now on;
     returns the function that puts torch's own waits back."""
-    owner = threading.get_ident()
+    owner, thread, in_backward = threading.get_ident(), threading.get_ident, _in_backward
     work_wait, wait_tensor = Work.wait, funcol.wait_tensor
 
-    def counted() -> bool:
-        return threading.get_ident() == owner or torch._C._current_graph_task_id() != -1
-
     def timed_work_wait(work, *args, **kwargs):
-        if not counted():
+        if thread() != owner and not in_backward():
             return work_wait(work, *args, **kwargs)
         return heartbeat.blocked_in(work_wait, work, *args, **kwargs)
 
     def timed_wait_tensor(tensor):
-        if not counted():
+        if thread() != owner and not in_backward():
             return wait_tensor(tensor)
         return heartbeat.blocked_in(wait_tensor, tensor)
 
@@ -66,3 +63,8 @@ def time_collective_waits(heartbeat: Heartbeat) -> Callable[[], None]:
         Work.wait, funcol.wait_tensor = work_wait, wait_tensor
 
     return restore
+
+
+def _in_backward() -> bool:
+    """Inside autograd's backward (its device threads run it on CUDA)."""
+    return torch._C._current_graph_task_id() != -1

@@ -1,12 +1,14 @@
 """Each rank's step time split into compute and wait (blocked in collectives), gathered with
 the step's memory stats (one all_gather that already exists: no added host sync).
 
-Wait is measured where a rank blocks on the others: the timed host collectives of the step
-(training/heartbeat.py `collective`: the loss all-reduce) and DDP's gradient sync, timed by a
-comm hook: the time backward waits after its last gradient bucket was launched, until that
-bucket's all-reduce completed (the rank that arrives first waits for the last). The hook
-averages then all-reduces like DDP's built-in one (the same arithmetic). On CUDA the timed
-host collectives also count device work still queued when they are entered.
+Wait is measured where a rank blocks on the others: every collective wait of the layout
+(training/collective_waits.py: FSDP/ZeRO, TP/SP, pipeline send/recv, CP and the loop's own
+collectives), the timed host collectives of the step (training/heartbeat.py `collective`:
+the loss all-reduce) and DDP's gradient sync, timed by a comm hook: the time backward waits
+after its last gradient bucket was launched, until that bucket's all-reduce completed (the
+rank that arrives first waits for the last). The hook averages then all-reduces like DDP's
+built-in one (the same arithmetic). On CUDA the timed host collectives also count device
+work still queued when they are entered.
 """
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ per rank]} (training/rank_times.py). A rank is slow on a step when its compute t
 the median over the ranks by more than SLOWER_FRACTION; it is a straggler when it was slow on
 at least PERSISTENT_FRACTION of the last WINDOW steps of the newest leg (rows after the last
 resume row: another leg may run on other nodes) that carry the split (MIN_STEPS at least).
+Where the measured wait misses some of a layout's collectives (`partial_wait`), a run with no
+straggler named is not shown as one without: status and the summary say the wait is partial.
 """
 from __future__ import annotations
 
@@ -43,6 +45,20 @@ def stragglers(rows: list[dict]) -> list[dict]:
                                                      for r in recent),
                 "wait_s": statistics.fmean(r["wait_s"][rank] for r in recent)})
     return found
+
+
+def partial_wait(spec) -> str:
+    """Why the wait measured for `spec`'s run (training/collective_waits.py: the host time
+    blocked in torch's collective waits) misses some of its collectives; "" when it misses
+    none (every layout on CPU, eager)."""
+    if spec.training.device == "cuda":
+        return ("wait is partial: on CUDA a collective wait only orders streams, so the host "
+                "time measured misses the device's wait (a straggler may go unnamed)")
+    if spec.training.compile and spec.parallel.tp > 1:
+        return ("wait is partial: tensor-parallel collectives compiled into the blocks "
+                "(training.compile) are waited inside the graph, unmeasured (a straggler may "
+                "go unnamed)")
+    return ""
 
 
 def describe_straggler(s: dict) -> str:

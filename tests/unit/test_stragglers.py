@@ -1,7 +1,8 @@
 """The straggler rule (conf/run_dir/stragglers.py) on metrics rows, and the summary's line."""
 from __future__ import annotations
 
-from conf.run_dir.stragglers import MIN_STEPS, TIME_BY_RANK_KEY, describe_straggler, stragglers
+from conf.run_dir.stragglers import (MIN_STEPS, TIME_BY_RANK_KEY, describe_straggler, partial_wait,
+                                      stragglers)
 
 
 def _row(step: int, compute: list[float]) -> dict:
@@ -24,3 +25,16 @@ def test_occasional_slowness_short_runs_and_an_earlier_leg_name_nobody():
     even_leg = [_row(s, [0.1, 0.1]) for s in range(10, 20)]
     assert stragglers(slow_leg + [{"kind": "resume", "step": 10}] + even_leg) == []
     assert stragglers([{"kind": "train", "step": 1, "loss": 1.0}] * 10) == []
+
+
+def test_the_wait_is_called_partial_where_it_misses_collectives():
+    from dataclasses import replace
+
+    from tests.support.specs import cpu_spec
+
+    eager_tp = cpu_spec("model=tiny", "parallel=tp", "cluster.procs_per_node=2")
+    assert partial_wait(eager_tp) == ""
+    compiled = replace(eager_tp, training=replace(eager_tp.training, compile=True))
+    assert "tensor-parallel collectives compiled" in partial_wait(compiled)
+    on_cuda = replace(eager_tp, training=replace(eager_tp.training, device="cuda"))
+    assert partial_wait(on_cuda).startswith("wait is partial: on CUDA")
