@@ -182,7 +182,7 @@ def _add_throughput(tr: TrainState, row: dict) -> None:
     tr.heartbeat.enter("metrics all_gather")
     by_rank = memory_by_rank(tr.ctx.device, extra=step_split(row["step_time_s"],
                                                               tr.heartbeat.take_wait_s()))
-    row.update(time_fields(by_rank), **memory_fields(by_rank))
+    row.update(time_fields(by_rank, spec=tr.spec), **memory_fields(by_rank))
 
 
 @torch.no_grad()

@@ -58,7 +58,9 @@ def test_the_slowed_rank_is_named_and_the_other_waits_for_it(slowed_runs, layout
     fast_wait = statistics.median(w[fast] for w in waits)
     slow_wait = statistics.median(w[slow] for w in waits)
     assert fast_wait > slow_wait + SLEEP_S / 2, _split(rows)
-    assert run_dir.read_summary()["stragglers"].startswith(f"rank {slow} is a straggler")
+    summary = run_dir.read_summary()
+    assert summary["stragglers"].startswith(f"rank {slow} is a straggler"), summary
+    assert summary["wait_partial"] == "", summary  # every wait of the layout is measured
     [shown] = run_status(run_dir.path)["stragglers"]
     assert shown.startswith(f"rank {slow} is a straggler"), shown
 
