@@ -24,10 +24,11 @@ them. Counted: waits on the thread that installed it (the training loop) and ins
 inside a timed block (`Heartbeat.collective`) counts once. The wrapper costs a few
 microseconds per wait (benchmarks/watchdog_cost.py) and touches no tensor: no host sync.
 
-Not seen: collectives compiled into a graph (training.compile with tp: Inductor calls the
-wait op itself). On CUDA both waits only order streams, so the host does not block there; a
-fast rank's wait then lands in the step's host sync and counts as compute. Status and the
-summary say so for such runs (conf/run_dir/stragglers.py `partial_wait`).
+Not seen: collectives compiled into a graph (training.compile with tp: the graph calls the
+wait op itself; while Dynamo traces, the wrappers step aside and add no graph break). On
+CUDA both waits only order streams, so the host does not block there; a fast rank's wait
+then lands in the step's host sync and counts as compute. Status and the summary say so for
+such runs (conf/run_dir/stragglers.py `partial_wait`).
 """
 from __future__ import annotations
 
@@ -45,15 +46,16 @@ def time_collective_waits(heartbeat: Heartbeat) -> Callable[[], None]:
     """Add the host time blocked in every collective wait to `heartbeat.wait_s` from now on;
     returns the function that puts torch's own waits back."""
     owner, thread, in_backward = threading.get_ident(), threading.get_ident, _in_backward
+    compiling = torch.compiler.is_compiling
     work_wait, wait_tensor = Work.wait, funcol.wait_tensor
 
     def timed_work_wait(work, *args, **kwargs):
-        if thread() != owner and not in_backward():
+        if compiling() or (thread() != owner and not in_backward()):
             return work_wait(work, *args, **kwargs)
         return heartbeat.blocked_in(work_wait, work, *args, **kwargs)
 
     def timed_wait_tensor(tensor):
-        if thread() != owner and not in_backward():
+        if compiling() or (thread() != owner and not in_backward()):
             return wait_tensor(tensor)
         return heartbeat.blocked_in(wait_tensor, tensor)
 

@@ -57,7 +57,7 @@ def test_the_slowed_rank_is_named_and_the_other_waits_for_it(slowed_runs, layout
     waits = [r[TIME_BY_RANK_KEY]["wait_s"] for r in rows if r.get("kind") == "train"]
     fast_wait = statistics.median(w[fast] for w in waits)
     slow_wait = statistics.median(w[slow] for w in waits)
-    assert fast_wait > slow_wait + SLEEP_S / 2, _split(rows)
+    assert fast_wait > slow_wait + SLEEP_S / 4, _split(rows)  # it waits for the sleeps
     summary = run_dir.read_summary()
     assert summary["stragglers"].startswith(f"rank {slow} is a straggler"), summary
     assert summary["wait_partial"] == "", summary  # every wait of the layout is measured
