@@ -28,7 +28,7 @@ Not seen: collectives compiled into a graph (training.compile with tp: the graph
 wait op itself; while Dynamo traces, the wrappers step aside and add no graph break). On
 CUDA both waits only order streams, so the host does not block there; a fast rank's wait
 then lands in the step's host sync and counts as compute. Status and the summary say so for
-such runs (conf/run_dir/stragglers.py `partial_wait`).
+such runs (conf/run_dir/stragglers.py `why_wait_is_partial`).
 """
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ import time
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from conf.run_dir.stragglers import TIME_BY_RANK_KEY, TIME_STATS, WAIT_PARTIAL_KEY, partial_wait
+from conf.run_dir.stragglers import (TIME_BY_RANK_KEY, TIME_STATS, WAIT_PARTIAL_KEY,
+                                      why_wait_is_partial)
 from conf.spec import RunSpec
 from training.heartbeat import Heartbeat
 
@@ -32,7 +33,7 @@ def time_fields(by_rank: dict[str, list[float]], *, spec: RunSpec) -> dict:
     """Move the step-time stats out of the gathered stats into the row's TIME_BY_RANK_KEY;
     with WAIT_PARTIAL_KEY where the wait misses some of the run's collectives."""
     fields = {TIME_BY_RANK_KEY: {stat: by_rank.pop(stat) for stat in TIME_STATS if stat in by_rank}}
-    partial = partial_wait(spec)
+    partial = why_wait_is_partial(spec)
     return {**fields, WAIT_PARTIAL_KEY: partial} if partial else fields
 
 

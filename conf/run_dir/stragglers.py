@@ -5,9 +5,9 @@ per rank]} (training/rank_times.py). A rank is slow on a step when its compute t
 the median over the ranks by more than SLOWER_FRACTION; it is a straggler when it was slow on
 at least PERSISTENT_FRACTION of the last WINDOW steps of the newest leg (rows after the last
 resume row: another leg may run on other nodes) that carry the split (MIN_STEPS at least).
-Where the measured wait misses some of a run's collectives (`partial_wait`), its train rows
-say why under WAIT_PARTIAL_KEY, and status and the summary repeat it (`wait_partial`): a run
-with no straggler named is then not shown as one without.
+Where the measured wait misses some of a run's collectives (`why_wait_is_partial`), its train
+rows say why under WAIT_PARTIAL_KEY, and status and the summary repeat it (`wait_partial`): a
+run with no straggler named is then not shown as one without.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def _split_rows(rows: list[dict]) -> list[dict]:
     """The train rows of the newest leg that carry the split of more than one rank."""
     resumes = [i for i, r in enumerate(rows) if r.get("kind") == RESUME_ROW_KIND]
     leg = rows[resumes[-1] + 1:] if resumes else rows
-    return [r for r in leg
-            if r.get("kind") == "train" and len(r.get(TIME_BY_RANK_KEY, {}).get("compute_s", [])) > 1]
+    return [r for r in leg if r.get("kind") == "train"
+            and len(r.get(TIME_BY_RANK_KEY, {}).get("compute_s", [])) > 1]
 
 
 def stragglers(rows: list[dict]) -> list[dict]:
@@ -60,7 +60,7 @@ def wait_partial(rows: list[dict]) -> str:
     return split[-1].get(WAIT_PARTIAL_KEY, "") if split else ""
 
 
-def partial_wait(spec) -> str:
+def why_wait_is_partial(spec) -> str:
     """Why the wait measured for `spec`'s run (training/collective_waits.py: the host time
     blocked in torch's collective waits) misses some of its collectives; "" when it misses
     none (every layout on CPU, eager)."""

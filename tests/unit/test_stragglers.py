@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from conf.run_dir.stragglers import (MIN_STEPS, TIME_BY_RANK_KEY, WAIT_PARTIAL_KEY,
-                                      describe_straggler, partial_wait, stragglers, wait_partial)
+                                      describe_straggler, stragglers, wait_partial,
+                                      why_wait_is_partial)
 
 
 def _row(step: int, compute: list[float]) -> dict:
@@ -37,11 +38,11 @@ def test_the_wait_is_called_partial_where_it_misses_collectives(tmp_path):
     from training.rank_times import time_fields
 
     eager_tp = cpu_spec("model=tiny", "parallel=tp", "cluster.procs_per_node=2")
-    assert partial_wait(eager_tp) == ""
+    assert why_wait_is_partial(eager_tp) == ""
     compiled = replace(eager_tp, training=replace(eager_tp.training, compile=True))
-    assert "tensor-parallel collectives compiled" in partial_wait(compiled)
+    assert "tensor-parallel collectives compiled" in why_wait_is_partial(compiled)
     on_cuda = replace(eager_tp, training=replace(eager_tp.training, device="cuda"))
-    assert partial_wait(on_cuda).startswith("wait is partial: on CUDA")
+    assert why_wait_is_partial(on_cuda).startswith("wait is partial: on CUDA")
 
     def rows(spec) -> list[dict]:
         split = {"step_time_s": [0.2, 0.2], "wait_s": [0.1, 0.0], "compute_s": [0.1, 0.2]}
@@ -50,6 +51,6 @@ def test_the_wait_is_called_partial_where_it_misses_collectives(tmp_path):
                 for s in range(1, 8)]
 
     assert wait_partial(rows(eager_tp)) == "" and WAIT_PARTIAL_KEY not in rows(eager_tp)[0]
-    assert wait_partial(rows(on_cuda)) == partial_wait(on_cuda)
+    assert wait_partial(rows(on_cuda)) == why_wait_is_partial(on_cuda)
     notes = progress_notes(tmp_path, rows(on_cuda), RunState.paused)
-    assert notes["wait_partial"] == partial_wait(on_cuda)
+    assert notes["wait_partial"] == why_wait_is_partial(on_cuda)
