@@ -44,6 +44,8 @@ class Heartbeat:
         self.step_times_s: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
         self.wait_s = 0.0
         """Seconds blocked in timed collectives since the last `take_wait_s`."""
+        self.blocking = False
+        """Inside a timed block: a wait nested in it is not counted again."""
         self.clocks: list = []
         """Gradient-sync clocks (training/rank_times.py), settled after each backward."""
         self._lock = threading.Lock()
@@ -76,10 +78,26 @@ class Heartbeat:
     def collective(self, label: str):
         """Mark entering the collective `label` (ring buffer + heartbeat), time the block."""
         self.enter(label)
+        outer, self.blocking = self.blocking, True
         started = time.perf_counter()
         try:
             yield
         finally:
+            self.blocking = outer
+            if not outer:
+                self.wait_s += time.perf_counter() - started
+
+    def blocked_in(self, wait, *args, **kwargs):
+        """`wait(*args, **kwargs)`, its time added to `wait_s` unless inside a timed block
+        (training/collective_waits.py times torch's collective waits with it)."""
+        if self.blocking:
+            return wait(*args, **kwargs)
+        self.blocking = True
+        started = time.perf_counter()
+        try:
+            return wait(*args, **kwargs)
+        finally:
+            self.blocking = False
             self.wait_s += time.perf_counter() - started
 
     def settle_clocks(self) -> None:
@@ -130,6 +148,7 @@ class NoHeartbeat(Heartbeat):
 
     def __init__(self) -> None:  # noqa: D107 (no file, no signal, no writer thread)
         self.phase_name, self.step, self.beat, self.wait_s = "init", 0, 0, 0.0
+        self.blocking = False
         self.collectives: deque[str] = deque(maxlen=RING)
         self.step_times_s: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
         self.clocks = []

@@ -14,6 +14,7 @@ from conf.schema import NonFinite
 from parallel.cost.flops import run_flops_convention
 from training.dist import all_reduce_sum, barrier, set_collective_timeout
 from conf.run_dir.heartbeats import collective_timeouts_s, hung_in_this_leg
+from training.collective_waits import time_collective_waits
 from training.export import export_hf, gather_full_state
 from training.failure_requeue import failure_requeues
 from training.fault_injection import kill_if_asked
@@ -40,6 +41,7 @@ def train(tr: TrainState) -> str:
     t = tr.spec.training
     stop = t.stop_at_step or t.steps
     outcome = "paused"
+    untime_waits = time_collective_waits(tr.heartbeat)  # each rank's wait under every layout
     try:
         if tr.step == 0:
             evaluate(tr)
@@ -70,6 +72,7 @@ def train(tr: TrainState) -> str:
             tr.loggers.event({"kind": "event", "event": "paused", "step": tr.step})
         return outcome
     finally:
+        untime_waits()
         _wait_for_save(tr, failing=sys.exc_info()[0] is not None)
         if tr.loggers is not None:  # paused, stopped or failed: close W&B with what is known
             failed = sys.exc_info()[0] is not None
@@ -179,7 +182,7 @@ def _add_throughput(tr: TrainState, row: dict) -> None:
     tr.heartbeat.enter("metrics all_gather")
     by_rank = memory_by_rank(tr.ctx.device, extra=step_split(row["step_time_s"],
                                                               tr.heartbeat.take_wait_s()))
-    row.update(time_fields(by_rank), **memory_fields(by_rank))
+    row.update(time_fields(by_rank, spec=tr.spec), **memory_fields(by_rank))
 
 
 @torch.no_grad()

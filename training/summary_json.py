@@ -13,7 +13,7 @@ from pathlib import Path
 from conf.run_dir.disk_space import disk_full_line
 from conf.run_dir.outcomes import outcomes_from_rows
 from conf.run_dir.paths import RunDir
-from conf.run_dir.stragglers import describe_straggler, stragglers
+from conf.run_dir.stragglers import describe_straggler, stragglers, wait_partial
 from parallel.cost.flops import FLOPS_CONVENTION
 from training.metrics import FLOPS_ATTENTION
 
@@ -30,6 +30,7 @@ def summarize(run_dir: Path, *, peak_source: str, last_checkpoint: str, export_d
         "last_checkpoint": last_checkpoint,
         "export_dir": export_dir,
         "stragglers": "; ".join(map(describe_straggler, stragglers(rows))),
+        "wait_partial": wait_partial(rows),
     }
 
 

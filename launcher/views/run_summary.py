@@ -26,6 +26,7 @@ ROWS = (
     ("checkpoint", "last_checkpoint", "{}"),
     ("export", "export_dir", "{}"),
     ("stragglers", "stragglers", "{}"),
+    ("stragglers", "wait_partial", "{}"),
 )
 
 
