@@ -19,7 +19,9 @@ reductions of its generated backward), so fp32 results differ from eager by roun
 relative ~1e-6..1e-5, never bitwise; aot_eager's decompositions differ by less. One update
 at lr 1e-4 keeps AdamW's first step (about lr x sign(grad)) within the same bound.
 
-Wall time on this shared 2-core machine (load average 5-15): the aot_eager group 51 s, the
+All layouts run in one spawn (a module fixture; each test checks its backend's rows; a
+mismatch raises on the ranks, so it fails the fixture, naming the layout and parameter).
+Wall time on this shared 2-core machine (load average 5-15) was the aot_eager group 51 s, the
 inductor group 84 s, nearly all of it one cold inductor build of the block per rank (175 s
 under load average ~60).
 Inductor needs a warm-up compile per process: TORCHINDUCTOR_CACHE_DIR is set to a fresh folder
@@ -141,23 +143,33 @@ def _spec(name: str, overrides: list[str], backend: str):
                     f"training.compile_backend={backend}")
 
 
-def _run(tmp_path, names: list[str]) -> None:
-    specs = [_spec(name, *LAYOUTS[name]) for name in names]
-    results = run_on_ranks(compile_parity_rank, world_size=2, workdir=tmp_path, timeout_s=600,
+@pytest.fixture(scope="module")
+def compiled_rows(tmp_path_factory) -> dict[str, list[dict]]:
+    """Every layout, eager then compiled, in ONE spawn of 2 ranks (a spawn and the Dynamo and
+    inductor imports cost seconds each here); each rank's report row by layout name."""
+    tmp_path = tmp_path_factory.mktemp("compile")
+    specs = [_spec(name, *LAYOUTS[name]) for name in LAYOUTS]
+    results = run_on_ranks(compile_parity_rank, world_size=2, workdir=tmp_path, timeout_s=900,
                            kwargs={"cache_dir": str(tmp_path / "inductor"),
                                    "spec_dicts": [spec_to_dict(s) for s in specs]})
-    for index, spec in enumerate(specs):
-        rows = [rank_rows[index] for rank_rows in results]
-        assert {row["layout"] for row in rows} == {spec.parallel.name}
+    return {spec.parallel.name: [rank_rows[index] for rank_rows in results]
+            for index, spec in enumerate(specs)}
+
+
+def _check(compiled_rows: dict[str, list[dict]], backend: str) -> None:
+    names = [name for name, (_, b) in LAYOUTS.items() if b == backend]
+    for name in names:
+        rows = compiled_rows[name]
+        assert {row["layout"] for row in rows} == {name}
         assert all(row["graphs"] >= 1 for row in rows)
 
 
-def test_every_layout_captures_and_matches_eager(tmp_path):
+def test_every_layout_captures_and_matches_eager(compiled_rows):
     """aot_eager: Dynamo + AOTAutograd capture through every layout's wrappers."""
-    _run(tmp_path, [name for name, (_, backend) in LAYOUTS.items() if backend == "aot_eager"])
+    _check(compiled_rows, "aot_eager")
 
 
-def test_inductor_kernels_match_eager(tmp_path):
+def test_inductor_kernels_match_eager(compiled_rows):
     """inductor, cold cache: one process, then FSDP zero 3 (the same block graph, so the
     second build reuses the first's kernels within this run)."""
-    _run(tmp_path, [name for name, (_, backend) in LAYOUTS.items() if backend == "inductor"])
+    _check(compiled_rows, "inductor")

@@ -38,10 +38,15 @@ def train_run_dirs(*, rank: int, world_size: int, run_dirs: list[str]) -> list[s
     ctx = RankContext(rank=rank, local_rank=rank, world_size=world_size,
                       device=torch.device("cpu"))
     outcomes = []
-    for run_dir in map(Path, run_dirs):
-        state = build_train_state(RunDir(run_dir).read_spec(), run_dir, ctx)
-        outcomes.append(train(state))
-        # As training.main does: free DDP's reducer while the process group is alive.
-        del state
-        gc.collect()
+    gc.collect()
+    gc.freeze()  # the imports (~300k objects) are never scanned again: each collect below is fast
+    try:
+        for run_dir in map(Path, run_dirs):
+            state = build_train_state(RunDir(run_dir).read_spec(), run_dir, ctx)
+            outcomes.append(train(state))
+            # As training.main does: free DDP's reducer while the process group is alive.
+            del state
+            gc.collect()
+    finally:
+        gc.unfreeze()
     return outcomes
