@@ -66,6 +66,13 @@ class SearchResult:
     rejected: Counter
     """Combinations the rules dropped, by rule key."""
     basis: str
+    predicted_tps: tuple[float, ...] = ()
+    """Tokens/s per device of every fitting layout predicted (every one that can reach the
+    top, and with `also_above` every one that can beat it): what a rank is counted against."""
+
+    def rank_of(self, tokens_per_s: float) -> int:
+        """The rank a layout of `tokens_per_s` takes among the fitting ones (1 = best)."""
+        return 1 + sum(tps > tokens_per_s for tps in self.predicted_tps)
 
     @property
     def dropped_line(self) -> str:
@@ -115,9 +122,12 @@ def _overheads(breakdown, step_s: float) -> tuple[tuple[str, float], ...]:
 
 
 def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
-           policies: dict[str, RecomputeConfig], top: int = 10) -> SearchResult:
+           policies: dict[str, RecomputeConfig], top: int = 10,
+           also_above: float | None = None) -> SearchResult:
     """The `top` fitting layouts for `cfg`'s model and cluster (resolved into `base`) at
-    `global_batch_size` sequences per step, best predicted tokens/s per device first."""
+    `global_batch_size` sequences per step, best predicted tokens/s per device first;
+    `also_above`: predict as well every layout that could beat this many tokens/s per device
+    (so SearchResult.rank_of counts them all)."""
     rejected: Counter = Counter()
     base_plan = make_plan(base)
     hardware = hardware_of(base)  # the cluster's constants: the same for every candidate
@@ -146,15 +156,17 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
                        tokens_per_step=tokens, flops_per_step=float(base_plan.flops_per_token)
                        * tokens, total_tokens=tokens * spec.training.steps)
         fitting.append((candidate, spec, plan))
-    best = _best(fitting, top, hardware)
+    best = _best(fitting, top, hardware, also_above)
     ranked = [_replanned(c, spec, i, best) for i, (c, spec, _, _) in enumerate(best[:top])]
     basis = best[0][3].basis if best else "nothing fits"
     return SearchResult(top=ranked, enumerated=enumerated, fits=len(fitting),
                         does_not_fit=misfits, smallest_misfit_bytes=smallest,
-                        usable_bytes=usable, rejected=rejected, basis=basis)
+                        usable_bytes=usable, rejected=rejected, basis=basis,
+                        predicted_tps=tuple(e[3].tokens_per_s_per_device or 0.0 for e in best))
 
 
-def _best(fitting: list[tuple], top: int, hardware: Hardware | None) -> list[tuple]:
+def _best(fitting: list[tuple], top: int, hardware: Hardware | None,
+          also_above: float | None = None) -> list[tuple]:
     """(candidate, spec, plan, prediction) of at least the `top` best of `fitting` in rank
     order (_rank_key; among equals, the order they were found in), predicting only the
     layouts that can be among them: those whose most possible tokens/s per device
@@ -167,8 +179,9 @@ def _best(fitting: list[tuple], top: int, hardware: Hardware | None) -> list[tup
     fastest: list[float] = []  # the `top` best tokens/s predicted so far (a min-heap)
     done = []
     for i in order:
-        if hardware is not None and len(fastest) == top and ceilings[i] < fastest[0]:
-            break  # neither this layout nor any after it can reach the top
+        if hardware is not None and len(fastest) == top and ceilings[i] < fastest[0] and (
+                also_above is None or ceilings[i] < also_above):
+            break  # neither this layout nor any after it can reach the top (or beat also_above)
         candidate, spec, plan = fitting[i]
         prediction = predict(spec, plan, hardware)
         done.append((i, (candidate, spec, plan, prediction)))

@@ -43,7 +43,7 @@ def _base(overrides):
 
 def _key(parallel, micro, accum, recompute):
     return (*(getattr(parallel, n) for n in DEGREES), parallel.zero, parallel.sequence_parallel,
-            parallel.pp_schedule, parallel.pp_virtual_stages, parallel.pp_microbatches, micro,
+            parallel.loss_parallel, parallel.pp_schedule, parallel.pp_virtual_stages, parallel.pp_microbatches, micro,
             accum, recompute)
 
 
@@ -64,6 +64,7 @@ def _brute_force(cfg, base, global_batch_size):
                             cfg.parallel, **given, zero=zero, pp_schedule=schedule,
                             pp_virtual_stages=virtual, pp_layer_split=[],
                             sequence_parallel=given["tp"] > 1 or cfg.parallel.sequence_parallel,
+                            loss_parallel=given["tp"] > 1 or cfg.parallel.loss_parallel,
                             pp_microbatches=micro if given["pp"] > 1 else -1),
                             training=replace(cfg.training, micro_batch_size=micro,
                                              grad_accum_steps=-1,

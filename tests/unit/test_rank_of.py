@@ -1,0 +1,66 @@
+"""`plan --search --rank-of OVERRIDES` (launcher.plan.rank_of): a layout's rank among the
+search's fitting layouts and the terms that decided it; the search turns loss parallel on
+under tp."""
+from __future__ import annotations
+
+from conf.compose import compose_config
+from conf.resolve import resolve
+from launcher.plan.plan_search import neutral_layout, point_overrides, recompute_policies
+from launcher.plan.rank_of import rank_of, target_spec
+from parallel.cost.search import search
+from parallel.cost.step_time import estimate_time
+from parallel.cost.plan import make_plan
+
+BASE = ["model=llama3_1b", "cluster=slurm", "cluster.gpu_name=H100", "precision=bf16",
+        "training.seq_len=2048", "logging=disabled"]
+BATCH = 32
+
+
+def _search(also_above=None):
+    cfg = compose_config(BASE)
+    base = resolve(neutral_layout(cfg), host=_host(), check_paths=False)
+    return base, search(cfg, base, global_batch_size=BATCH, policies=recompute_policies(),
+                        top=3, also_above=also_above)
+
+
+def _host():
+    from launcher.hardware import probe_host
+    return probe_host()
+
+
+def test_the_best_layout_ranks_first_and_a_slower_one_is_counted_exactly():
+    base, result = _search()
+    best = result.top[0]
+    spec = target_spec(BASE, point_overrides(best.candidate), host=base.host,
+                       global_batch_size=BATCH)
+    assert rank_of(spec, [], result).rank == 1
+    slow = ["parallel=fsdp_tp", "parallel.tp=8", "recompute=full",
+            "training.micro_batch_size=4"]
+    spec = target_spec(BASE, slow, host=base.host, global_batch_size=BATCH)
+    tps = estimate_time(spec, make_plan(spec)).tokens_per_s_per_device
+    _, full = _search(also_above=tps)
+    told = rank_of(spec, slow, full)
+    assert told.rank == 1 + sum(t > tps for t in full.predicted_tps) > 3
+    assert "slower than #1" in told.why and "compute" in told.why
+    assert told.spec.parallel.loss_parallel is False  # not given: the base's value
+
+
+def test_search_turns_loss_parallel_on_under_tp():
+    _, result = _search()
+    cfg = compose_config([*BASE, "parallel=fsdp_tp", "parallel.tp=8"])
+    assert all(r.candidate.parallel.loss_parallel == (r.candidate.parallel.tp > 1)
+               for r in result.top)
+    assert "parallel.loss_parallel=false" in point_overrides(result.top[0].candidate) or \
+        result.top[0].candidate.parallel.tp > 1
+    assert cfg.parallel.loss_parallel is False
+
+
+def test_a_layout_that_does_not_fit_says_what_it_needs():
+    base, result = _search()
+    huge = ["parallel=ddp", "recompute=none", "training.micro_batch_size=32",
+            "training.grad_accum_steps=1", "cluster.nodes=1"]
+    spec = target_spec([*BASE, "training.seq_len=8192"], huge, host=base.host,
+                       global_batch_size=8 * 32)
+    told = rank_of(spec, huge, result)
+    assert told.rank is None and told.why.startswith("does not fit: needs")
+    assert "is dropped" in told.line and told.as_json()["fits"] is False
