@@ -16,7 +16,8 @@ training.global_batch_size x seq_len). The layout keys of the overrides are what
 - time_basis: what ranks them (the time model, or the labelled fallback)
 - top: [{rank (1 = best), overrides (a sweep point), layout {dp_replicate, dp_shard, tp, pp,
   cp, zero, sequence_parallel, loss_parallel, pp_schedule, pp_virtual_stages, pp_microbatches,
-  micro_batch_size, grad_accum_steps, recompute}, memory_bytes (peak of the fullest rank),
+  micro_batch_size, grad_accum_steps, recompute}, knobs (overrides beyond the layout that
+  launcher.plan.knob_refine turned on: training.compile=true, precision=fp8), memory_bytes (peak of the fullest rank),
   fits, margin_bytes, step_s, tokens_per_s_per_device, mfu, why}], as `meshrun plan` plans
   each point
 - rank_of: null, or with --rank-of OVERRIDES {overrides, rank (null: it does not fit), of
@@ -42,6 +43,7 @@ from conf.degrees import DEGREES
 from launcher.hardware import probe_host
 from launcher.views.plan_view import gib
 from launcher.output_file import check_output_file, write_file_atomically
+from launcher.plan.knob_refine import refine
 from launcher.plan.rank_of import rank_of, rank_overrides, target_spec
 from parallel.cost.plan import make_plan
 from parallel.cost.search import Ranked, SearchResult, search
@@ -77,6 +79,8 @@ def plan_search(overrides: list[str], *, console: Console, top: int = 10,
     result = search(cfg, base, global_batch_size=global_batch_size,
                     policies=recompute_policies(), top=top,
                     also_above=_target_speed(target))
+    result = refine(result, overrides, base, global_batch_size=global_batch_size,
+                    point_overrides=point_overrides, top=top)
     ranked = None if target is None else rank_of(target, extra, result)
     if write_sweep is not None:
         write_sweep_file(write_sweep, result, overrides, global_batch_size)
@@ -173,7 +177,8 @@ def write_sweep_file(path: Path, result: SearchResult, overrides: list[str],
     base = [o for o in overrides if not o.lstrip("+~").startswith(SEARCHED_KEYS)
             or o.startswith("parallel=")]
     sweep = {"name": path.stem, "base": [*base, f"training.global_batch_size={global_batch_size}"],
-             "combine": "list", "points": [point_overrides(r.candidate) for r in result.top],
+             "combine": "list", "points": [[*point_overrides(r.candidate), *r.extra]
+                                             for r in result.top],
              "run_name": "{sweep}-{index}"}
     header = f"{SWEEP_FILE_HEADER}: the top layouts, best predicted tokens/s per device first.\n"
     write_file_atomically(path, header + yaml.safe_dump(sweep, sort_keys=False, width=1000))
@@ -203,7 +208,8 @@ def _entry_json(rank: int, r: Ranked) -> dict:
                                                   "pp_microbatches")}
     layout.update(micro_batch_size=c.micro_batch_size, grad_accum_steps=c.grad_accum_steps,
                   recompute=c.recompute_name)
-    return {"rank": rank, "overrides": point_overrides(c), "layout": layout,
+    return {"rank": rank, "overrides": [*point_overrides(c), *r.extra], "layout": layout,
+            "knobs": list(r.extra),
             "memory_bytes": r.plan.memory.total, "fits": v.fits, "margin_bytes": v.margin_bytes,
             "step_s": r.prediction.step_s,
             "tokens_per_s_per_device": r.prediction.tokens_per_s_per_device,
@@ -213,10 +219,13 @@ def _entry_json(rank: int, r: Ranked) -> dict:
 SCHEDULE_ABBREVIATIONS = {"interleaved_1f1b": "i1f1b", "looped_bfs": "bfs",
                           "interleaved_zero_bubble": "izb"}
 """Pipeline schedules as the table names them (the legend under it spells them out)."""
+KNOB_WORDS = {"training.compile=true": "+compile", "precision=fp8": "+fp8"}
+"""The knobs launcher.plan.knob_refine turned on, as the table names them."""
 LEGEND = ("layout: dp R x S = dp_replicate x dp_shard; z = zero; pipeline schedule (i1f1b = "
           "interleaved_1f1b, bfs = looped_bfs, izb = interleaved_zero_bubble) v = virtual "
           "stages, m = pipeline micro-batches; mb = micro-batch x accumulation; then the "
-          "recompute option. Full overrides: --json or --write-sweep.")
+          "recompute option; +compile, +fp8: knobs turned on. Full overrides: --json or "
+          "--write-sweep.")
 
 
 def layout_text(c: Candidate) -> str:
@@ -247,7 +256,8 @@ def print_search(result: SearchResult, console: Console, *, global_batch_size: i
         table.add_column(column, justify="right", no_wrap=True)
     for i, r in enumerate(result.top):
         pred = r.prediction
-        table.add_row(str(i + 1), layout_text(r.candidate), gib(r.plan.memory.total),
+        knobs = "".join(f" {KNOB_WORDS.get(k, k)}" for k in r.extra)
+        table.add_row(str(i + 1), layout_text(r.candidate) + knobs, gib(r.plan.memory.total),
                       "-" if pred.step_s is None else f"{pred.step_s:.2f} s",
                       "-" if pred.tokens_per_s_per_device is None
                       else f"{pred.tokens_per_s_per_device:,.0f}",

@@ -13,13 +13,10 @@ from conf.resolve import resolve
 from conf.spec import RunSpec
 from parallel.cost.devices import GIB
 from parallel.cost.plan import Plan, make_plan
+from parallel.cost.rank_terms import decided_by
 from parallel.cost.search import SearchResult
 from parallel.cost.step_time import estimate_time
 
-TERMS = {"compute_s": "compute", "comm_exposed_s": "exposed comm", "bubble_s": "bubble",
-         "overhead_s": "per-layer overhead", "optimizer_s": "optimizer",
-         "offload_s": "offload"}
-"""The step-time terms (step_time.StepBreakdown) that add up to a step, as the reasons name them."""
 MEMORY_TERMS = ("params", "grads", "optimizer", "weight_copies", "activations", "loss_peak")
 
 
@@ -88,14 +85,11 @@ def _memory_why(plan: Plan) -> str:
 def _time_why(estimate, best) -> str:
     """The terms that decided: each step-time term of this layout against #1's, largest
     differences first, as milliseconds per step and as a share of this step."""
-    ours = estimate.breakdown
     theirs = estimate_time(best.spec, best.plan)
     if theirs is None:
         return "no time model for #1"
     gap = 1 - estimate.tokens_per_s_per_device / theirs.tokens_per_s_per_device
-    diffs = sorted(((getattr(ours, k) - getattr(theirs.breakdown, k), label)
-                    for k, label in TERMS.items()), key=lambda d: -abs(d[0]))
-    terms = ", ".join(f"{label} {d * 1e3:+.0f} ms" for d, label in diffs[:3] if abs(d) > 1e-4)
+    terms = decided_by(estimate.breakdown, theirs.breakdown)
     head = (f"{gap:.0%} slower than #1" if gap > 0.0005 else
             "faster than #1" if gap < -0.0005 else "ties #1")
     return f"{head}; against #1, per step: {terms or 'no term differs'}"

@@ -26,6 +26,7 @@ from parallel.cost.devices import GIB
 from parallel.cost.fit import memory_verdict
 from parallel.cost.memory import LayoutMemory
 from parallel.cost.plan import Plan, make_plan
+from parallel.cost.rank_terms import decided_by
 from parallel.cost.search_space import Candidate, enumerate_candidates
 from parallel.cost.step_time import Hardware, estimate_time, hardware_of, step_floor_s
 
@@ -42,6 +43,8 @@ class Prediction:
     """Where the numbers come from (the time model, or FALLBACK_BASIS)."""
     overheads: tuple[tuple[str, float], ...] = ()
     """(what, fraction of the step) beyond compute, largest first, when the model says."""
+    breakdown: object = None
+    """The step-time model's StepBreakdown, when it gave one (what `why` compares)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +54,9 @@ class Ranked:
     plan: Plan
     prediction: Prediction
     why: str = ""
+    extra: tuple[str, ...] = ()
+    """Overrides beyond the candidate's layout (the knobs the refinement turned on:
+    training.compile=true, precision=fp8)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,7 +108,8 @@ def predict(spec: RunSpec, plan: Plan, hardware: Hardware | None = None) -> Pred
     return Prediction(step_s=estimate.step_s, tokens_per_s_per_device=per_device, mfu=mfu,
                       basis="parallel.cost.step_time.estimate_time",
                       overheads=_overheads(getattr(estimate, "breakdown", None),
-                                           estimate.step_s))
+                                           estimate.step_s),
+                      breakdown=getattr(estimate, "breakdown", None))
 
 
 OVERHEADS = {"bubble_s": "pipeline bubble", "comm_exposed_s": "exposed comm",
@@ -234,6 +241,9 @@ def why(index: int, prediction: Prediction, plan: Plan, fitting: list) -> str:
         gap = 1 - prediction.tokens_per_s_per_device / best
         parts.append(f"{gap:.0%} slower than #1" if gap > 0.0005 else
                      f"ties #1 on time, {_headroom_vs(plan, fitting[0][2])}")
+        terms = decided_by(prediction.breakdown, fitting[0][3].breakdown)
+        if terms and gap > 0.0005:
+            parts.append(f"against #1: {terms}")
     parts += [f"{name} {share:.0%}" for name, share in prediction.overheads[:2]]
     if plan.verdict.margin_bytes is not None:
         parts.append(f"headroom {plan.verdict.margin_bytes / GIB:.1f} GiB")

@@ -144,7 +144,7 @@ def test_json_keys_and_the_sweep_file_validates_with_the_best_point_first(tmp_pa
     assert out["global_batch_size"] == 64 and len(out["top"]) == 3
     assert set(out["top"][0]) == {"rank", "overrides", "layout", "memory_bytes", "fits",
                                   "margin_bytes", "step_s", "tokens_per_s_per_device", "mfu",
-                                  "why"}
+                                  "why", "knobs"}
     assert main(["sweep", "-f", str(sweep), "--dry-run"]) == 0
     from sweeps.expand import expand
     from sweeps.spec_file import load_sweep_file

@@ -64,3 +64,32 @@ def test_a_layout_that_does_not_fit_says_what_it_needs():
     told = rank_of(spec, huge, result)
     assert told.rank is None and told.why.startswith("does not fit: needs")
     assert "is dropped" in told.line and told.as_json()["fits"] is False
+
+
+def test_knob_variants_turn_on_only_what_the_base_leaves_off():
+    from launcher.plan.knob_refine import COMPILE, FP8, knob_variants
+    from tests.support.specs import cpu_spec
+
+    gpu = ["model=llama3_1b", "cluster=slurm", "cluster.gpu_name=H100", "precision=bf16"]
+    assert knob_variants(cpu_spec(*gpu)) == [COMPILE, FP8, (*COMPILE, *FP8)]
+    assert knob_variants(cpu_spec(*gpu, "training.compile=true")) == [FP8]
+    assert knob_variants(cpu_spec("model=debug")) == [COMPILE]  # CPU: no fp8
+
+
+def test_refinement_adds_no_row_for_a_knob_that_changes_no_prediction():
+    """A variant is kept only when the plan predicts it faster or smaller than its layout;
+    every row kept beside its layout does, and the ranking stays by tokens/s."""
+    from launcher.plan.knob_refine import refine
+
+    base, result = _search()
+    refined = refine(result, BASE, base, global_batch_size=BATCH,
+                     point_overrides=point_overrides, top=3)
+    by_layout = {id(r.candidate): r for r in result.top}
+    for r in refined.top:
+        if r.extra:
+            plain = by_layout[id(r.candidate)]
+            assert (r.prediction.tokens_per_s_per_device
+                    > plain.prediction.tokens_per_s_per_device
+                    or r.plan.memory.total < plain.plan.memory.total)
+    speeds = [r.prediction.tokens_per_s_per_device for r in refined.top]
+    assert speeds == sorted(speeds, reverse=True) and len(refined.top) == 3
