@@ -99,7 +99,8 @@ def _tt_3d() -> list[Row]:
             "parallel.loss_parallel=true", "training.seq_len=8192",
             "training.micro_batch_size=16", "training.grad_accum_steps=1", "recompute=full",
             FP8_TP[0], COMPILE[0])
-    pp405 = (*L405B, *H100, *TT_GPU, "cluster.nodes=64", "parallel.dp_shard=8", "parallel.dp_replicate=1",
+    pp405 = (*L405B, *H100, *TT_GPU, "cluster.nodes=64", "parallel.dp_shard=8",
+             "parallel.dp_replicate=1",
              "parallel.tp=8", "parallel.pp=8", "parallel.zero=3", "parallel.loss_parallel=true",
              "training.seq_len=8192", "training.micro_batch_size=32",
              "training.grad_accum_steps=1", "parallel.pp_microbatches=32", "recompute=full",
@@ -132,8 +133,8 @@ def _tt_3d() -> list[Row]:
 def _tt_a100() -> list[Row]:
     base = (*A100, "cluster.nodes=8", "parallel=fsdp", "training.seq_len=8192",
             "training.micro_batch_size=1", "training.grad_accum_steps=1", "precision=bf16")
-    return [Row("tt_a100", "8B 64 A100 FSDP selective layer", (*L8B, *base, "recompute=full_every2"),
-                2904),
+    return [Row("tt_a100", "8B 64 A100 FSDP selective layer",
+                (*L8B, *base, "recompute=full_every2"), 2904),
             Row("tt_a100", "8B 64 A100 FSDP selective op", (*L8B, *base, "recompute=selective"),
                 2973),
             Row("tt_a100", "70B 64 A100 FSDP full AC", (*L70B, *base, "recompute=full"), 331)]

@@ -17,7 +17,8 @@ training.global_batch_size x seq_len). The layout keys of the overrides are what
 - top: [{rank (1 = best), overrides (a sweep point), layout {dp_replicate, dp_shard, tp, pp,
   cp, zero, sequence_parallel, loss_parallel, pp_schedule, pp_virtual_stages, pp_microbatches,
   micro_batch_size, grad_accum_steps, recompute}, knobs (overrides beyond the layout that
-  launcher.plan.knob_refine turned on: training.compile=true, precision=fp8), memory_bytes (peak of the fullest rank),
+  launcher.plan.knob_refine turned on: training.compile=true, precision=fp8), memory_bytes
+  (peak of the fullest rank),
   fits, margin_bytes, step_s, tokens_per_s_per_device, mfu, why}], as `meshrun plan` plans
   each point
 - rank_of: null, or with --rank-of OVERRIDES {overrides, rank (null: it does not fit), of

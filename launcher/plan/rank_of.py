@@ -52,8 +52,13 @@ def rank_overrides(text: str) -> list[str]:
 
 def target_spec(overrides: list[str], extra: list[str], *, host, global_batch_size: int
                 ) -> RunSpec:
-    """The layout to rank: the search's overrides, then `extra`, at the search's batch."""
-    every = [*overrides, *extra, f"training.global_batch_size={global_batch_size}"]
+    """The layout to rank: the search's overrides, then `extra`, at the search's batch (one
+    sequence per micro-batch unless `extra` says otherwise, as the search's base)."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in [*overrides, *extra]}
+    batch = [f"{key}={value}" for key, value in (("training.micro_batch_size", 1),
+                                                 ("training.grad_accum_steps", -1))
+             if key not in given]
+    every = [*overrides, *batch, *extra, f"training.global_batch_size={global_batch_size}"]
     return resolve(compose_config(every), host=host, check_paths=False,
                    explicit=explicit_model_keys(every))
 

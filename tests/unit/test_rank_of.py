@@ -46,13 +46,18 @@ def test_the_best_layout_ranks_first_and_a_slower_one_is_counted_exactly():
 
 
 def test_search_turns_loss_parallel_on_under_tp():
-    _, result = _search()
-    cfg = compose_config([*BASE, "parallel=fsdp_tp", "parallel.tp=8"])
-    assert all(r.candidate.parallel.loss_parallel == (r.candidate.parallel.tp > 1)
-               for r in result.top)
-    assert "parallel.loss_parallel=false" in point_overrides(result.top[0].candidate) or \
-        result.top[0].candidate.parallel.tp > 1
-    assert cfg.parallel.loss_parallel is False
+    from collections import Counter
+
+    from parallel.cost.search_space import enumerate_candidates
+
+    cfg = compose_config(BASE)
+    base = resolve(neutral_layout(cfg), host=_host(), check_paths=False)
+    found = list(enumerate_candidates(cfg, base, global_batch_size=BATCH,
+                                      policies=recompute_policies(), rejected=Counter()))
+    assert {c.parallel.tp for c in found} >= {1, 2, 8}
+    assert all(c.parallel.loss_parallel == (c.parallel.tp > 1) for c in found)
+    assert "parallel.loss_parallel=true" in point_overrides(
+        next(c for c in found if c.parallel.tp > 1))
 
 
 def test_a_layout_that_does_not_fit_says_what_it_needs():
@@ -93,3 +98,18 @@ def test_refinement_adds_no_row_for_a_knob_that_changes_no_prediction():
                     or r.plan.memory.total < plain.plan.memory.total)
     speeds = [r.prediction.tokens_per_s_per_device for r in refined.top]
     assert speeds == sorted(speeds, reverse=True) and len(refined.top) == 3
+
+
+def test_the_cli_prints_the_rank_in_json_and_refuses_a_bad_layout(capsys):
+    import json
+
+    from launcher.cli import main
+
+    argv = ["plan", "--search", *BASE, "--global-batch-tokens", str(BATCH * 2048), "--top", "2",
+            "--json", "--rank-of", "parallel=fsdp_tp parallel.tp=2"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)["rank_of"]
+    assert out["overrides"] == ["parallel=fsdp_tp", "parallel.tp=2"] and out["fits"] is True
+    assert out["rank"] > 1 and "slower than #1" in out["why"]
+    assert main([*argv[:-1], "parallel.tp=3"]) == 2  # 3 does not divide the 8 GPUs
+    assert "parallel.tp" in capsys.readouterr().err
