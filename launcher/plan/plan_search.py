@@ -166,6 +166,8 @@ def point_overrides(c: Candidate) -> list[str]:
               f"recompute={c.recompute_name}",
               f"training.micro_batch_size={c.micro_batch_size}",
               f"training.grad_accum_steps={c.grad_accum_steps}"]
+    if c.loss_chunks:
+        lines.append(f"training.loss_chunks={c.loss_chunks}")
     return lines
 
 
@@ -224,7 +226,8 @@ KNOB_WORDS = {"training.compile=true": "+compile", "precision=fp8": "+fp8"}
 """The knobs launcher.plan.knob_refine turned on, as the table names them."""
 LEGEND = ("layout: dp R x S = dp_replicate x dp_shard; z = zero; pipeline schedule (i1f1b = "
           "interleaved_1f1b, bfs = looped_bfs, izb = interleaved_zero_bubble) v = virtual "
-          "stages, m = pipeline micro-batches; mb = micro-batch x accumulation; then the "
+          "stages, m = pipeline micro-batches; mb = micro-batch x accumulation; lc = loss "
+          "chunks (training.loss_chunks); then the "
           "recompute option; +compile, +fp8: knobs turned on. Full overrides: --json or "
           "--write-sweep.")
 
@@ -242,6 +245,8 @@ def layout_text(c: Candidate) -> str:
         parts.append(f"{SCHEDULE_ABBREVIATIONS.get(p.pp_schedule, p.pp_schedule)} "
                      f"v{p.pp_virtual_stages} m{p.pp_microbatches}")
     parts.append(f"mb{c.micro_batch_size}x{c.grad_accum_steps}")
+    if c.loss_chunks:
+        parts.append(f"lc{c.loss_chunks}")
     parts.append(c.recompute_name)
     return " ".join(parts)
 

@@ -20,6 +20,8 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass, replace
 
+from conf.errors import ProblemList
+from conf.rules.split_rules import check_loss_chunks
 from conf.schema import RecomputeConfig, RunConfig
 from conf.spec import RunSpec
 from parallel.cost.devices import GIB
@@ -147,11 +149,16 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
                               training=candidate.training(base, trainings),
                               precision=base.precision, recompute=candidate.recompute,
                               document_mask=base.data.document_mask)
-        if usable is not None and smallest is not None and layout.floor() >= max(
+        chunked = _in_row_blocks(candidate, base, trainings) if usable is not None else None
+        lowest = chunked[1] if chunked else layout  # row blocks only ever take less memory
+        if usable is not None and smallest is not None and lowest.floor() >= max(
                 smallest, usable + 1):  # does not fit, and cannot be the smallest misfit
             misfits += 1
             continue
         memory = layout.fullest()
+        if usable is not None and memory.total > usable and chunked:
+            if chunked[1].fullest().total <= usable:
+                candidate, memory = chunked[0], chunked[1].fullest()
         if usable is not None and memory.total > usable:  # memory_verdict's rule
             misfits += 1
             smallest = memory.total if smallest is None else min(smallest, memory.total)
@@ -170,6 +177,28 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
                         does_not_fit=misfits, smallest_misfit_bytes=smallest,
                         usable_bytes=usable, rejected=rejected, basis=basis,
                         predicted_tps=tuple(e[3].tokens_per_s_per_device or 0.0 for e in best))
+
+
+SEARCH_LOSS_CHUNKS = 8
+"""Row blocks the search gives the head and loss of a layout that does not fit without them
+(training.loss_chunks; only the logits' transient shrinks, so a few blocks take most of it)."""
+
+
+def _in_row_blocks(candidate: Candidate, base: RunSpec, trainings: dict
+                   ) -> tuple[Candidate, LayoutMemory] | None:
+    """`candidate` with the head and loss in SEARCH_LOSS_CHUNKS row blocks, and its memory,
+    when the base runs them whole and training.loss_chunks' rule accepts it; else None."""
+    if base.training.loss_chunks != 1:
+        return None
+    chunked = candidate.with_loss_chunks(SEARCH_LOSS_CHUNKS)
+    training = chunked.training(base, trainings)
+    problems = ProblemList()
+    check_loss_chunks(chunked.parallel, training=training, problems=problems)
+    if problems:
+        return None
+    return chunked, LayoutMemory(model=base.model, parallel=chunked.parallel, training=training,
+                                 precision=base.precision, recompute=chunked.recompute,
+                                 document_mask=base.data.document_mask)
 
 
 def _best(fitting: list[tuple], top: int, hardware: Hardware | None,

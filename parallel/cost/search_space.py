@@ -24,7 +24,10 @@ key. tests/unit/test_plan_search.py checks the result against resolve() itself, 
 - pp = 1: micro_batch_size every divisor of the sequences each dp rank reads per step
   (grad_accum_steps derived); the global batch is fixed by the caller;
 - recompute: the policies the caller passes (the recompute group's options).
-Everything else (loss_chunks, cp_balanced, precision, compile, ...) is the base config's.
+training.loss_chunks is the base's, except that parallel.cost.search retries a layout that does
+not fit with the head and loss in row blocks (tp = pp = 1; SEARCH_LOSS_CHUNKS). Everything else
+(cp_balanced, precision, compile, ...) is the base config's; launcher.plan.knob_refine tries
+compile and fp8 on the top layouts.
 """
 from __future__ import annotations
 
@@ -58,6 +61,12 @@ class Candidate:
     recompute_name: str
     """The recompute group option (a sweep point selects it as `recompute=<name>`)."""
     recompute: RecomputeSpec
+    loss_chunks: int = 0
+    """training.loss_chunks when the search chose it (a layout that fits only with the head
+    and loss in row blocks); 0 = the base's."""
+
+    def with_loss_chunks(self, chunks: int) -> "Candidate":
+        return replace(self, loss_chunks=chunks)
 
     def spec(self, base: RunSpec, trainings: dict | None = None) -> RunSpec:
         """The run spec of this candidate: the base spec with its sections replaced.
@@ -68,12 +77,14 @@ class Candidate:
 
     def training(self, base: RunSpec, trainings: dict | None = None) -> TrainingSpec:
         """The training section of `spec`: the base's with this candidate's batch."""
+        chunks = self.loss_chunks or base.training.loss_chunks
         batch = (self.micro_batch_size, self.grad_accum_steps,
-                 self.micro_batch_size * self.grad_accum_steps * self.parallel.dp)
+                 self.micro_batch_size * self.grad_accum_steps * self.parallel.dp, chunks)
         trainings = {} if trainings is None else trainings
         if batch not in trainings:
             trainings[batch] = replace(base.training, micro_batch_size=batch[0],
-                                       grad_accum_steps=batch[1], global_batch_size=batch[2])
+                                       grad_accum_steps=batch[1], global_batch_size=batch[2],
+                                       loss_chunks=chunks)
         return trainings[batch]
 
 

@@ -23,7 +23,7 @@ from conf.spec import HostSpec, RecomputeSpec, spec_from_config
 from launcher.cli import main
 from launcher.plan.plan_search import neutral_layout, recompute_policies
 from parallel.cost.memory import LayoutMemory, estimate_memory
-from parallel.cost.search import FALLBACK_BASIS, search
+from parallel.cost.search import FALLBACK_BASIS, SEARCH_LOSS_CHUNKS, search
 from parallel.cost.search_space import (
     MIN_CP_TOKENS, enumerate_candidates, factorizations, pipeline_shapes,
 )
@@ -119,9 +119,14 @@ def test_ranking_drops_what_does_not_fit_and_orders_by_predicted_tokens_per_s():
         assert ranked.plan.memory == estimate_memory(ranked.spec)
     keys = [(-r.prediction.tokens_per_s_per_device, r.plan.memory.total) for r in result.top]
     assert keys == sorted(keys)
-    totals = [estimate_memory(c.spec(base)).total for c in enumerate_candidates(
-        cfg, base, global_batch_size=16, policies=POLICIES, rejected=Counter())]
-    misfits = [total for total in totals if total > result.usable_bytes]
+    candidates = list(enumerate_candidates(cfg, base, global_batch_size=16, policies=POLICIES,
+                                           rejected=Counter()))
+    totals = [estimate_memory(c.spec(base)).total for c in candidates]
+    chunked = [estimate_memory(c.with_loss_chunks(SEARCH_LOSS_CHUNKS).spec(base)).total
+               if c.parallel.tp == c.parallel.pp == 1 else total  # the head in row blocks
+               for c, total in zip(candidates, totals)]
+    misfits = [total for total, rows in zip(totals, chunked)
+               if total > result.usable_bytes and rows > result.usable_bytes]
     assert len(misfits) == result.does_not_fit
     assert min(misfits) == \
         result.smallest_misfit_bytes

@@ -113,3 +113,25 @@ def test_the_cli_prints_the_rank_in_json_and_refuses_a_bad_layout(capsys):
     assert out["rank"] > 1 and "slower than #1" in out["why"]
     assert main([*argv[:-1], "parallel.tp=3"]) == 2  # 3 does not divide the 8 GPUs
     assert "parallel.tp" in capsys.readouterr().err
+
+
+def test_a_layout_that_fits_only_with_the_loss_in_row_blocks_gets_them():
+    """Qwen2.5 0.5B (152k vocabulary) at 8k tokens on two 24 GB L4s: the logits' transient
+    is what does not fit, so the search gives such layouts training.loss_chunks."""
+    from dataclasses import replace
+
+    from parallel.cost.search import SEARCH_LOSS_CHUNKS
+
+    over = ["model=qwen2_5_0_5b", "cluster=slurm", "cluster.gpu_name=L4",
+            "cluster.gpus_per_node=2", "training.seq_len=8192", "logging=disabled"]
+    cfg = compose_config(over)
+    base = resolve(neutral_layout(cfg), host=_host(), check_paths=False)
+    result = search(cfg, base, global_batch_size=8, policies=recompute_policies(), top=3)
+    chunked = [r for r in result.top if r.candidate.loss_chunks]
+    assert chunked, [r.why for r in result.top]
+    for r in chunked:
+        assert r.spec.training.loss_chunks == SEARCH_LOSS_CHUNKS
+        assert f"training.loss_chunks={SEARCH_LOSS_CHUNKS}" in point_overrides(r.candidate)
+        assert r.plan.verdict.fits and r.plan == make_plan(r.spec)
+        whole = replace(r.spec, training=replace(r.spec.training, loss_chunks=1))
+        assert make_plan(whole).verdict.fits is False
