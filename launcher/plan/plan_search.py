@@ -77,11 +77,11 @@ def plan_search(overrides: list[str], *, console: Console, top: int = 10,
     if rank_of_text is not None:
         extra = rank_overrides(rank_of_text)
         target = target_spec(overrides, extra, host=host, global_batch_size=global_batch_size)
-    result = search(cfg, base, global_batch_size=global_batch_size,
-                    policies=recompute_policies(), top=top,
-                    also_above=_target_speed(target))
-    result = refine(result, overrides, base, global_batch_size=global_batch_size,
-                    point_overrides=point_overrides, top=top)
+    policies = recompute_policies()
+    result = search(cfg, base, global_batch_size=global_batch_size, policies=policies,
+                    top=top, also_above=_target_speed(target))
+    result = refine(result, overrides, base, neutral=neutral_layout, policies=policies,
+                    top=top)
     ranked = None if target is None else rank_of(target, extra, result)
     if write_sweep is not None:
         write_sweep_file(write_sweep, result, overrides, global_batch_size)

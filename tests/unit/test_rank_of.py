@@ -87,8 +87,8 @@ def test_refinement_adds_no_row_for_a_knob_that_changes_no_prediction():
     from launcher.plan.knob_refine import refine
 
     base, result = _search()
-    refined = refine(result, BASE, base, global_batch_size=BATCH,
-                     point_overrides=point_overrides, top=3)
+    refined = refine(result, BASE, base, neutral=neutral_layout,
+                     policies=recompute_policies(), top=3)
     by_layout = {id(r.candidate): r for r in result.top}
     for r in refined.top:
         if r.extra:
@@ -135,3 +135,20 @@ def test_a_layout_that_fits_only_with_the_loss_in_row_blocks_gets_them():
         assert r.plan.verdict.fits and r.plan == make_plan(r.spec)
         whole = replace(r.spec, training=replace(r.spec.training, loss_chunks=1))
         assert make_plan(whole).verdict.fits is False
+
+
+def test_a_variant_is_the_spec_resolve_gives_for_its_overrides():
+    from launcher.plan.knob_refine import COMPILE, FP8, fp8_precision, variant_spec
+
+    base, result = _search()
+    fp8 = fp8_precision(BASE, base, neutral_layout)
+    for r in result.top:
+        knobs = (*COMPILE, *FP8)
+        spec = variant_spec(r.spec, knobs, fp8=fp8,
+                            recompute=recompute_policies()[r.candidate.recompute_name])
+        every = [*BASE, *point_overrides(r.candidate), *knobs,
+                 f"training.global_batch_size={BATCH}"]
+        if r.candidate.parallel.tp > 1:
+            assert spec is None  # fp8 with tp: refused, as resolve() refuses it
+            continue
+        assert spec == resolve(compose_config(every), host=base.host, check_paths=False)
