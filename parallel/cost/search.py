@@ -149,15 +149,17 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
                               training=candidate.training(base, trainings),
                               precision=base.precision, recompute=candidate.recompute,
                               document_mask=base.data.document_mask)
-        chunked = _in_row_blocks(candidate, base, trainings) if usable is not None else None
-        lowest = chunked[1] if chunked else layout  # row blocks only ever take less memory
-        if usable is not None and smallest is not None and lowest.floor() >= max(
-                smallest, usable + 1):  # does not fit, and cannot be the smallest misfit
-            misfits += 1
-            continue
+        chunked = None  # the layout with the loss in row blocks, built only when needed
+        if usable is not None and smallest is not None and layout.floor() >= max(
+                smallest, usable + 1):  # does not fit whole, and cannot be the smallest misfit
+            chunked = _in_row_blocks(candidate, base, trainings)
+            if chunked is None or chunked[1].floor() >= max(smallest, usable + 1):
+                misfits += 1  # nor in row blocks (they only ever take less memory)
+                continue
         memory = layout.fullest()
-        if usable is not None and memory.total > usable and chunked:
-            if chunked[1].fullest().total <= usable:
+        if usable is not None and memory.total > usable:
+            chunked = chunked or _in_row_blocks(candidate, base, trainings)
+            if chunked and chunked[1].fullest().total <= usable:
                 candidate, memory = chunked[0], chunked[1].fullest()
         if usable is not None and memory.total > usable:  # memory_verdict's rule
             misfits += 1
