@@ -29,7 +29,8 @@ class RankOf:
     rank: int | None
     """1 = best; None when it does not fit."""
     of: int
-    """Fitting layouts the search found."""
+    """Fitting layouts the search found (the compile/fp8 variants knob_refine kept count
+    toward the rank, not here)."""
     why: str
 
     @property
@@ -88,8 +89,8 @@ def _memory_why(plan: Plan) -> str:
 
 
 def _time_why(estimate, best) -> str:
-    """The terms that decided: each step-time term of this layout against #1's, largest
-    differences first, as milliseconds per step and as a share of this step."""
+    """The terms that decided: this layout's step-time terms against #1's, the largest
+    differences first, in milliseconds per step (parallel.cost.rank_terms)."""
     theirs = estimate_time(best.spec, best.plan)
     if theirs is None:
         return "no time model for #1"
