@@ -1,7 +1,17 @@
-"""The plan beside torchtitan's published Llama 3.1 8B runs, and Megatron-LM's formulas on the
-same shapes. Torch-free; prints one table.
+"""The plan against the public record: every published run in benchmarks/published_rows.py
+(torchtitan's H100 and A100 tables, NeMo's FP8 table, Megatron-LM's 2021 scaling table), each
+planned with `cluster.calibration=none`, published vs plan memory and tokens/s per GPU with
+the error, then a summary (rows within 15% memory / 25% tokens/s, median errors). It reports,
+it asserts nothing: the regression test of the planner's honesty. Torch-free.
 
-    .venv/bin/python benchmarks/published_record.py
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/published_record.py [--detail]
+
+A row whose layout meshrun cannot express says so: its inexpressible overrides (with why) are
+dropped and the row is marked `~` (approximate), or it is `cannot express` with the rule that
+refused it; what the run used that meshrun does not model is named under the row.
+
+--detail: instead, the older close look at torchtitan's two 8B FSDP rows below (the plan on
+the catalogue H100 and on their GPU, Megatron-LM's formulas on the same shapes).
 
 Published numbers (PUBLISHED below): torchtitan's benchmarks/llama3_h100_202412_torchtitan.md
 (github.com/pytorch/torchtitan, commit 31a17bf, "end of 2024"), Table 1 (8 GPUs) and Table 3
@@ -192,5 +202,115 @@ Why they differ (one line each; numbers from the table):
   attention term), so the implied MFU matches the plan's convention."""
 
 
+@dataclass(frozen=True)
+class Result:
+    row: object
+    mem_gib: float | None
+    tps: float | None
+    dropped: tuple[str, ...]
+    refused: str = ""
+
+    def err(self, planned: float | None, published: float | None) -> float | None:
+        return None if planned is None or not published else planned / published - 1
+
+
+def plan_row(row) -> Result:
+    """Plan `row`; its inexpressible overrides dropped one by one while resolve() refuses."""
+    from conf.errors import ConfigError
+    from parallel.cost.devices import GIB
+    from parallel.cost.plan import make_plan
+    from parallel.cost.step_time import estimate_time
+    from tests.support.specs import cpu_spec
+
+    overrides, dropped = list(row.overrides), []
+    for override, why, *instead in ((None, ""), *row.approx):
+        if override is not None:
+            gone = (override,) if isinstance(override, str) else override
+            if not set(gone) <= set(overrides):
+                continue
+            overrides = [o for o in overrides if o not in gone] + instead
+            dropped.append(why)
+        try:
+            spec = cpu_spec(*overrides, "cluster.calibration=none")
+        except ConfigError as err:
+            refused = str(err).splitlines()[1].strip() if "\n" in str(err) else str(err)
+            continue
+        plan = make_plan(spec)
+        time = estimate_time(spec, plan)
+        return Result(row=row, mem_gib=plan.memory.total / GIB,
+                      tps=None if time is None else time.tokens_per_s_per_device,
+                      dropped=tuple(dropped))
+    return Result(row=row, mem_gib=None, tps=None, dropped=tuple(dropped), refused=refused)
+
+
+def _pct(e: float | None) -> str:
+    return "" if e is None else f"{e:+.1%}"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def print_record() -> list[Result]:
+    from published_rows import ROWS, SOURCES
+
+    results = [plan_row(row) for row in ROWS]
+    head = (f"{'run':48} {'mem pub':>7} {'plan':>7} {'err':>7} {'tok/s pub':>9} {'plan':>9} "
+            f"{'err':>7}")
+    for key, source in SOURCES.items():
+        print(f"[{key}] {source}")
+    print("\n" + head + "\n" + "-" * len(head))
+    for r in results:
+        row = r.row
+        mark = "~" if r.dropped or row.unmodelled else " "
+        if r.refused:
+            print(f"{row.label[:46]:46} {mark} cannot express: {r.refused}")
+            continue
+        print(f"{row.label[:46]:46} {mark} {_num(row.memory_gib, '7.1f')} "
+              f"{_num(r.mem_gib, '7.1f')} {_pct(r.err(r.mem_gib, row.memory_gib)):>7} "
+              f"{_num(row.tokens_per_s, '9,.0f')} {_num(r.tps, '9,.0f')} "
+              f"{_pct(r.err(r.tps, row.tokens_per_s)):>7}")
+        for what in (*r.dropped, *row.unmodelled):
+            print(f"{'':50}~ {what}")
+    print_summary(results)
+    return results
+
+
+MEMORY_WITHIN, TPS_WITHIN = 0.15, 0.25
+
+
+def print_summary(results: list[Result]) -> None:
+    import statistics
+
+    planned = [r for r in results if not r.refused]
+    mem = [abs(r.err(r.mem_gib, r.row.memory_gib)) for r in planned if r.row.memory_gib]
+    tps = [abs(r.err(r.tps, r.row.tokens_per_s)) for r in planned
+           if r.row.tokens_per_s and r.tps is not None]
+
+    def within(r: Result) -> bool:
+        m = r.err(r.mem_gib, r.row.memory_gib)
+        s = r.err(r.tps, r.row.tokens_per_s)
+        return (m is None or abs(m) <= MEMORY_WITHIN) and (s is not None
+                                                           and abs(s) <= TPS_WITHIN)
+
+    exact = [r for r in planned if not r.dropped and not r.row.unmodelled]
+    print(f"\nsummary: {len(results)} published rows; {len(planned)} planned "
+          f"({len(exact)} exactly as published, {len(planned) - len(exact)} approximate '~'), "
+          f"{len(results) - len(planned)} cannot be expressed")
+    print(f"  within {MEMORY_WITHIN:.0%} memory (where published) and {TPS_WITHIN:.0%} "
+          f"tokens/s: {sum(map(within, planned))} of {len(planned)} "
+          f"({sum(map(within, exact))} of {len(exact)} exact rows)")
+    if mem:
+        print(f"  memory: {len(mem)} rows, median |error| {statistics.median(mem):.1%}, "
+              f"{sum(e <= MEMORY_WITHIN for e in mem)} within {MEMORY_WITHIN:.0%}")
+    if tps:
+        print(f"  tokens/s: {len(tps)} rows, median |error| {statistics.median(tps):.1%}, "
+              f"{sum(e <= TPS_WITHIN for e in tps)} within {TPS_WITHIN:.0%}")
+
+
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if "--detail" in sys.argv[1:]:
+        main()
+    else:
+        print_record()

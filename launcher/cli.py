@@ -170,6 +170,9 @@ def add_search_args(plan: argparse.ArgumentParser) -> None:
                            "training.global_batch_size x seq_len)")
     plan.add_argument("--write-sweep", type=Path, dest="write_sweep",
                       help="--search: write the top layouts as a sweep file, best first")
+    plan.add_argument("--rank-of", dest="rank_of", metavar="OVERRIDES",
+                      help="--search: where this layout ranks and why, e.g. --rank-of "
+                           "'parallel=fsdp_tp parallel.tp=8 parallel.loss_parallel=true'")
 
 
 def search_command(args: argparse.Namespace, console: Console) -> int:
@@ -177,7 +180,7 @@ def search_command(args: argparse.Namespace, console: Console) -> int:
 
     return plan_search(args.overrides, console=console, top=args.top, as_json=args.json,
                        global_batch_tokens=args.global_batch_tokens,
-                       write_sweep=args.write_sweep)
+                       write_sweep=args.write_sweep, rank_of_text=args.rank_of)
 
 
 def show_status(run_dir: Path, *, as_json: bool, console: Console) -> int:

@@ -30,6 +30,7 @@ from launcher.data.stdlib_corpus import MANIFEST_NAME, prepare_stdlib_corpus, st
 from launcher.hardware import probe_host
 from launcher.backends.choose import backend_for
 from launcher.plan.plan_json import plan_json
+from launcher.plan.recipe_hint import recipe_hint
 from launcher.resume_checks import (check_resume_files, check_same_layout,
                                     checkpoint_meta_or_problem)
 from launcher.views.progress import print_failure
@@ -61,7 +62,14 @@ def plan(overrides: list[str], *, console: Console, attention: str = "full",
         print(json.dumps(plan_json(spec, the_plan, advice), indent=2))
     else:
         print_plan(spec, the_plan, console, advice)
+        _print_recipe_hint(spec, overrides, console)
     return 0
+
+
+def _print_recipe_hint(spec: RunSpec, overrides: list[str], console: Console) -> None:
+    hint = recipe_hint(spec, overrides)
+    if hint:
+        console.print(hint, markup=False, highlight=False, soft_wrap=True)
 
 
 def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False,
@@ -87,6 +95,7 @@ def _run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool,
         advice = (suggestions(spec, overrides, device_bytes=device_memory(spec))
                   if the_plan.verdict.fits is False else [])
         print_plan(spec, the_plan, console, advice)
+        _print_recipe_hint(spec, overrides, console)
         console.print(f"data: {_data_line(spec)}", markup=False, soft_wrap=True)
         print_launch(spec, new_run_dir_path(spec), command, console)
         print_copyable(spec, overrides, console)

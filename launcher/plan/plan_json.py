@@ -21,6 +21,11 @@ times seconds. Keys (schema "meshrun.plan/1"):
   host copies), comm_by_axis: {axis: s}},
   collectives: [{axis, op, group, size_bytes, calls, link, seconds}], sources: {constant:
   cluster | calibration | catalogue | default}}
+- does_not_fit: null when it fits (or no verdict); else, in plain words (launcher.plan.no_fit):
+  {need_bytes, usable_bytes, state_bytes (the whole model's parameters, gradients and
+  optimizer state), gpu_name, min_gpus (the fewest such GPUs holding that state fully
+  sharded), line, fixes: [text]}; step_time is then what the run would take if it could
+  start, not a prediction
 - suggestions: when it does not fit, [{what, overrides, memory_bytes (peak), fits,
   margin_bytes}], each re-planned (launcher.plan.fit_advice); else []
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 from conf.degrees import MESH_AXES
 from conf.spec import RunSpec
+from launcher.plan.no_fit import no_fit
 from parallel.cost.plan import Plan
 from parallel.cost.step_time import TimeEstimate, estimate_time
 
@@ -58,10 +64,16 @@ def plan_json(spec: RunSpec, plan: Plan, suggestions: list) -> dict:
                     "usable_bytes": v.usable_bytes, "margin_bytes": v.margin_bytes,
                     "basis": v.basis, "line": v.line},
         "step_time": None if time is None else time_json(time),
+        "does_not_fit": _no_fit_json(spec, plan, suggestions),
         "suggestions": [{"what": s.what, "overrides": s.overrides,
                          "memory_bytes": s.plan.memory.total, "fits": s.plan.verdict.fits,
                          "margin_bytes": s.plan.verdict.margin_bytes} for s in suggestions],
     }
+
+
+def _no_fit_json(spec: RunSpec, plan: Plan, suggestions: list) -> dict | None:
+    told = no_fit(spec, plan, any_suggestion_fits=any(s.plan.verdict.fits for s in suggestions))
+    return None if told is None else told.as_json()
 
 
 def time_json(e: TimeEstimate) -> dict:

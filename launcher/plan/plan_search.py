@@ -15,10 +15,14 @@ training.global_batch_size x seq_len). The layout keys of the overrides are what
 - dropped: the line on the layouts that do not fit; smallest_misfit_bytes, usable_bytes
 - time_basis: what ranks them (the time model, or the labelled fallback)
 - top: [{rank (1 = best), overrides (a sweep point), layout {dp_replicate, dp_shard, tp, pp,
-  cp, zero, sequence_parallel, pp_schedule, pp_virtual_stages, pp_microbatches,
-  micro_batch_size, grad_accum_steps, recompute}, memory_bytes (peak of the fullest rank),
+  cp, zero, sequence_parallel, loss_parallel, pp_schedule, pp_virtual_stages, pp_microbatches,
+  micro_batch_size, grad_accum_steps, recompute}, knobs (overrides beyond the layout that
+  launcher.plan.knob_refine turned on: training.compile=true, precision=fp8), memory_bytes
+  (peak of the fullest rank),
   fits, margin_bytes, step_s, tokens_per_s_per_device, mfu, why}], as `meshrun plan` plans
   each point
+- rank_of: null, or with --rank-of OVERRIDES {overrides, rank (null: it does not fit), of
+  (fitting layouts), memory_bytes, fits, tokens_per_s_per_device, why}
 """
 from __future__ import annotations
 
@@ -40,7 +44,11 @@ from conf.degrees import DEGREES
 from launcher.hardware import probe_host
 from launcher.views.plan_view import gib
 from launcher.output_file import check_output_file, write_file_atomically
+from launcher.plan.knob_refine import refine
+from launcher.plan.rank_of import rank_of, rank_overrides, target_spec
+from parallel.cost.plan import make_plan
 from parallel.cost.search import Ranked, SearchResult, search
+from parallel.cost.step_time import estimate_time
 from parallel.cost.search_space import Candidate
 
 SCHEMA = "meshrun.plan_search/1"
@@ -53,8 +61,9 @@ SEARCHED_KEYS = ("parallel.", "recompute", "training.micro_batch_size",
 
 def plan_search(overrides: list[str], *, console: Console, top: int = 10,
                 global_batch_tokens: int | None = None, write_sweep: Path | None = None,
-                as_json: bool = False) -> int:
-    """Search, then print the top layouts (and write them as a sweep file)."""
+                as_json: bool = False, rank_of_text: str | None = None) -> int:
+    """Search, then print the top layouts (and write them as a sweep file); `rank_of_text`:
+    overrides of one layout whose rank and reasons to print too (launcher.plan.rank_of)."""
     if top < 1:
         raise _bad("--top", top, "must be at least 1", "e.g. --top 10")
     if write_sweep is not None:
@@ -63,17 +72,40 @@ def plan_search(overrides: list[str], *, console: Console, top: int = 10,
     global_batch_size = batch_sequences(cfg, global_batch_tokens)
     base = resolve(neutral_layout(cfg), host=probe_host(), check_paths=False,
                    explicit=explicit_model_keys(overrides))
-    result = search(cfg, base, global_batch_size=global_batch_size,
-                    policies=recompute_policies(), top=top)
+    host = base.host
+    target = None
+    if rank_of_text is not None:
+        extra = rank_overrides(rank_of_text)
+        target = target_spec(overrides, extra, host=host, global_batch_size=global_batch_size)
+    policies = recompute_policies()
+    result = search(cfg, base, global_batch_size=global_batch_size, policies=policies,
+                    top=top, also_above=_target_speed(target))
+    result = refine(result, overrides, base, neutral=neutral_layout, policies=policies,
+                    top=top)
+    ranked = None if target is None else rank_of(target, extra, result)
     if write_sweep is not None:
         write_sweep_file(write_sweep, result, overrides, global_batch_size)
     if as_json:
-        print(json.dumps(search_json(result, base, global_batch_size), indent=2))
+        out = search_json(result, base, global_batch_size)
+        out["rank_of"] = None if ranked is None else ranked.as_json()
+        print(json.dumps(out, indent=2))
     else:
         print_search(result, console, global_batch_size=global_batch_size)
+        if ranked is not None:
+            console.print(ranked.line, markup=False, highlight=False)
         if write_sweep is not None:
             console.print(f"sweep file: {write_sweep}  (run: meshrun sweep -f {write_sweep})")
     return 0
+
+
+def _target_speed(spec) -> float | None:
+    """The tokens/s per device of the layout to rank (the search predicts every layout that
+    could beat it, so its rank is exact); None without one or without a time model."""
+    if spec is None:
+        return None
+    plan = make_plan(spec)
+    estimate = estimate_time(spec, plan)
+    return None if estimate is None else estimate.tokens_per_s_per_device
 
 
 def _bad(key: str, value: object, rule: str, fix: str) -> ConfigError:
@@ -127,12 +159,15 @@ def point_overrides(c: Candidate) -> list[str]:
     lines = [f"parallel.{name}={getattr(p, name)}" for name in DEGREES]
     lines += [f"parallel.zero={p.zero}",
               f"parallel.sequence_parallel={str(p.sequence_parallel).lower()}",
+              f"parallel.loss_parallel={str(p.loss_parallel).lower()}",
               f"parallel.pp_schedule={p.pp_schedule}",
               f"parallel.pp_virtual_stages={p.pp_virtual_stages}",
               f"parallel.pp_microbatches={p.pp_microbatches}", "parallel.pp_layer_split=[]",
               f"recompute={c.recompute_name}",
               f"training.micro_batch_size={c.micro_batch_size}",
               f"training.grad_accum_steps={c.grad_accum_steps}"]
+    if c.loss_chunks:
+        lines.append(f"training.loss_chunks={c.loss_chunks}")
     return lines
 
 
@@ -145,7 +180,8 @@ def write_sweep_file(path: Path, result: SearchResult, overrides: list[str],
     base = [o for o in overrides if not o.lstrip("+~").startswith(SEARCHED_KEYS)
             or o.startswith("parallel=")]
     sweep = {"name": path.stem, "base": [*base, f"training.global_batch_size={global_batch_size}"],
-             "combine": "list", "points": [point_overrides(r.candidate) for r in result.top],
+             "combine": "list", "points": [[*point_overrides(r.candidate), *r.extra]
+                                             for r in result.top],
              "run_name": "{sweep}-{index}"}
     header = f"{SWEEP_FILE_HEADER}: the top layouts, best predicted tokens/s per device first.\n"
     write_file_atomically(path, header + yaml.safe_dump(sweep, sort_keys=False, width=1000))
@@ -170,11 +206,13 @@ def search_json(result: SearchResult, base, global_batch_size: int) -> dict:
 def _entry_json(rank: int, r: Ranked) -> dict:
     p, c, v = r.candidate.parallel, r.candidate, r.plan.verdict
     layout = {name: getattr(p, name) for name in (*DEGREES, "zero", "sequence_parallel",
+                                                  "loss_parallel",
                                                   "pp_schedule", "pp_virtual_stages",
                                                   "pp_microbatches")}
     layout.update(micro_batch_size=c.micro_batch_size, grad_accum_steps=c.grad_accum_steps,
                   recompute=c.recompute_name)
-    return {"rank": rank, "overrides": point_overrides(c), "layout": layout,
+    return {"rank": rank, "overrides": [*point_overrides(c), *r.extra], "layout": layout,
+            "knobs": list(r.extra),
             "memory_bytes": r.plan.memory.total, "fits": v.fits, "margin_bytes": v.margin_bytes,
             "step_s": r.prediction.step_s,
             "tokens_per_s_per_device": r.prediction.tokens_per_s_per_device,
@@ -184,10 +222,14 @@ def _entry_json(rank: int, r: Ranked) -> dict:
 SCHEDULE_ABBREVIATIONS = {"interleaved_1f1b": "i1f1b", "looped_bfs": "bfs",
                           "interleaved_zero_bubble": "izb"}
 """Pipeline schedules as the table names them (the legend under it spells them out)."""
+KNOB_WORDS = {"training.compile=true": "+compile", "precision=fp8": "+fp8"}
+"""The knobs launcher.plan.knob_refine turned on, as the table names them."""
 LEGEND = ("layout: dp R x S = dp_replicate x dp_shard; z = zero; pipeline schedule (i1f1b = "
           "interleaved_1f1b, bfs = looped_bfs, izb = interleaved_zero_bubble) v = virtual "
-          "stages, m = pipeline micro-batches; mb = micro-batch x accumulation; then the "
-          "recompute option. Full overrides: --json or --write-sweep.")
+          "stages, m = pipeline micro-batches; mb = micro-batch x accumulation; lc = loss "
+          "chunks (training.loss_chunks); then the "
+          "recompute option; +compile, +fp8: knobs turned on. Full overrides: --json or "
+          "--write-sweep.")
 
 
 def layout_text(c: Candidate) -> str:
@@ -203,6 +245,8 @@ def layout_text(c: Candidate) -> str:
         parts.append(f"{SCHEDULE_ABBREVIATIONS.get(p.pp_schedule, p.pp_schedule)} "
                      f"v{p.pp_virtual_stages} m{p.pp_microbatches}")
     parts.append(f"mb{c.micro_batch_size}x{c.grad_accum_steps}")
+    if c.loss_chunks:
+        parts.append(f"lc{c.loss_chunks}")
     parts.append(c.recompute_name)
     return " ".join(parts)
 
@@ -218,7 +262,8 @@ def print_search(result: SearchResult, console: Console, *, global_batch_size: i
         table.add_column(column, justify="right", no_wrap=True)
     for i, r in enumerate(result.top):
         pred = r.prediction
-        table.add_row(str(i + 1), layout_text(r.candidate), gib(r.plan.memory.total),
+        knobs = "".join(f" {KNOB_WORDS.get(k, k)}" for k in r.extra)
+        table.add_row(str(i + 1), layout_text(r.candidate) + knobs, gib(r.plan.memory.total),
                       "-" if pred.step_s is None else f"{pred.step_s:.2f} s",
                       "-" if pred.tokens_per_s_per_device is None
                       else f"{pred.tokens_per_s_per_device:,.0f}",

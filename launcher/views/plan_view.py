@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conf.spec import RunSpec
+from launcher.plan.no_fit import no_fit
 from launcher.views.rank_view import layout_line, rank_table
 from parallel.cost.devices import GIB
 from parallel.cost.plan import Plan
@@ -162,12 +163,13 @@ def print_plan(spec: RunSpec, plan: Plan, console: Console,
 
 def does_not_fit_line(spec: RunSpec, plan: Plan, suggestions: list | None) -> str:
     """In plain words: this model, in this layout, does not fit where it would run."""
-    v = plan.verdict
-    head = (f"model {spec.model.name} does not fit {_where(spec)}: it needs "
-            f"{v.need_bytes / GIB:.2f} GiB, {v.usable_bytes / GIB:.2f} GiB usable")
-    if any(s.plan.verdict.fits for s in suggestions or []):
-        return head + "; the changes above that say 'fits' would"
-    if suggestions:
-        return head + "; none of the single changes above is enough (combine them, or use " \
-                      "more or larger devices)"
-    return head + "; no single change (zero, recompute, tp, micro-batch) resolves for this run"
+    fits = any(s.plan.verdict.fits for s in suggestions or [])
+    told = no_fit(spec, plan, any_suggestion_fits=fits)
+    head = f"model {spec.model.name} does not fit {_where(spec)}: it {told.line}"
+    if fits:
+        head += "; the changes above that say 'fits' would"
+    elif suggestions:
+        head += "; none of the single changes above is enough"
+    else:
+        head += "; no single change (zero, recompute, tp, micro-batch) resolves for this run"
+    return head + "\nfix: " + "\n     ".join(told.fixes)

@@ -20,12 +20,15 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass, replace
 
+from conf.errors import ProblemList
+from conf.rules.split_rules import check_loss_chunks
 from conf.schema import RecomputeConfig, RunConfig
 from conf.spec import RunSpec
 from parallel.cost.devices import GIB
 from parallel.cost.fit import memory_verdict
 from parallel.cost.memory import LayoutMemory
 from parallel.cost.plan import Plan, make_plan
+from parallel.cost.rank_terms import decided_by
 from parallel.cost.search_space import Candidate, enumerate_candidates
 from parallel.cost.step_time import Hardware, estimate_time, hardware_of, step_floor_s
 
@@ -42,6 +45,8 @@ class Prediction:
     """Where the numbers come from (the time model, or FALLBACK_BASIS)."""
     overheads: tuple[tuple[str, float], ...] = ()
     """(what, fraction of the step) beyond compute, largest first, when the model says."""
+    breakdown: object = None
+    """The step-time model's StepBreakdown, when it gave one (what `why` compares)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +56,9 @@ class Ranked:
     plan: Plan
     prediction: Prediction
     why: str = ""
+    extra: tuple[str, ...] = ()
+    """Overrides beyond the candidate's layout (the knobs the refinement turned on:
+    training.compile=true, precision=fp8)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +74,13 @@ class SearchResult:
     rejected: Counter
     """Combinations the rules dropped, by rule key."""
     basis: str
+    predicted_tps: tuple[float, ...] = ()
+    """Tokens/s per device of every fitting layout predicted (every one that can reach the
+    top, and with `also_above` every one that can beat it): what a rank is counted against."""
+
+    def rank_of(self, tokens_per_s: float) -> int:
+        """The rank a layout of `tokens_per_s` takes among the fitting ones (1 = best)."""
+        return 1 + sum(tps > tokens_per_s for tps in self.predicted_tps)
 
     @property
     def dropped_line(self) -> str:
@@ -95,7 +110,8 @@ def predict(spec: RunSpec, plan: Plan, hardware: Hardware | None = None) -> Pred
     return Prediction(step_s=estimate.step_s, tokens_per_s_per_device=per_device, mfu=mfu,
                       basis="parallel.cost.step_time.estimate_time",
                       overheads=_overheads(getattr(estimate, "breakdown", None),
-                                           estimate.step_s))
+                                           estimate.step_s),
+                      breakdown=getattr(estimate, "breakdown", None))
 
 
 OVERHEADS = {"bubble_s": "pipeline bubble", "comm_exposed_s": "exposed comm",
@@ -115,9 +131,12 @@ def _overheads(breakdown, step_s: float) -> tuple[tuple[str, float], ...]:
 
 
 def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
-           policies: dict[str, RecomputeConfig], top: int = 10) -> SearchResult:
+           policies: dict[str, RecomputeConfig], top: int = 10,
+           also_above: float | None = None) -> SearchResult:
     """The `top` fitting layouts for `cfg`'s model and cluster (resolved into `base`) at
-    `global_batch_size` sequences per step, best predicted tokens/s per device first."""
+    `global_batch_size` sequences per step, best predicted tokens/s per device first;
+    `also_above`: predict as well every layout that could beat this many tokens/s per device
+    (so SearchResult.rank_of counts them all)."""
     rejected: Counter = Counter()
     base_plan = make_plan(base)
     hardware = hardware_of(base)  # the cluster's constants: the same for every candidate
@@ -130,11 +149,18 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
                               training=candidate.training(base, trainings),
                               precision=base.precision, recompute=candidate.recompute,
                               document_mask=base.data.document_mask)
+        chunked = None  # the layout with the loss in row blocks, built only when needed
         if usable is not None and smallest is not None and layout.floor() >= max(
-                smallest, usable + 1):  # does not fit, and cannot be the smallest misfit
-            misfits += 1
-            continue
+                smallest, usable + 1):  # does not fit whole, and cannot be the smallest misfit
+            chunked = _in_row_blocks(candidate, base, trainings)
+            if chunked is None or chunked[1].floor() >= max(smallest, usable + 1):
+                misfits += 1  # nor in row blocks (they only ever take less memory)
+                continue
         memory = layout.fullest()
+        if usable is not None and memory.total > usable:
+            chunked = chunked or _in_row_blocks(candidate, base, trainings)
+            if chunked and chunked[1].fullest().total <= usable:
+                candidate, memory = chunked[0], chunked[1].fullest()
         if usable is not None and memory.total > usable:  # memory_verdict's rule
             misfits += 1
             smallest = memory.total if smallest is None else min(smallest, memory.total)
@@ -146,15 +172,39 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
                        tokens_per_step=tokens, flops_per_step=float(base_plan.flops_per_token)
                        * tokens, total_tokens=tokens * spec.training.steps)
         fitting.append((candidate, spec, plan))
-    best = _best(fitting, top, hardware)
+    best = _best(fitting, top, hardware, also_above)
     ranked = [_replanned(c, spec, i, best) for i, (c, spec, _, _) in enumerate(best[:top])]
     basis = best[0][3].basis if best else "nothing fits"
     return SearchResult(top=ranked, enumerated=enumerated, fits=len(fitting),
                         does_not_fit=misfits, smallest_misfit_bytes=smallest,
-                        usable_bytes=usable, rejected=rejected, basis=basis)
+                        usable_bytes=usable, rejected=rejected, basis=basis,
+                        predicted_tps=tuple(e[3].tokens_per_s_per_device or 0.0 for e in best))
 
 
-def _best(fitting: list[tuple], top: int, hardware: Hardware | None) -> list[tuple]:
+SEARCH_LOSS_CHUNKS = 8
+"""Row blocks the search gives the head and loss of a layout that does not fit without them
+(training.loss_chunks; only the logits' transient shrinks, so a few blocks take most of it)."""
+
+
+def _in_row_blocks(candidate: Candidate, base: RunSpec, trainings: dict
+                   ) -> tuple[Candidate, LayoutMemory] | None:
+    """`candidate` with the head and loss in SEARCH_LOSS_CHUNKS row blocks, and its memory,
+    when the base runs them whole and training.loss_chunks' rule accepts it; else None."""
+    if base.training.loss_chunks != 1:
+        return None
+    chunked = candidate.with_loss_chunks(SEARCH_LOSS_CHUNKS)
+    training = chunked.training(base, trainings)
+    problems = ProblemList()
+    check_loss_chunks(chunked.parallel, training=training, problems=problems)
+    if problems:
+        return None
+    return chunked, LayoutMemory(model=base.model, parallel=chunked.parallel, training=training,
+                                 precision=base.precision, recompute=chunked.recompute,
+                                 document_mask=base.data.document_mask)
+
+
+def _best(fitting: list[tuple], top: int, hardware: Hardware | None,
+          also_above: float | None = None) -> list[tuple]:
     """(candidate, spec, plan, prediction) of at least the `top` best of `fitting` in rank
     order (_rank_key; among equals, the order they were found in), predicting only the
     layouts that can be among them: those whose most possible tokens/s per device
@@ -167,8 +217,9 @@ def _best(fitting: list[tuple], top: int, hardware: Hardware | None) -> list[tup
     fastest: list[float] = []  # the `top` best tokens/s predicted so far (a min-heap)
     done = []
     for i in order:
-        if hardware is not None and len(fastest) == top and ceilings[i] < fastest[0]:
-            break  # neither this layout nor any after it can reach the top
+        if hardware is not None and len(fastest) == top and ceilings[i] < fastest[0] and (
+                also_above is None or ceilings[i] < also_above):
+            break  # neither this layout nor any after it can reach the top (or beat also_above)
         candidate, spec, plan = fitting[i]
         prediction = predict(spec, plan, hardware)
         done.append((i, (candidate, spec, plan, prediction)))
@@ -221,6 +272,9 @@ def why(index: int, prediction: Prediction, plan: Plan, fitting: list) -> str:
         gap = 1 - prediction.tokens_per_s_per_device / best
         parts.append(f"{gap:.0%} slower than #1" if gap > 0.0005 else
                      f"ties #1 on time, {_headroom_vs(plan, fitting[0][2])}")
+        terms = decided_by(prediction.breakdown, fitting[0][3].breakdown)
+        if terms and gap > 0.0005:
+            parts.append(f"against #1: {terms}")
     parts += [f"{name} {share:.0%}" for name, share in prediction.overheads[:2]]
     if plan.verdict.margin_bytes is not None:
         parts.append(f"headroom {plan.verdict.margin_bytes / GIB:.1f} GiB")

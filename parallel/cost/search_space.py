@@ -12,6 +12,9 @@ key. tests/unit/test_plan_search.py checks the result against resolve() itself, 
 - degrees: every ordered factorisation of the world size into dp_replicate, dp_shard, tp, pp, cp;
 - zero 0-3; sequence_parallel on when tp > 1 (off keeps more activations for the same
   communication volume, so it is never the better layout; the base config's value at tp=1);
+  loss_parallel on when tp > 1 for the same reason (the logits and their gradient stay split
+  over tp instead of gathered: a tp-th of the loss's memory, no all-gather; torchtitan's
+  70B on 256 H100s is FSDP 32 x TP 8 with it, 215 GiB planned without, about 51 with);
 - pp > 1: every schedule of PP_SCHEDULES, virtual stages 1 (flat schedules) or
   VIRTUAL_STAGES (interleaved ones); the micro-batch is all the sequences a dp rank reads per step
   (grad_accum_steps=1: accumulating over pipeline flushes adds a bubble per flush and keeps
@@ -21,7 +24,10 @@ key. tests/unit/test_plan_search.py checks the result against resolve() itself, 
 - pp = 1: micro_batch_size every divisor of the sequences each dp rank reads per step
   (grad_accum_steps derived); the global batch is fixed by the caller;
 - recompute: the policies the caller passes (the recompute group's options).
-Everything else (loss_parallel, cp_balanced, precision, ...) is the base config's.
+training.loss_chunks is the base's, except that parallel.cost.search retries a layout that does
+not fit with the head and loss in row blocks (tp = pp = 1; SEARCH_LOSS_CHUNKS). Everything else
+(cp_balanced, precision, compile, ...) is the base config's; launcher.plan.knob_refine tries
+compile and fp8 on the top layouts.
 """
 from __future__ import annotations
 
@@ -55,6 +61,12 @@ class Candidate:
     recompute_name: str
     """The recompute group option (a sweep point selects it as `recompute=<name>`)."""
     recompute: RecomputeSpec
+    loss_chunks: int = 0
+    """training.loss_chunks when the search chose it (a layout that fits only with the head
+    and loss in row blocks); 0 = the base's."""
+
+    def with_loss_chunks(self, chunks: int) -> "Candidate":
+        return replace(self, loss_chunks=chunks)
 
     def spec(self, base: RunSpec, trainings: dict | None = None) -> RunSpec:
         """The run spec of this candidate: the base spec with its sections replaced.
@@ -65,12 +77,14 @@ class Candidate:
 
     def training(self, base: RunSpec, trainings: dict | None = None) -> TrainingSpec:
         """The training section of `spec`: the base's with this candidate's batch."""
+        chunks = self.loss_chunks or base.training.loss_chunks
         batch = (self.micro_batch_size, self.grad_accum_steps,
-                 self.micro_batch_size * self.grad_accum_steps * self.parallel.dp)
+                 self.micro_batch_size * self.grad_accum_steps * self.parallel.dp, chunks)
         trainings = {} if trainings is None else trainings
         if batch not in trainings:
             trainings[batch] = replace(base.training, micro_batch_size=batch[0],
-                                       grad_accum_steps=batch[1], global_batch_size=batch[2])
+                                       grad_accum_steps=batch[1], global_batch_size=batch[2],
+                                       loss_chunks=chunks)
         return trainings[batch]
 
 
@@ -124,6 +138,7 @@ def enumerate_candidates(cfg: RunConfig, base: RunSpec, *, global_batch_size: in
                 yield from _batch_choices(
                     replace(base.parallel, **given, zero=zero, pp_schedule=schedule,
                             sequence_parallel=given["tp"] > 1 or cfg.parallel.sequence_parallel,
+                            loss_parallel=given["tp"] > 1 or cfg.parallel.loss_parallel,
                             pp_virtual_stages=virtual, pp_layer_split=()),
                     cfg, base, global_batch_size, recompute, rejected)
 

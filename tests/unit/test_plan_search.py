@@ -23,7 +23,7 @@ from conf.spec import HostSpec, RecomputeSpec, spec_from_config
 from launcher.cli import main
 from launcher.plan.plan_search import neutral_layout, recompute_policies
 from parallel.cost.memory import LayoutMemory, estimate_memory
-from parallel.cost.search import FALLBACK_BASIS, search
+from parallel.cost.search import FALLBACK_BASIS, SEARCH_LOSS_CHUNKS, search
 from parallel.cost.search_space import (
     MIN_CP_TOKENS, enumerate_candidates, factorizations, pipeline_shapes,
 )
@@ -43,7 +43,7 @@ def _base(overrides):
 
 def _key(parallel, micro, accum, recompute):
     return (*(getattr(parallel, n) for n in DEGREES), parallel.zero, parallel.sequence_parallel,
-            parallel.pp_schedule, parallel.pp_virtual_stages, parallel.pp_microbatches, micro,
+            parallel.loss_parallel, parallel.pp_schedule, parallel.pp_virtual_stages, parallel.pp_microbatches, micro,
             accum, recompute)
 
 
@@ -64,6 +64,7 @@ def _brute_force(cfg, base, global_batch_size):
                             cfg.parallel, **given, zero=zero, pp_schedule=schedule,
                             pp_virtual_stages=virtual, pp_layer_split=[],
                             sequence_parallel=given["tp"] > 1 or cfg.parallel.sequence_parallel,
+                            loss_parallel=given["tp"] > 1 or cfg.parallel.loss_parallel,
                             pp_microbatches=micro if given["pp"] > 1 else -1),
                             training=replace(cfg.training, micro_batch_size=micro,
                                              grad_accum_steps=-1,
@@ -118,9 +119,14 @@ def test_ranking_drops_what_does_not_fit_and_orders_by_predicted_tokens_per_s():
         assert ranked.plan.memory == estimate_memory(ranked.spec)
     keys = [(-r.prediction.tokens_per_s_per_device, r.plan.memory.total) for r in result.top]
     assert keys == sorted(keys)
-    totals = [estimate_memory(c.spec(base)).total for c in enumerate_candidates(
-        cfg, base, global_batch_size=16, policies=POLICIES, rejected=Counter())]
-    misfits = [total for total in totals if total > result.usable_bytes]
+    candidates = list(enumerate_candidates(cfg, base, global_batch_size=16, policies=POLICIES,
+                                           rejected=Counter()))
+    totals = [estimate_memory(c.spec(base)).total for c in candidates]
+    chunked = [estimate_memory(c.with_loss_chunks(SEARCH_LOSS_CHUNKS).spec(base)).total
+               if c.parallel.tp == c.parallel.pp == 1 else total  # the head in row blocks
+               for c, total in zip(candidates, totals)]
+    misfits = [total for total, rows in zip(totals, chunked)
+               if total > result.usable_bytes and rows > result.usable_bytes]
     assert len(misfits) == result.does_not_fit
     assert min(misfits) == \
         result.smallest_misfit_bytes
@@ -143,7 +149,7 @@ def test_json_keys_and_the_sweep_file_validates_with_the_best_point_first(tmp_pa
     assert out["global_batch_size"] == 64 and len(out["top"]) == 3
     assert set(out["top"][0]) == {"rank", "overrides", "layout", "memory_bytes", "fits",
                                   "margin_bytes", "step_s", "tokens_per_s_per_device", "mfu",
-                                  "why"}
+                                  "why", "knobs"}
     assert main(["sweep", "-f", str(sweep), "--dry-run"]) == 0
     from sweeps.expand import expand
     from sweeps.spec_file import load_sweep_file

@@ -17,6 +17,7 @@ from parallel.cost.fit import memory_verdict
 from parallel.cost.plan import make_plan
 from parallel.cost.search import predict, search
 from parallel.cost.search_space import enumerate_candidates
+from parallel.cost.search import SEARCH_LOSS_CHUNKS
 from parallel.cost.step_time import estimate_time, hardware_of, step_floor_s
 
 HOST = HostSpec(gpu_name="", gpu_count=0, compute_capability=0.0, cpu_count=2)
@@ -36,6 +37,11 @@ def _brute_force(cfg, base, policies):
                                           policies=policies, rejected=Counter()):
         spec = candidate.spec(base)
         plan = make_plan(spec)
+        if plan.memory.total > usable and candidate.parallel.tp == candidate.parallel.pp == 1:
+            chunked = candidate.with_loss_chunks(SEARCH_LOSS_CHUNKS)  # the head in row blocks
+            chunked_plan = make_plan(chunked.spec(base))
+            if chunked_plan.memory.total <= usable:
+                candidate, spec, plan = chunked, chunked.spec(base), chunked_plan
         if plan.memory.total > usable:
             misfits.append(plan.memory.total)
             continue
