@@ -69,7 +69,7 @@ def plan(overrides: list[str], *, console: Console, attention: str = "full",
 def _print_recipe_hint(spec: RunSpec, overrides: list[str], console: Console) -> None:
     hint = recipe_hint(spec, overrides)
     if hint:
-        console.print(hint, markup=False, highlight=False, soft_wrap=True)
+        console.print(hint, markup=False, highlight=False)  # prose: wrapped at the width
 
 
 def run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool = False,

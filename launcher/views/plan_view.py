@@ -158,7 +158,10 @@ def print_plan(spec: RunSpec, plan: Plan, console: Console,
     if suggestions:
         console.print(suggestion_table(suggestions))
     if plan.verdict.fits is False:
-        console.print(does_not_fit_line(spec, plan, suggestions), markup=False, soft_wrap=True)
+        head, *fixes = does_not_fit_line(spec, plan, suggestions).split("\n")
+        console.print(head, markup=False, highlight=False)  # prose: wrapped at the width
+        for fix in fixes:  # commands to copy: never broken, the terminal wraps them
+            console.print(fix, markup=False, highlight=False, soft_wrap=True)
 
 
 def does_not_fit_line(spec: RunSpec, plan: Plan, suggestions: list | None) -> str:
