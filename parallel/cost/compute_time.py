@@ -16,7 +16,8 @@ work and fp8's casts (parallel.cost.elementwise). Torch-free.
   parallel/context_parallel.py all-gathers K and V and passes SDPA an explicit boolean mask
   over [t, T]: no flash kernel takes a mask, so the memory-efficient kernel computes every
   score, masked or not (4 (q/tp) t T forward: twice the causal work) at MASKED_ATTENTION of
-  the flash rate.
+  the flash rate. On CPU every score is counted with or without cp (PyTorch's CPU flash
+  kernel splits keys into blocks of 512: below that nothing is skipped), at the GEMM rate.
 - on a GPU only: elementwise ops and the loss (bytes / HBM), fp8's amax and cast passes;
   on CPU the calibrated efficiency absorbs them (the catalogue knows no per-core bandwidth
   worth timing them by), as it did before this model.
@@ -100,8 +101,9 @@ def compute_parts(spec: RunSpec, *, rate: MatmulRate, peak: float, attention_rat
     head_s = split.full((head,))
     q_local = m.n_heads * m.head_dim // p.tp
     masked = p.cp > 1  # context_parallel.py: explicit mask, no causal skip (docstring)
-    attn_fwd = (4.0 if masked else 2.0) * q_local * tokens * t.seq_len / (
-        attention_rate * (MASKED_ATTENTION if masked else 1.0))
+    every_score = masked or not gpu  # CPU kernels: kv tiles of 512 keys, no skip at short T
+    attn_fwd = (4.0 if every_score else 2.0) * q_local * tokens * t.seq_len / (
+        attention_rate * (MASKED_ATTENTION if masked and gpu else 1.0))
     attention = attn_fwd * (1 + BACKWARD_ATTENTION)
     memory = tuple(b / rate.hbm_bytes_s for b in _memory_bytes(spec, tokens=tokens, fp8=fp8,
                                                                 gpu=gpu))
