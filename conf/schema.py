@@ -360,7 +360,12 @@ class ClusterConfig:
     inter_node_latency_us: float = 0.0
     """Latency (alpha) of one step of a collective between nodes, microseconds."""
     matmul_efficiency: float = 0.0
-    """Fraction of the dense peak the model's matmuls reach (0 = calibrated, else 0.5)."""
+    """Fraction of the dense peak a large matmul reaches (0 = calibrated, else 0.5); smaller
+    ones reach less by matmul_knee_us (parallel/cost/matmul_rate.py)."""
+    matmul_knee_us: float = 0.0
+    """Fixed cost of one matmul call (launch, last partial wave), us: what makes small
+    matmuls (tp, micro-batch 1) run below matmul_efficiency (0 = calibrated, else 3 on a
+    GPU, 0 on CPU)."""
     layer_overhead_us: float = 0.0
     """Fixed cost per block per micro-batch (forward + backward: launches, Python), us."""
     tp_overhead_us: float = 0.0

@@ -10,7 +10,7 @@ from conf.spec import HostSpec
 TIME_MODEL_KEYS = ("peak_tflops", "hbm_gbps", "intra_node_gbps", "inter_node_gbps",
                    "intra_node_latency_us", "inter_node_latency_us", "matmul_efficiency",
                    "layer_overhead_us", "tp_overhead_us", "collective_overhead_us",
-                   "host_link_gbps", "update_overhead_us")
+                   "host_link_gbps", "update_overhead_us", "matmul_knee_us")
 """The step-time model's cluster knobs (parallel/cost/step_time.py): 0 or more."""
 
 

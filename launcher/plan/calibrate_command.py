@@ -3,7 +3,9 @@ prediction error per run, store the constants (parallel.cost.calibrate_store) fo
 
 Each RUN_DIR contributes its preflight.json bandwidth table (the link its ranks used) and,
 when it has train rows in metrics.jsonl, its median step time. Runs are grouped by device
-(one calibration entry each); a device's links are fitted first, then its compute.
+(one calibration entry each); a device's links are fitted first, then its compute (the
+large-matmul efficiency, the per-block and per-collective overheads, the GEMM knee
+matmul_knee_us).
 """
 from __future__ import annotations
 

@@ -70,13 +70,15 @@ class ActivationSplit:
     one dense mask per forward on the SDPA path (`document_mask_bytes`)."""
     loss_chunks: int = 1
     """training.loss_chunks: the head and loss run in this many row blocks (tp = pp = 1)."""
+    compiled: bool = False
+    """training.compile: each block is one inductor graph (`compiled_savings`)."""
 
     @classmethod
-    def of(cls, p: ParallelSpec, *, document_mask: bool = False,
-           loss_chunks: int = 1) -> "ActivationSplit":
+    def of(cls, p: ParallelSpec, *, document_mask: bool = False, loss_chunks: int = 1,
+           compiled: bool = False) -> "ActivationSplit":
         return cls(tp=p.tp, sequence_parallel=p.sequence_parallel,
                    loss_parallel=p.loss_parallel, cp=p.cp, fsdp=p.uses_fsdp,
-                   document_mask=document_mask, loss_chunks=loss_chunks)
+                   document_mask=document_mask, loss_chunks=loss_chunks, compiled=compiled)
 
     @property
     def sequence_share(self) -> int:
@@ -154,7 +156,26 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
              RecomputeTarget.swiglu: Fraction(c * f, tp),
              RecomputeTarget.attention: Fraction(FP32 * heads, tp),
              RecomputeTarget.norm: 2 * Fraction(FP32 * d + FP32, seq_share)}
+    if split.compiled:
+        compiled = compiled_savings(model, dtypes=dtypes, split=split)
+        none -= sum(compiled.values())
+        for target, gone in compiled.items():  # a target cannot drop what compile dropped
+            saved[target] -= gone
+        saved[RecomputeTarget.ffn] -= compiled[RecomputeTarget.swiglu]
     return none - sum(saved[target] for target in targets)
+
+
+def compiled_savings(model: ModelSpec, *, dtypes: ActivationDtypes,
+                     split: ActivationSplit) -> dict[RecomputeTarget, Fraction]:
+    """What a compiled block does not keep beside an eager one, per token, where no
+    checkpoint policy decides what is saved (recompute none and module targets; under ops,
+    block and full the policy's saves are the same compiled or not): inductor's min-cut
+    partitioner (torch/_functorch/partitioners.py, min_cut_rematerialization_partition) saves
+    the inputs of a fused pointwise region and re-computes its ops in backward rather than
+    saving their outputs -- each RMSNorm's fp32 upcast of its input (the input itself and the
+    rsqrt stay), and SwiGLU's silu(gate) (gate and up stay)."""
+    return {RecomputeTarget.norm: 2 * Fraction(FP32 * model.dim, split.sequence_share),
+            RecomputeTarget.swiglu: Fraction(dtypes.compute * model.ffn_dim, split.tp)}
 
 
 def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, seq: int,

@@ -8,9 +8,11 @@ Two fits, each from what a measurement can identify:
 - compute, from finished runs' step times: with the links' alpha and beta fixed, each run's
   time is measured = x * A + y * P + z * T + w * K + C, x = 1 / matmul_efficiency, y = layer
   overhead (s), z = tensor-parallel overhead (s), w = the software cost of one collective
-  call (s), A = the compute (bubble included) at efficiency 1, P = the block passes (bubble
-  included), T = P for runs with tp > 1 (else 0), K = the exposed collective calls (each
-  stretched by 1 / core share on CPU), C = the alpha-beta communication, the optimizer step
+  call (s), A = the compute's GEMM and attention FLOPs (bubble included) at efficiency 1,
+  P = the block passes (bubble included), T = P for runs with tp > 1 (else 0), K = the exposed collective calls (each
+  stretched by 1 / core share on CPU), C = the alpha-beta communication, the compute the
+  efficiency does not scale (each GEMM's knee, memory-bound work: compute_time.py), the
+  optimizer step
   (memory traffic and per-tensor cost, step_time.py) and activation offload's copies;
   (x, y, z, w) minimise the squared relative error over the runs (an overhead the runs cannot
   identify, or that would come out negative, is 0). One constant per mechanism, the same for
@@ -19,6 +21,10 @@ Two fits, each from what a measurement can identify:
   the update measures 34 us, with the matmul efficiency pinned at 1); it comes from the knob,
   a stored calibration or step_time.DEFAULT_UPDATE_OVERHEAD_US. The overlap rule makes C
   and K depend on x, so the fit is repeated a few times.
+  The GEMM knee (matmul_knee_us, parallel.cost.matmul_rate) enters C, not linearly: the fit
+  above runs for each of KNEE_CANDIDATES_US (and the knee it started from) and keeps the knee
+  whose fit has the least weighted squared relative error -- a knee the runs cannot tell from
+  the per-block overhead stays where it was (the first of equal errors wins).
 """
 from __future__ import annotations
 
@@ -36,7 +42,11 @@ from parallel.cost.step_time import (Hardware, block_passes, bubble_factor, esti
 
 FIT_ROUNDS = 4
 COMPUTE_CONSTANTS = ("matmul_efficiency", "layer_overhead_us", "tp_overhead_us",
-                     "collective_overhead_us")
+                     "collective_overhead_us", "matmul_knee_us")
+KNEE_CANDIDATES_US = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0)
+"""The GEMM knees the run fit tries (module docstring): from none to a CPU-sized call cost."""
+KNEE_TIE = 1e-10
+"""Sums of squared relative errors closer than this are equal (the first knee tried wins)."""
 """What the run fit sets (the links come from preflight tables)."""
 WARMUP_STEPS = 2
 """Train rows left out of a run's measured step time (compile, caches, allocator)."""
@@ -88,12 +98,32 @@ def link_constants(report: dict) -> dict:
 
 
 def fit_compute(samples: list[Sample], *, base: dict) -> dict:
-    """{matmul_efficiency, layer_overhead_us, tp_overhead_us, collective_overhead_us} that
-    best explain `samples` (module docstring), the other constants taken from `base` (a
-    calibration entry)."""
+    """{matmul_efficiency, layer_overhead_us, tp_overhead_us, collective_overhead_us,
+    matmul_knee_us} that best explain `samples` (module docstring), the other constants taken
+    from `base` (a calibration entry)."""
     if not samples:
         raise ValueError("no measured runs to fit")
     plans = [make_plan(s.spec) for s in samples]
+    start = base.get("matmul_knee_us")
+    knees = ([start] if start is not None else []) + \
+        [k for k in KNEE_CANDIDATES_US if k != start]
+    best: tuple[float, dict] | None = None
+    failure: ValueError | None = None
+    for knee in knees:
+        try:
+            constants = _fit_at_knee(samples, plans, {**base, "matmul_knee_us": knee})
+        except ValueError as error:
+            failure = failure or error
+            continue
+        error = sum((predict(s.spec, constants) / s.measured_s - 1) ** 2 for s in samples)
+        if best is None or error < best[0] - KNEE_TIE:
+            best = (error, constants)
+    if best is None:
+        raise failure
+    return {k: best[1][k] for k in COMPUTE_CONSTANTS}
+
+
+def _fit_at_knee(samples: list[Sample], plans: list[Plan], base: dict) -> dict:
     constants = {**base, "matmul_efficiency": base.get("matmul_efficiency", 0.5),
                  "collective_overhead_us": base.get("collective_overhead_us", 0.0)}
     for _ in range(FIT_ROUNDS):
@@ -104,7 +134,7 @@ def fit_compute(samples: list[Sample], *, base: dict) -> dict:
         constants = {**constants, "matmul_efficiency": min(1.0, 1 / x),
                      "layer_overhead_us": y * 1e6, "tp_overhead_us": z * 1e6,
                      "collective_overhead_us": w * 1e6}
-    return {k: constants[k] for k in COMPUTE_CONSTANTS}
+    return constants
 
 
 def calibrate(samples: list[Sample], *, preflights: list[dict] = (), base: dict | None = None,
@@ -152,8 +182,10 @@ def _features(spec: RunSpec, plan: Plan, constants: dict) -> tuple[float, ...]:
     bump = {**constants, "collective_overhead_us": call + CALL_STEP_US}
     bumped = step_parts(spec, plan, _hardware(spec, bump))
     calls = (bumped.comm_exposed_s - fitted.comm_exposed_s) / (CALL_STEP_US * 1e-6)
-    return (parts.compute_s * stretch, passes, passes if spec.parallel.tp > 1 else 0.0, calls,
-            fitted.comm_exposed_s - calls * call * 1e-6 + fitted.optimizer_s + fitted.offload_s)
+    scaled = parts.compute_s - parts.compute_fixed_s
+    return (scaled * stretch, passes, passes if spec.parallel.tp > 1 else 0.0, calls,
+            fitted.comm_exposed_s - calls * call * 1e-6 + fitted.optimizer_s + fitted.offload_s
+            + fitted.compute_fixed_s * stretch)
 
 
 def _solve(rows: list[tuple[float, ...]], measured: list[float]) -> tuple[float, ...]:

@@ -28,7 +28,7 @@ FILE_NAME = "calibration.json"
 CONSTANTS = ("peak_tflops", "hbm_gbps", "intra_node_gbps", "inter_node_gbps",
              "intra_node_latency_us", "inter_node_latency_us", "matmul_efficiency",
              "layer_overhead_us", "tp_overhead_us", "collective_overhead_us", "host_link_gbps",
-             "update_overhead_us")
+             "update_overhead_us", "matmul_knee_us")
 """The constants a calibration may hold: the `cluster.*` knobs of the same names."""
 
 

@@ -47,6 +47,9 @@ class Device:
     """Bandwidth between the GPU and host memory (PCIe, or NVLink-C2C on Grace superchips),
     GB/s per direction as a device<->pinned-host copy reaches it: what activation offload
     moves over (parallel.cost.offload)."""
+    fp8_flops: float | None = None
+    """Dense fp8 tensor-core peak (E4M3/E5M2, fp32 accumulate); None: no fp8 tensor cores
+    (A100 and older) or not known. Datasheet fp8 figures with sparsity, halved."""
     name_size_is_the_superchip: bool = False
     """Grace superchips name the CPU's and GPU's memory together ("NVIDIA GH200 480GB": 480 GB
     LPDDR5X beside 96 GB HBM3): a size in the name is not the GPU's."""
@@ -70,29 +73,30 @@ _PCIE4, _PCIE5, _C2C = 25.0, 50.0, 450.0
 
 DEVICES: tuple[Device, ...] = (
     Device("GB200", 2.5e15, 1.25e15, 186, hbm_gbps=8000, intra_node_gbps=_NVLINK5,
-           inter_node_gbps=_IB_NDR, gpus_per_node=4, host_link_gbps=_C2C,
+           inter_node_gbps=_IB_NDR, gpus_per_node=4, host_link_gbps=_C2C, fp8_flops=5e15,
            name_size_is_the_superchip=True),
     Device("B200", 2.25e15, 1.1e15, 180, hbm_gbps=8000, intra_node_gbps=_NVLINK5,
            inter_node_gbps=_IB_NDR, gpus_per_node=8,
-           host_link_gbps=_PCIE5),  # HGX B200: 18 PF dense bf16 / 8 GPUs
+           host_link_gbps=_PCIE5, fp8_flops=4.5e15),  # HGX B200: 18 PF dense bf16 / 8 GPUs
     # GH200 before H200 (its name contains "H200"): an H100-class GPU with HBM3 96 GB at
     # 4 TB/s (the 144 GB HBM3e part says its size in its name), its Grace CPU over C2C
     Device("GH200", 989e12, 494e12, 96, hbm_gbps=4000, intra_node_gbps=_NVLINK4,
-           inter_node_gbps=_IB_NDR, gpus_per_node=4, host_link_gbps=_C2C,
+           inter_node_gbps=_IB_NDR, gpus_per_node=4, host_link_gbps=_C2C, fp8_flops=1979e12,
            name_size_is_the_superchip=True),
     Device("H200", 989e12, 494e12, 141, hbm_gbps=4800, intra_node_gbps=_NVLINK4,
-           inter_node_gbps=_IB_NDR, gpus_per_node=8, host_link_gbps=_PCIE5),
+           inter_node_gbps=_IB_NDR, gpus_per_node=8, host_link_gbps=_PCIE5, fp8_flops=1979e12),
     Device("H100 PCIe", 756e12, 378e12, 80, hbm_gbps=2000, intra_node_gbps=32.0,
            inter_node_gbps=_IB_NDR, gpus_per_node=8,
-           host_link_gbps=_PCIE5),  # PCIe Gen5 x16 between GPUs
+           host_link_gbps=_PCIE5, fp8_flops=1513e12),  # PCIe Gen5 x16 between GPUs
     Device("H100 NVL", 835e12, 417e12, 94, hbm_gbps=3900, intra_node_gbps=300.0,
            inter_node_gbps=_IB_NDR, gpus_per_node=8,
-           host_link_gbps=_PCIE5),  # NVLink bridge 600 GB/s both ways
+           host_link_gbps=_PCIE5, fp8_flops=1671e12),  # NVLink bridge 600 GB/s both ways
     Device("H100", 989e12, 494e12, 80, hbm_gbps=3350, intra_node_gbps=_NVLINK4,
-           inter_node_gbps=_IB_NDR, gpus_per_node=8, host_link_gbps=_PCIE5),  # H100 SXM5
+           inter_node_gbps=_IB_NDR, gpus_per_node=8, host_link_gbps=_PCIE5,
+           fp8_flops=1979e12),  # H100 SXM5
     Device("H800", 989e12, 494e12, 80, hbm_gbps=3350, intra_node_gbps=200.0,
            inter_node_gbps=_IB_NDR, gpus_per_node=8,
-           host_link_gbps=_PCIE5),  # NVLink cut to 400 GB/s both ways
+           host_link_gbps=_PCIE5, fp8_flops=1979e12),  # NVLink cut to 400 GB/s both ways
     Device("A100-SXM4-80GB", 312e12, 156e12, 80, hbm_gbps=2039, intra_node_gbps=_NVLINK3,
            inter_node_gbps=_IB_HDR, gpus_per_node=8, host_link_gbps=_PCIE4),
     Device("A100 80GB", 312e12, 156e12, 80, hbm_gbps=2039, intra_node_gbps=_NVLINK3,
@@ -100,14 +104,14 @@ DEVICES: tuple[Device, ...] = (
     Device("A100", 312e12, 156e12, 40, hbm_gbps=1555, intra_node_gbps=_NVLINK3,
            inter_node_gbps=_IB_HDR, gpus_per_node=8, host_link_gbps=_PCIE4),  # SXM4 40GB
     Device("A800", 312e12, 156e12, 80),
-    Device("L40S", 362e12, 183e12, 48),
-    Device("L4", 121e12, 60e12, 24),
+    Device("L40S", 362e12, 183e12, 48, fp8_flops=733e12),
+    Device("L4", 121e12, 60e12, 24, fp8_flops=242e12),
     Device("A10G", 70e12, 35e12, 24),
     Device("A10", 125e12, 62.5e12, 24),
     Device("RTX 4090", 165e12, 82.6e12, 24),
     Device("RTX 3090", 71e12, 35.6e12, 24),
     Device("V100", 125e12, 15.7e12, 16),
-    Device("MI300X", 1307e12, 654e12, 192),
+    Device("MI300X", 1307e12, 654e12, 192, fp8_flops=2615e12),
     Device("MI250X", 383e12, 95.7e12, 128),
     # One core, AVX2 FMA at ~2.5 GHz: 2 x 8 fp32 lanes x 2 = 32 FLOP/cycle; gloo between
     # processes of one machine: a few GB/s and ~50 us per message (rough: calibrate).
@@ -130,6 +134,12 @@ def gpu_peak(device_name: str, dtype: str) -> PeakFlops | None:
     if device is None:
         return None
     return PeakFlops(flops=getattr(device, field), source=f"table:{device.key} {dtype} dense")
+
+
+def gpu_fp8_peak(device_name: str) -> float | None:
+    """Dense fp8 peak FLOP/s of a GPU; None where it has no fp8 tensor cores (or unknown)."""
+    device = _find(device_name, "low_precision_flops", match_case=False)
+    return device.fp8_flops if device is not None else None
 
 
 def gpu_memory_bytes(gpu_name: str) -> float | None:

@@ -138,7 +138,7 @@ def views_of(*, n_layers: int, parallel: ParallelSpec, training: TrainingSpec,
     p, t = parallel, training
     stages, sharding, kept_split, phase_split, dtypes = _layout_views(
         n_layers=n_layers, parallel=p, precision=precision,
-        document_mask=document_mask, loss_chunks=t.loss_chunks)
+        document_mask=document_mask, loss_chunks=t.loss_chunks, compiled=t.compile)
     micro_batch = t.micro_batch_size // p.pp_microbatches
     tokens = micro_batch * t.seq_len // p.cp
     phase = _regime(tokens, micro_batch, t.device, phase_split, dtypes)
@@ -148,15 +148,16 @@ def views_of(*, n_layers: int, parallel: ParallelSpec, training: TrainingSpec,
 
 @lru_cache(maxsize=CACHE)
 def _layout_views(*, n_layers: int, parallel: ParallelSpec, precision: PrecisionSpec,
-                  document_mask: bool, loss_chunks: int) -> tuple:
+                  document_mask: bool, loss_chunks: int, compiled: bool = False) -> tuple:
     p = parallel
     stages = Stages(p.pp, p.pp_virtual_stages, p.pp_schedule, p.pp_microbatches,
                     _holds(p.pp, p.pp_virtual_stages, tuple(stage_split(p, n_layers))))
     fsdp, zero1 = p.uses_fsdp, p.zero == 1 and p.uses_ddp
     sharding = Sharding(p.tp, fsdp, p.zero, p.uses_ddp, p.dp_shard * p.cp if fsdp else 1,
                         p.dp_shard if zero1 else 1)
-    phase_split = ActivationSplit.of(p, loss_chunks=loss_chunks)
-    kept_split = ActivationSplit.of(p, document_mask=True, loss_chunks=loss_chunks) \
+    phase_split = ActivationSplit.of(p, loss_chunks=loss_chunks, compiled=compiled)
+    kept_split = ActivationSplit.of(p, document_mask=True, loss_chunks=loss_chunks,
+                                    compiled=compiled) \
         if document_mask else phase_split
     return stages, sharding, kept_split, phase_split, activation_dtypes(precision,
                                                                        uses_fsdp=fsdp)

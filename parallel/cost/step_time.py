@@ -1,7 +1,12 @@
 """The step-time model: compute, communication per mesh axis, pipeline bubble, optimizer.
 Torch-free. Read top to bottom, a step of one rank takes
 
-    compute   = (matmul FLOPs + recompute re-run FLOPs) / (ranks x peak x matmul_efficiency)
+    compute   = the rank's GEMMs by shape and dtype (a roofline with a knee: large ones at
+                peak x matmul_efficiency, small ones slower by matmul_knee_us a call; fp8
+                GEMMs at the fp8 peak), the attention core at FlashAttention's rate, and on a
+                GPU the elementwise work, fp8's casts and the loss as memory traffic (fused
+                by training.compile); recompute's re-run included
+                (parallel.cost.compute_time, parallel.cost.matmul_rate)
     overhead  = (layer_overhead + tp_overhead if tp > 1) x blocks on the rank x micro-batches
                 through them
     bubble    = (compute + overhead) x (pp - 1) / (virtual stages x pipeline micro-batches)
@@ -37,16 +42,23 @@ from dataclasses import dataclass, field
 from conf.spec import RunSpec
 from parallel.cost.calibrate_store import CONSTANTS, load_entry
 from parallel.cost.comm import Collective, Link, exposed_s, step_collectives
-from parallel.cost.devices import CPU_KEY, DEVICES, PeakFlops, device_facts, gpu_peak
+from parallel.cost.compute_time import ComputeParts, attention_factor, compute_parts
+from parallel.cost.devices import (
+    CPU_KEY, DEVICES, PeakFlops, device_facts, gpu_fp8_peak, gpu_peak,
+)
+from parallel.cost.matmul_rate import DEFAULT_KNEE_US, MatmulRate
 from parallel.cost.flops import ATTENTION_TERMS
 from parallel.cost.offload import offload_s
 from parallel.cost.memory_static import zero1_shares
 from parallel.cost.params import held_parameters, numel, param_counts, tp_local_shape
 from parallel.cost.plan import Plan
 
-DEFAULT_MATMUL_EFFICIENCY = 0.5
-"""Fraction of the dense peak matmuls reach when nothing is calibrated (large bf16 GEMMs on
-H100 reach 0.6-0.8 of peak; attention, norms and small shapes pull a layer below that)."""
+DEFAULT_MATMUL_EFFICIENCY = 0.6
+"""Fraction of the dense peak a large GEMM reaches when nothing is calibrated: cuBLAS reaches
+0.6-0.8 of it for large bf16 shapes on A100/H100 under sustained load (clocks fall under the
+power limit of a long run); the low end, as the other terms (attention's own rate, small
+shapes' knee, memory-bound elementwise work: compute_time.py) are counted apart. Before those
+terms existed one 0.5 covered everything."""
 
 ADAMW_BYTES_PER_PARAM = 28
 """HBM traffic of one fp32 AdamW update per parameter: read parameter, gradient and two
@@ -84,6 +96,10 @@ class Hardware:
     """Extra per tensor-parallel block pass (counted only when tp > 1)."""
     update_overhead_s: float = 0.0
     """Fixed cost per parameter tensor the rank's optimizer steps (`optimizer_tensors`)."""
+    knee_s: float = 0.0
+    """Fixed cost of one GEMM call (parallel.cost.matmul_rate)."""
+    fp8_flops: float = 0.0
+    """Dense fp8 peak of one device; 0 where it has none (fp8 GEMMs then run at `peak`)."""
     hbm_gbps: float
     host_gbps: float = DEFAULT_HOST_LINK_GBPS
     """Device <-> host memory, GB/s per direction (activation offload's copies)."""
@@ -98,15 +114,29 @@ class Hardware:
     """Constant -> "cluster", "calibration", "catalogue" or "default"."""
 
     @property
+    def gpu(self) -> bool:
+        return self.device != CPU_KEY
+
+    @property
     def rank_flops(self) -> float:
-        """Matmul FLOP/s one rank achieves."""
+        """FLOP/s one rank's large matmuls achieve."""
         return self.peak.flops * self.matmul_efficiency * self.core_share
+
+    def matmul_rate(self) -> MatmulRate:
+        return MatmulRate(flops=self.rank_flops,
+                          fp8_flops=self.fp8_flops * self.matmul_efficiency * self.core_share,
+                          hbm_bytes_s=self.hbm_gbps * 1e9 * self.core_share,
+                          knee_s=self.knee_s / self.core_share)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepBreakdown:
     compute_s: float
-    """Matmuls, recompute's re-run included."""
+    """Matmuls, attention, elementwise work; recompute's re-run included."""
+    compute_fixed_s: float = 0.0
+    """The part of compute_s matmul_efficiency does not scale (GEMM knees, memory traffic)."""
+    gemm_efficiency: float = 0.0
+    """The block and head GEMMs' achieved fraction of the dense peak (shape, dtype, knee)."""
     recompute_s: float
     """The re-run's share of compute_s."""
     overhead_s: float
@@ -160,7 +190,8 @@ def estimate_time(spec: RunSpec, plan: Plan, *,
 def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
     """Every term of the step (module docstring)."""
     world, p = plan.world_size, spec.parallel
-    compute_s, recompute_flops = compute_terms(spec, plan, hw)
+    parts = compute_terms(spec, plan, hw)
+    compute_s = parts.total_s
     per_pass = hw.layer_overhead_s + (hw.tp_overhead_s if p.tp > 1 else 0.0)
     overhead_s = per_pass * block_passes(spec) / hw.core_share
     bubble_s = (compute_s + overhead_s) * bubble_factor(spec)
@@ -172,21 +203,19 @@ def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
                         overlaps=hw.overlaps_comm)
     optimizer_s = (optimizer_params(spec) * ADAMW_BYTES_PER_PARAM / (hw.hbm_gbps * 1e9)
                    + optimizer_tensors(spec) * hw.update_overhead_s) / hw.core_share
-    return StepBreakdown(compute_s=compute_s,
-                         recompute_s=recompute_flops / (world * hw.rank_flops),
+    return StepBreakdown(compute_s=compute_s, compute_fixed_s=parts.fixed_s,
+                         gemm_efficiency=parts.gemm_efficiency, recompute_s=parts.recompute_s,
                          overhead_s=overhead_s, bubble_s=bubble_s, comm_s=sum(by_axis.values()),
                          comm_exposed_s=exposed, optimizer_s=optimizer_s,
                          offload_s=offload_s(spec, host_gbps=hw.host_gbps), comm_by_axis=by_axis,
                          collectives=tuple(collectives))
 
 
-def compute_terms(spec: RunSpec, plan: Plan, hw: Hardware) -> tuple[float, float]:
-    """(compute_s, the recompute re-run's FLOPs per step): the step's matmuls, recompute's
-    included, over the ranks' achieved FLOP/s."""
-    recompute_flops = recompute_flops_per_token(spec, attention=plan.flops_attention) * \
-        plan.tokens_per_step
-    return (plan.flops_per_step + recompute_flops) / (plan.world_size * hw.rank_flops), \
-        recompute_flops
+def compute_terms(spec: RunSpec, plan: Plan, hw: Hardware) -> ComputeParts:
+    """The step's compute on one rank, recompute's re-run included (compute_time.py)."""
+    factor = attention_factor(hw.device, gpu=hw.gpu)
+    return compute_parts(spec, rate=hw.matmul_rate(), peak=hw.peak.flops,
+                         attention_rate=hw.rank_flops * factor, gpu=hw.gpu)
 
 
 def step_floor_s(spec: RunSpec, plan: Plan, hw: Hardware) -> float:
@@ -195,7 +224,7 @@ def step_floor_s(spec: RunSpec, plan: Plan, hw: Hardware) -> float:
     compute + overhead, and terms that are never negative (calibrated and catalogue constants
     are >= 0), and floating-point addition and multiplication are monotone, so its sum is
     never below this. The search predicts only the layouts whose bound could rank high."""
-    compute_s, _ = compute_terms(spec, plan, hw)
+    compute_s = compute_terms(spec, plan, hw).total_s
     return compute_s + compute_s * bubble_factor(spec)
 
 
@@ -294,6 +323,9 @@ def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware |
         return None
     what = f"{facts.key} {dtype} dense" if facts is not None else spec.host.gpu_name
     peak = PeakFlops(flops=peak_tflops * 1e12, source=f"{sources['peak_tflops']}:{what}")
+    # fp8's peak keeps the catalogue's ratio to the bf16 one when cluster.peak_tflops moves it
+    fp8 = (gpu_fp8_peak(spec.host.gpu_name) or 0.0) if not cpu else 0.0
+    fp8 = fp8 * peak.flops / table if fp8 and table else 0.0
     get = (lambda attr: getattr(facts, attr) if facts is not None else None)
     latency = DEFAULT_LATENCY_US["cpu"] if cpu else None
     intra = Link(name="intra-node", gbps=pick("intra_node_gbps", get("intra_node_gbps"), 100.0),
@@ -317,6 +349,8 @@ def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware |
         tp_overhead_s=pick("tp_overhead_us", None, 0.0) * 1e-6,
         update_overhead_s=pick("update_overhead_us", None,
                                DEFAULT_UPDATE_OVERHEAD_US["cpu" if cpu else "gpu"]) * 1e-6,
+        knee_s=pick("matmul_knee_us", None, DEFAULT_KNEE_US["cpu" if cpu else "gpu"]) * 1e-6,
+        fp8_flops=fp8,
         hbm_gbps=pick("hbm_gbps", get("hbm_gbps"), 1000.0),
         host_gbps=pick("host_link_gbps", get("host_link_gbps"), DEFAULT_HOST_LINK_GBPS),
         intra=intra, inter=inter,
