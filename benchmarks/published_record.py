@@ -185,11 +185,13 @@ Why they differ (one line each; numbers from the table):
 - tokens/s, their GPU: at the NVL peak (835) the plan is still optimistic; torchtitan's op SAC
   re-runs every second matmul of each block (wk, wo, w3) in backward, FLOPs the plan of
   meshrun's `ops` policy (which keeps all matmuls) does not count: the "+ their re-run" line.
-- what is left is the uncalibrated efficiency (50% of peak for all model FLOPs): Megatron-LM's
-  README reports at most 47% MFU on H100 (GPT 2B-462B, rising with size), and torchtitan
-  itself 33-39% for this 8B (eager / compiled); the same torchtitan code reaches 56-58% MFU
-  on A100 (docs/performance.md), so one default cannot fit both; `meshrun plan --calibrate`
-  on one measured run replaces it. No constant was changed to match this table.
+- what is left is the uncalibrated efficiency (a large matmul at 60% of peak, smaller ones
+  slower by a per-call knee, attention and elementwise traffic apart: parallel/cost/
+  matmul_rate.py, compute_time.py): Megatron-LM's README reports at most 47% MFU on H100
+  (GPT 2B-462B, rising with size), and torchtitan itself 33-39% for this 8B (eager /
+  compiled); the same torchtitan code reaches 56-58% MFU on A100 (docs/performance.md);
+  `meshrun plan --calibrate` on one measured run replaces the defaults. No constant was
+  changed to match this table.
 - 8 -> 128 GPUs: FSDP traffic moves onto InfiniBand (50 GB/s per GPU); the overlap rule hides
   all but the first/last block's share, so the plan drops a little less than published.
 - memory: the plan is meshrun's `ops` policy, which keeps every matmul output; torchtitan's
