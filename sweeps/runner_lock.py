@@ -13,16 +13,12 @@ and retry look at for the point.
 """
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import socket
 import sys
-import time
 from pathlib import Path
 
 from conf.errors import ConfigError, Problem
-from launcher.backends.run_lock import flock_holder, read_lock_record
+from launcher.backends.run_lock import (flock_holder, release_flock, try_flock,
+                                        write_lock_record)
 
 RUNNER_LOCK_FILE = "runner.lock"
 
@@ -36,9 +32,7 @@ class SweepLock:
     def release(self) -> None:
         if self.fd < 0:
             return
-        os.ftruncate(self.fd, 0)
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
+        release_flock(self.fd)
         self.fd = -1
 
     def __enter__(self) -> SweepLock:
@@ -53,22 +47,16 @@ def acquire_sweep_lock(sweep_dir: Path, *, action: str = "sweep") -> SweepLock:
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     path = sweep_dir / RUNNER_LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = read_lock_record(fd) or {}
-        os.close(fd)
+    fd, holder = try_flock(path)
+    if fd is None:
+        holder = holder or {}
         raise ConfigError([Problem(
             "sweep_dir", str(sweep_dir),
             f"is in use by a running sweep (pid {holder.get('pid', '?')} on "
             f"{holder.get('host', '?')}, since {holder.get('started', '?')})",
             f"wait for it, or stop it first (kill {holder.get('pid', '<pid>')})")],
             f"Cannot {action}") from None
-    record = {"host": socket.gethostname(), "pid": os.getpid(),
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    write_lock_record(fd, command=sys.argv)
     return SweepLock(path, fd)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Callable
 from conf.run_dir.flight_dumps import flight_lines, read_flight_dumps
 from conf.run_dir.heartbeats import (
     HANG_REPORT_FILE, HUNG_EVENT, NEVER_STARTED_GRACE_S, STACK_SIGNAL, hang_timeout_s,
-    heartbeat_dir, read_heartbeats, request_flight_dumps, stacks_file,
+    read_heartbeats, request_flight_dumps, stacks_file,
 )
 from conf.run_dir.paths import RunDir
 

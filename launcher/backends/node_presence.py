@@ -12,7 +12,6 @@ says `failed`, never "running", when none is left (`nodes_owner_state`).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import socket
@@ -24,7 +23,7 @@ from pathlib import Path
 from conf.errors import ConfigError, Problem
 from conf.run_dir.paths import RunDir
 from conf.run_dir.run_states import RunState, state_from_files
-from launcher.backends.run_lock import flock_holder, read_lock_record
+from launcher.backends.run_lock import flock_holder, release_flock, try_flock, write_lock_record
 
 AGENTS_DIR = "node_agents"
 AGENT_BEAT_S = 5.0
@@ -56,21 +55,15 @@ def agent_presence(run_dir: Path, node: int):
     ConfigError when another live agent of that node holds it."""
     path = agent_lock_file(run_dir, node)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = read_lock_record(fd) or {}
-        os.close(fd)
+    fd, holder = try_flock(path)
+    if fd is None:
+        holder = holder or {}
         raise ConfigError([Problem(
             "--node-rank", str(node),
             f"node {node}'s agent is already running (pid {holder.get('pid', '?')} on "
             f"{holder.get('host', '?')}, holding {path})", "start one agent per node; stop "
             f"the run with `meshrun stop {run_dir}`")], "Cannot start the node agent") from None
-    record = {"node": node, "host": socket.gethostname(), "pid": os.getpid(),
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    record = write_lock_record(fd, node=node)
     since_ns = os.fstat(fd).st_mtime_ns
     done = threading.Event()
     beat = threading.Thread(target=_touch_until, args=(path, done), daemon=True)
@@ -79,9 +72,7 @@ def agent_presence(run_dir: Path, node: int):
         yield {**record, "since_ns": since_ns}
     finally:
         done.set()
-        os.ftruncate(fd, 0)  # a clean end: nobody to stop, nothing was killed
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        release_flock(fd)  # a clean end: nobody to stop, nothing was killed
 
 
 def _touch_until(path: Path, done: threading.Event) -> None:

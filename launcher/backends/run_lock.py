@@ -37,9 +37,7 @@ class RunLock:
     def release(self) -> None:
         if self.fd < 0:
             return
-        os.ftruncate(self.fd, 0)  # emptied first: a later taker sees a clean release
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
+        release_flock(self.fd)
         self.fd = -1
 
     def __enter__(self) -> "RunLock":
@@ -52,20 +50,13 @@ class RunLock:
 def acquire_run_lock(run_dir: Path, *, action: str) -> RunLock:
     """Lock `run_dir` for this process or raise ConfigError naming the live holder."""
     path = RunDir(run_dir).lock_file
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = read_lock_record(fd)
-        os.close(fd)
-        raise ConfigError([_held_problem(run_dir, path, holder, action)],
+    fd, record = try_flock(path)
+    if fd is None:
+        raise ConfigError([_held_problem(run_dir, path, record, action)],
                           f"Cannot {action}") from None
     try:
-        _check_previous(run_dir, path, read_lock_record(fd), action)
-        record = {"host": socket.gethostname(), "pid": os.getpid(),
-                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        _check_previous(run_dir, path, record, action)
+        write_lock_record(fd, command=sys.argv)
         os.fsync(fd)
     except BaseException:
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -102,6 +93,35 @@ def _held_problem(run_dir: Path, path: Path, holder: dict | None, action: str) -
         who += "; that launcher has exited and its torchrun is still stopping the ranks"
     return Problem("run_dir", str(run_dir), f"is in use by {who}",
                    f"wait for it to end (or stop it: kill {pid}), then {action} again")
+
+
+def try_flock(path: Path) -> tuple[int | None, dict | None]:
+    """Open `path` (made if missing) and take its flock without waiting: (the descriptor, the
+    record the file still holds) when taken; (None, the holder's record) when it is held."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = read_lock_record(fd)
+        os.close(fd)
+        return None, holder
+    return fd, read_lock_record(fd)
+
+
+def write_lock_record(fd: int, **extra) -> dict:
+    """Record this process as the holder (host, pid, start time, and `extra`)."""
+    record = {"host": socket.gethostname(), "pid": os.getpid(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    return record
+
+
+def release_flock(fd: int) -> None:
+    """Empty the record first (a later taker sees a clean release), unlock, close."""
+    os.ftruncate(fd, 0)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
 
 
 def read_lock_record(fd: int) -> dict | None:
