@@ -24,7 +24,7 @@ from typing import Callable
 from conf.run_dir.flight_dumps import flight_lines, read_flight_dumps
 from conf.run_dir.heartbeats import (
     HANG_REPORT_FILE, HUNG_EVENT, NEVER_STARTED_GRACE_S, STACK_SIGNAL, hang_timeout_s,
-    read_heartbeats, request_flight_dumps, stacks_file,
+    flight_dump_file, read_heartbeats, request_flight_dumps, stacks_file,
 )
 from conf.run_dir.paths import RunDir
 
@@ -100,23 +100,39 @@ class HangWatchdog:
 
     def fire(self, stalled: list[int]) -> None:
         now, beats = self.clock(), self.beats
-        culprits = _culprits(stalled, beats)
-        asked_at = time.time()
+        asked_at, before = time.time(), self._answer_marks()
         request_flight_dumps(self.run_dir)
         asked = _ask_for_stacks(beats, signal_all=self.ask_stacks is None)
         if self.ask_stacks is not None:
             self.ask_stacks()
         time.sleep(STACK_WAIT_S)
+        after = self._answer_marks()
+        mute = [r for r in range(self.world_size) if after[r] == before[r]]
+        culprits = _culprits(stalled, beats, mute=mute if len(mute) < self.world_size else [])
         lines = [f"hang: no progress from rank(s) {', '.join(map(str, culprits))} within "
                  f"training.hang_timeout_s; the run was stopped (state {HUNG_EVENT})"]
         for rank in range(self.world_size):
+            answered = asked.get(rank, "mute" if rank in mute else None)
             lines.append(_rank_line(rank, beats.get(rank), now - self.seen[rank][1],
-                                    culprit=rank in culprits, answered=asked.get(rank)))
+                                    culprit=rank in culprits, answered=answered))
         summary = "\n".join(lines)
         self._write_report(summary, asked_at)
         self._append_event(culprits, beats, summary)
         self.report = summary
         self.stop_all()
+
+    def _answer_marks(self) -> list[tuple | None]:
+        """Per rank, its stacks file's and flight dump's (mtime, size): a rank whose marks do
+        not change after the request did not answer, on any host sharing the run dir (no
+        clock compared)."""
+        def mark(path: Path) -> tuple | None:
+            try:
+                st = path.stat()
+            except OSError:
+                return None
+            return st.st_mtime_ns, st.st_size
+        return [(mark(stacks_file(self.run_dir, r)), mark(flight_dump_file(self.run_dir, r)))
+                for r in range(self.world_size)]
 
     def _write_report(self, summary: str, asked_at: float) -> None:
         dumps = read_flight_dumps(self.run_dir, self.world_size, since=asked_at - 1.0)
@@ -138,13 +154,15 @@ class HangWatchdog:
             f.write("\n" + json.dumps(row) + "\n")
 
 
-def _culprits(stalled: list[int], beats: dict) -> list[int]:
-    """The ranks behind: a stopped process (of any rank: one stopped just after its last
-    heartbeat may not be past its timeout yet while the peer waiting for it, silent since
-    earlier, is), else the stalled ranks of lowest progress (a rank waiting in a collective
-    for a stalled peer goes silent too, but later and ahead)."""
-    stopped = sorted(r for r in set(stalled) | set(beats)
-                     if _process_state(beats.get(r, {})) == "T")
+def _culprits(stalled: list[int], beats: dict, *, mute: list[int] = ()) -> list[int]:
+    """The ranks behind: a stopped process, or one that did not answer the stack request
+    while others did (`mute`: faulthandler answers even from a rank stuck in native code, so
+    a mute rank is stopped or gone, on whichever host), of any rank (one stopped just after
+    its last heartbeat may not be past its timeout yet while the peer waiting for it, silent
+    since earlier, is); else the stalled ranks of lowest progress (a rank waiting in a
+    collective for a stalled peer goes silent too, but later and ahead)."""
+    stopped = sorted(r for r in set(stalled) | set(beats) | set(mute)
+                     if r in mute or _process_state(beats.get(r, {})) == "T")
     if stopped:
         return stopped
     def progress(rank: int) -> tuple:
@@ -189,7 +207,8 @@ def _rank_line(rank: int, beat: dict | None, silent_s: float, *, culprit: bool,
         return f"  rank {rank} [{role}]: no heartbeat at all (never started, silent {silent_s:.0f} s)"
     colls = ", ".join(beat.get("collectives", [])) or "none"
     stack = {True: "stack asked for", False: "stopped (SIGSTOP/T state): cannot dump its stack",
-             None: "not on this host"}[answered]
+             "mute": "on another host; did not answer the stack request (stopped or gone)",
+             None: "on another host; its stack asked for"}[answered]
     return (f"  rank {rank} [{role}] pid {beat.get('pid')} on {beat.get('host')}: phase "
             f"{beat.get('phase')} at step {beat.get('step')}, silent {silent_s:.0f} s; last "
             f"collectives entered: {colls}; {stack}")

@@ -99,3 +99,26 @@ def test_a_stopped_rank_is_the_culprit_even_before_its_own_timeout(tmp_path):
     finally:
         stopped.kill()
         stopped.wait()
+
+
+def test_on_other_hosts_the_rank_that_does_not_answer_is_the_culprit(tmp_path):
+    """Both ranks on other hosts, both silent at the same step (rank 0 waits in a collective
+    for rank 1): rank 0's faulthandler answers the stack request, rank 1 (stopped) does not;
+    the watchdog names rank 1 (the multi-node Slurm case: no /proc to look at)."""
+    from conf.run_dir.heartbeats import stacks_file
+
+    (tmp_path / "logs").mkdir()
+    for rank in (0, 1):
+        stacks_file(tmp_path, rank).write_text("")
+        _beat(tmp_path, rank, beat=5, step=6, wall=time.time())
+    answer = lambda: stacks_file(tmp_path, 0).write_text("Thread 0x1 (most recent call first)")
+    clock = Clock()
+    dog = HangWatchdog(tmp_path, world_size=2, setting=5, stop_all=lambda: None, clock=clock,
+                       ask_stacks=answer)
+    dog.check()
+    clock.now = 6
+    stalled = dog.check()
+    assert stalled == [0, 1]
+    dog.fire(stalled)
+    assert dog.report.startswith("hang: no progress from rank(s) 1 within"), dog.report
+    assert "did not answer the stack request" in dog.report.splitlines()[2], dog.report
