@@ -4,13 +4,19 @@ Sharding: `shard_positions` picks the global token positions a rank holds (conti
 load-balanced for causal attention) and `shard_sequence` selects them from a tensor.
 
 Attention: `context_parallel_attention` all-gathers K and V (and their global positions)
-over the cp group and runs SDPA with a causal mask built from global positions (with document
-masking: causal by global position AND same document, `context_document_mask`, the document
-ids all-gathered the same way). It is exact, not a ring: each rank holds K/V for the whole
-sequence (memory O(T) per rank). torch's
+over the cp group. Without document masking, on CUDA, the keys are put in global order and
+each contiguous run of this rank's queries (one run contiguous, two load-balanced but on the
+middle rank) attends the keys up to its last position under torch's `causal_lower_right`
+bias, which dispatches to the flash (or memory-efficient) kernel: no mask in memory, the
+masked half skipped. On CPU (no kernel there skips masked scores at these lengths) one SDPA
+call takes every local query with a boolean causal mask built from global positions; the same
+by-runs path can be asked for (`by_runs=True`) and is tested against it. With document
+masking, SDPA runs on the local queries with the mask of `context_document_mask` (causal by
+global position AND same document, the document ids all-gathered the same way). It is exact,
+not a ring: each rank holds K/V for the whole sequence (memory O(T) per rank). torch's
 `torch.distributed.tensor.experimental.context_parallel` (ring attention) only handles the
-CUDA SDPA kernels on torch 2.13 and fails on CPU, so this exact all-gather form is used on
-every device for now.
+CUDA SDPA kernels on torch 2.13 and fails on CPU, so this all-gather form is used on every
+device for now.
 
 `all_gather_sequence` is a small autograd Function rather than
 `torch.distributed.nn.functional.all_gather`, which gives wrong gradients on gloo when the
@@ -23,6 +29,7 @@ import functools
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from parallel.document_masking import document_mask, masked_attention
 from training.models import family_of
@@ -96,20 +103,62 @@ def all_gather_sequence(x: torch.Tensor, *, dim: int, group) -> torch.Tensor:
     return _AllGatherSeq.apply(x, dim % x.dim(), group)
 
 
+def position_runs(positions: list[int]) -> tuple[tuple[int, int, int], ...]:
+    """This rank's contiguous runs of global positions, as (local start, local end, global
+    start): one run for contiguous sharding, two for load-balanced."""
+    runs, start = [], 0
+    for i in range(1, len(positions) + 1):
+        if i == len(positions) or positions[i] != positions[i - 1] + 1:
+            runs.append((start, i, positions[start]))
+            start = i
+    return tuple(runs)
+
+
 def causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
     """Boolean [Tq, Tk] mask, True where query may attend key (key position <= query's)."""
     return q_positions[:, None] >= k_positions[None, :]
 
 
+def causal_run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Queries [B, H, c, D] at the last c of the key positions [B, Hkv, L, D] (L >= c), each
+    meeting the keys up to its own position: causal attention aligned lower-right."""
+    c, keys = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(c, keys),
+                                              enable_gqa=gqa)
+    mask = torch.ones(c, keys, dtype=torch.bool, device=q.device).tril(diagonal=keys - c)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def attention_by_runs(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, *,
+                      k_positions: torch.Tensor, runs: tuple[tuple[int, int, int], ...]
+                      ) -> torch.Tensor:
+    """Keys put in global order; each run of queries meets the keys up to its end. The runs'
+    outputs are joined in SDPA's own memory order ([B, T, H, D] underneath), so the block's
+    output projection reshapes them without another copy."""
+    order = torch.argsort(k_positions)
+    k_seq, v_seq = k_all.index_select(2, order), v_all.index_select(2, order)
+    outs = [causal_run_attention(q[:, :, a:b], k_seq[:, :, :first + b - a],
+                                 v_seq[:, :, :first + b - a]) for a, b, first in runs]
+    if len(outs) == 1:
+        return outs[0]
+    return torch.cat([out.transpose(1, 2) for out in outs], dim=1).transpose(1, 2)
+
+
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                               q_positions: torch.Tensor, group, mask=None) -> torch.Tensor:
+                               q_positions: torch.Tensor, group, mask=None,
+                               runs: tuple[tuple[int, int, int], ...] | None = None,
+                               by_runs: bool | None = None) -> torch.Tensor:
     """Exact causal attention for a sequence sharded over the cp `group`.
 
     q: [B, Hq, Tl, D]; k, v: [B, Hkv, Tl, D] (Hkv may divide Hq: grouped-query attention),
     all local; `q_positions`: LongTensor [Tl] of this rank's global positions (its k/v hold
-    the same positions). K, V and positions are all-gathered over `group`, a causal mask is
-    built from global positions, and SDPA runs on the local queries. Returns [B, Hq, Tl, D].
-    With document masking, `mask` (from `context_document_mask`) replaces the causal mask.
+    the same positions); `runs`: `position_runs` of them (computed when not given). K, V and
+    positions are all-gathered over `group`. `by_runs` (default: on CUDA): `attention_by_runs`;
+    else one SDPA call with the causal mask of the global positions. With document masking,
+    `mask` (from `context_document_mask`) is used over the gathered keys instead. Returns
+    [B, Hq, Tl, D].
 
     Not ring attention: K/V for the whole sequence are materialised on every rank (O(T)
     memory). torch 2.13's experimental `context_parallel` only handles CUDA SDPA kernels, so
@@ -123,8 +172,11 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if mask is not None:
         return masked_attention(q, k_all, v_all, mask=mask)
     k_positions = _gather_cat(q_positions, dim=0, group=group)
-    mask = causal_mask(q_positions, k_positions)
-    return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
+    if q.is_cuda if by_runs is None else by_runs:
+        runs = runs if runs is not None else position_runs(q_positions.tolist())
+        return attention_by_runs(q, k_all, v_all, k_positions=k_positions, runs=runs)
+    return F.scaled_dot_product_attention(q, k_all, v_all,
+                                          attn_mask=causal_mask(q_positions, k_positions),
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
@@ -145,6 +197,7 @@ class ContextParallelAttention:
     def __init__(self, *, group, positions: torch.Tensor):
         self.group = group
         self.positions = positions
+        self.runs = position_runs(positions.tolist())
 
     # Its gloo/NCCL collectives (dist.all_gather in an autograd Function) are not traceable:
     # with training.compile the rest of each block compiles and this call runs eagerly.
@@ -152,7 +205,7 @@ class ContextParallelAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                  mask=None) -> torch.Tensor:
         return context_parallel_attention(q, k, v, q_positions=self.positions, group=self.group,
-                                          mask=mask)
+                                          mask=mask, runs=self.runs)
 
 
 def apply_context_parallel(model: torch.nn.Module, *, group, positions: torch.Tensor) -> None:

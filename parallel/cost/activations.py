@@ -63,6 +63,8 @@ class ActivationSplit:
     loss_parallel: bool = False
     """With tp: logits stay split over the vocabulary (else every rank holds all of it)."""
     cp: int = 1
+    cp_balanced: bool = True
+    """cp > 1: each rank holds two chunks (early and late) rather than one contiguous run."""
     fsdp: bool = False
     """FSDP2 wraps the model (zero 2/3 over more than one rank)."""
     document_mask: bool = False
@@ -77,7 +79,8 @@ class ActivationSplit:
     def of(cls, p: ParallelSpec, *, document_mask: bool = False, loss_chunks: int = 1,
            compiled: bool = False) -> "ActivationSplit":
         return cls(tp=p.tp, sequence_parallel=p.sequence_parallel,
-                   loss_parallel=p.loss_parallel, cp=p.cp, fsdp=p.uses_fsdp,
+                   loss_parallel=p.loss_parallel, cp=p.cp, cp_balanced=p.cp_balanced,
+                   fsdp=p.uses_fsdp,
                    document_mask=document_mask, loss_chunks=loss_chunks, compiled=compiled)
 
     @property
@@ -119,8 +122,8 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
     (`block_bytes_per_micro_batch`). Terms (see `activation_elements_per_token_per_layer`
     for which tensor each is):
       none: per norm `_norm_core` (÷ tp with SP) and its output copies; q, k after RoPE and
-        v (k, v all-gathered over cp: x cp); attention output + fp32 lse; SwiGLU 4f; all
-        head- or ffn-split ÷ tp.
+        v (k, v all-gathered over cp: x cp); attention output + fp32 lse (and its joined copy
+        under balanced cp on CUDA, `runs_copy`); SwiGLU 4f; all head- or ffn-split ÷ tp.
       full / block: the block input (residual dtype, ÷ tp with SP).
       ops: block input, the matmul outputs (row-parallel ones whole before their reduction,
         plus the reduce-scattered share with SP), attention output + lse.
@@ -131,7 +134,7 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
     dq, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
     c, tp, seq_share = dtypes.compute, split.tp, split.sequence_share
     block_input = Fraction(dtypes.residual * d, seq_share)
-    attention_out = Fraction(c * dq + FP32 * heads, tp)
+    attention_out = Fraction(c * dq + FP32 * heads, tp) + runs_copy(dq, c, split, device_type)
     if mode is RecomputeMode.offload and device_type != "cpu":
         return Fraction(0)
     targets = selective_targets(recompute)
@@ -154,7 +157,8 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
         none += dtypes.residual * d - _norm_output(model, dtypes, matmuls=2)
     saved = {RecomputeTarget.ffn: Fraction(4 * c * f, tp),
              RecomputeTarget.swiglu: Fraction(c * f, tp),
-             RecomputeTarget.attention: Fraction(FP32 * heads, tp),
+             RecomputeTarget.attention: Fraction(FP32 * heads, tp)
+             + runs_copy(dq, c, split, device_type),
              RecomputeTarget.norm: 2 * Fraction(FP32 * d + FP32, seq_share)}
     if split.compiled:
         compiled = compiled_savings(model, dtypes=dtypes, split=split)
@@ -163,6 +167,16 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
             saved[target] -= gone
         saved[RecomputeTarget.ffn] -= compiled[RecomputeTarget.swiglu]
     return none - sum(saved[target] for target in targets)
+
+
+def runs_copy(dq: int, compute: int, split: ActivationSplit, device_type: str) -> Fraction:
+    """Per token: balanced cp on CUDA runs attention once per chunk of a rank's queries
+    (parallel/context_parallel.py `attention_by_runs`); SDPA keeps each chunk's output and the
+    output projection keeps their join, a second copy (the middle rank's two chunks are one
+    run: the busiest ranks are the others)."""
+    if split.cp > 1 and split.cp_balanced and device_type != "cpu" and not split.document_mask:
+        return Fraction(compute * dq, split.tp)
+    return Fraction(0)
 
 
 def compiled_savings(model: ModelSpec, *, dtypes: ActivationDtypes,
@@ -186,8 +200,9 @@ def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, s
     RoPE tables: when q/k are not fp32, the attention casts four slices of the fp32 rows
     (re-computed under full / block / ops); FSDP does not cast a block's inputs
     (parallel/fsdp.py), so the tables reach it in fp32 under every regime.
-    Context parallelism: SDPA's additive mask in the compute dtype, [seq, seq x cp], made from
-    the bool causal mask (unless attention re-computes); a document mask replaces it (one
+    Context parallelism on CPU: SDPA's additive mask in the compute dtype, [seq, seq x cp],
+    made from the bool causal mask (unless attention re-computes); on CUDA the lower-right
+    causal bias keeps none (parallel/context_parallel.py); a document mask replaces it (one
     per forward, `document_mask_bytes`)."""
     mode = RecomputeMode(recompute.mode)
     if mode is RecomputeMode.offload and device_type != "cpu":
@@ -198,8 +213,9 @@ def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, s
     if mode is RecomputeMode.full or {RecomputeTarget.block, RecomputeTarget.ops} & targets:
         return 0
     reruns_attention = RecomputeTarget.attention in targets
-    mask = (dtypes.compute * seq * seq * split.cp
-            if split.cp > 1 and not reruns_attention and not split.document_mask else 0)
+    keeps_mask = (split.cp > 1 and device_type == "cpu" and not reruns_attention
+                  and not split.document_mask)
+    mask = dtypes.compute * seq * seq * split.cp if keeps_mask else 0
     return rope + mask
 
 

@@ -8,16 +8,19 @@ work and fp8's casts (parallel.cost.elementwise). Torch-free.
   their dtype, shape and the knee (matmul_rate.py). Per pass (a pipeline micro-batch of a
   micro-batch) over the rank's tokens: micro_batch_size / pp_microbatches sequences, their
   1/cp share (sequence parallel gathers tp's share back before each column-parallel GEMM).
-- attention core (SDPA, kept in bf16 under fp8): the FLOPs the kernel runs, 2 (q/tp) t T
-  forward for a rank's t tokens of a T-token sequence with the causal flag (the kernel skips
-  the masked half: each query meets T/2 keys on average), 2.5x that backward (FlashAttention
-  re-computes the scores: 5 matmul-sized passes to the forward's 2; Dao 2023,
-  FlashAttention-2 sec. 3), at `scale` x ATTENTION_FACTOR of the dense peak. Under cp > 1
-  parallel/context_parallel.py all-gathers K and V and passes SDPA an explicit boolean mask
-  over [t, T]: no flash kernel takes a mask, so the memory-efficient kernel computes every
-  score, masked or not (4 (q/tp) t T forward: twice the causal work) at MASKED_ATTENTION of
-  the flash rate. On CPU every score is counted with or without cp (PyTorch's CPU flash
-  kernel splits keys into blocks of 512: below that nothing is skipped), at the GEMM rate.
+- attention core (SDPA, kept in bf16 under fp8): 4 (q/tp) FLOPs forward per query-key pair
+  the kernel computes (`attention_pairs`), 2.5x that backward (FlashAttention re-computes the
+  scores: 5 matmul-sized passes to the forward's 2; Dao 2023, FlashAttention-2 sec. 3), at
+  `scale` x ATTENTION_FACTOR of the dense peak. With the causal flag the GPU kernel skips the
+  masked half (each query meets T/2 keys on average). Under cp > 1
+  parallel/context_parallel.py all-gathers K and V: without document masking each run of a
+  rank's queries meets the keys up to its end under a lower-right causal bias (the flash
+  kernel: the causal half of the rank's t x T); with document masking SDPA takes an explicit
+  mask over [t, T]: no flash kernel takes a mask, so the memory-efficient kernel computes
+  every score (twice the causal work) at MASKED_ATTENTION of the flash rate. On CPU every
+  score is counted, with or without cp (one SDPA call over [t, T] under cp; PyTorch's CPU
+  flash kernel splits keys into blocks of 512: below that nothing is skipped), at the GEMM
+  rate.
 - on a GPU only: elementwise ops and the loss (bytes / HBM), fp8's amax and cast passes;
   on CPU the calibrated efficiency absorbs them (the catalogue knows no per-core bandwidth
   worth timing them by), as it did before this model.
@@ -74,6 +77,19 @@ def attention_factor(device: str, *, gpu: bool) -> float:
                 DEFAULT_ATTENTION_FACTOR)
 
 
+def attention_pairs(spec: RunSpec, *, gpu: bool) -> float:
+    """Query-key pairs the attention kernel computes for one sequence's queries on the
+    busiest rank (its cp share of T, t = T/cp, against the keys it meets): the module
+    docstring's cases."""
+    T, cp = spec.training.seq_len, spec.parallel.cp
+    t = T // cp
+    if cp == 1:
+        return T * T / 2 if gpu else T * T
+    if spec.data.document_mask or not gpu:
+        return t * T
+    return t * T / 2 if spec.parallel.cp_balanced else t * T - t * t / 2
+
+
 def pass_tokens(spec: RunSpec) -> int:
     """Tokens one pass runs through a rank's blocks (whole over tp, its cp share)."""
     t, p = spec.training, spec.parallel
@@ -100,9 +116,9 @@ def compute_parts(spec: RunSpec, *, rate: MatmulRate, peak: float, attention_rat
     block = split.full(gemms)
     head_s = split.full((head,))
     q_local = m.n_heads * m.head_dim // p.tp
-    masked = p.cp > 1  # context_parallel.py: explicit mask, no causal skip (docstring)
-    every_score = masked or not gpu  # CPU kernels: kv tiles of 512 keys, no skip at short T
-    attn_fwd = (4.0 if every_score else 2.0) * q_local * tokens * t.seq_len / (
+    masked = p.cp > 1 and spec.data.document_mask  # context_parallel.py (docstring)
+    sequences = tokens / (t.seq_len // p.cp)
+    attn_fwd = 4.0 * q_local * sequences * attention_pairs(spec, gpu=gpu) / (
         attention_rate * (MASKED_ATTENTION if masked and gpu else 1.0))
     attention = attn_fwd * (1 + BACKWARD_ATTENTION)
     memory = tuple(b / rate.hbm_bytes_s for b in _memory_bytes(spec, tokens=tokens, fp8=fp8,

@@ -1,10 +1,13 @@
 """Context-parallel attention on gloo ranks against full single-process causal attention.
 
 For contiguous and load-balanced sharding, MHA and GQA, contiguous and non-contiguous
-incoming gradients: the output rows and dq, dk, dv at each rank's positions must match full
+incoming gradients, one masked SDPA call (CPU's path) and per-run lower-right causal calls
+(CUDA's path, `by_runs`): the output rows and dq, dk, dv at each rank's positions must match full
 `F.scaled_dot_product_attention(is_causal=True)` on the same global q, k, v (fp32).
 """
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -38,7 +41,7 @@ def _weighted_loss(out: torch.Tensor, w: torch.Tensor, *, transposed: bool) -> t
 
 
 def _check_attention(group, *, cp: int, cp_rank: int, balanced: bool, hq: int, hkv: int,
-                     transposed: bool) -> dict:
+                     transposed: bool, by_runs: bool) -> dict:
     """One case on this rank: assert closeness, return positions and max abs errors."""
     full = _global_inputs(hq, hkv, seed=1000 * hq + hkv)
     q, k, v = (full[n].clone().requires_grad_() for n in "qkv")
@@ -49,7 +52,7 @@ def _check_attention(group, *, cp: int, cp_rank: int, balanced: bool, hq: int, h
     local = {n: shard_sequence(full[n], positions=positions, dim=2) for n in "qkvw"}
     lq, lk, lv = (local[n].requires_grad_() for n in "qkv")
     out = context_parallel_attention(lq, lk, lv, q_positions=torch.tensor(positions),
-                                     group=group)
+                                     group=group, by_runs=by_runs)
     _weighted_loss(out, local["w"], transposed=transposed).backward()
 
     pairs = {"out": (out, ref), "dq": (lq.grad, q.grad), "dk": (lk.grad, k.grad),
@@ -59,7 +62,7 @@ def _check_attention(group, *, cp: int, cp_rank: int, balanced: bool, hq: int, h
         want = shard_sequence(want.detach(), positions=positions, dim=2)
         torch.testing.assert_close(got.detach(), want, atol=ATOL, rtol=RTOL, msg=lambda m: (
             f"{name} cp={cp} rank={cp_rank} balanced={balanced} hq={hq} hkv={hkv} "
-            f"transposed={transposed}: {m}"))
+            f"transposed={transposed} by_runs={by_runs}: {m}"))
         errors[name] = (got.detach() - want).abs().max().item()
     return {"positions": positions, "errors": errors}
 
@@ -92,11 +95,13 @@ def _cp_rank_main(*, rank: int, world_size: int, layouts: list[list[list[int]]])
         cp, cp_rank = len(ranks), dist.get_rank(group)
         for balanced in (False, True):
             for hq, hkv in HEADS:
-                for transposed in (False, True):
+                for transposed, by_runs in itertools.product((False, True), repeat=2):
                     case = _check_attention(group, cp=cp, cp_rank=cp_rank, balanced=balanced,
-                                            hq=hq, hkv=hkv, transposed=transposed)
+                                            hq=hq, hkv=hkv, transposed=transposed,
+                                            by_runs=by_runs)
                     results.append({"ranks": ranks, "cp_rank": cp_rank, "balanced": balanced,
-                                    "hq": hq, "transposed": transposed, **case})
+                                    "hq": hq, "transposed": transposed, "by_runs": by_runs,
+                                    **case})
         results.append({"ranks": ranks, "cp_rank": cp_rank, "gather":
                         _check_gather_noncontiguous_grad(group, cp=cp, cp_rank=cp_rank)})
     return results
@@ -105,7 +110,7 @@ def _cp_rank_main(*, rank: int, world_size: int, layouts: list[list[list[int]]])
 def _assert_rank_results(results: list[list[dict]], *, world_size: int, n_layouts: int) -> None:
     """Every case ran on every rank, errors are in tolerance, and each cp group's positions
     cover the sequence exactly once."""
-    per_layout = 2 * len(HEADS) * 2 + 1
+    per_layout = 2 * len(HEADS) * 4 + 1
     assert [len(r) for r in results] == [n_layouts * per_layout] * world_size
     cases = [c for rank_results in results for c in rank_results if "errors" in c]
     assert len(cases) == world_size * n_layouts * (per_layout - 1)
@@ -116,7 +121,7 @@ def _assert_rank_results(results: list[list[dict]], *, world_size: int, n_layout
     assert gathers and not any(g["incoming_contiguous"] for g in gathers)
     coverage: dict[tuple, list[int]] = {}
     for c in cases:
-        key = (tuple(c["ranks"]), c["balanced"], c["hq"], c["transposed"])
+        key = (tuple(c["ranks"]), c["balanced"], c["hq"], c["transposed"], c["by_runs"])
         coverage.setdefault(key, []).extend(c["positions"])
     assert all(sorted(p) == list(range(T)) for p in coverage.values())
 

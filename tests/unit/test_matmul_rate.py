@@ -8,7 +8,8 @@ from functools import lru_cache
 import pytest
 
 from parallel.cost.calibrate import Sample, fit_compute, predict
-from parallel.cost.compute_time import pass_tokens
+from parallel.context_parallel import shard_positions
+from parallel.cost.compute_time import attention_pairs, pass_tokens
 from parallel.cost.matmul_rate import Gemm, MatmulRate, efficiency_of
 from parallel.cost.memory import estimate_memory
 from parallel.cost.plan import make_plan
@@ -97,16 +98,29 @@ def test_compile_fuses_elementwise_traffic_and_drops_saved_intermediates():
         estimate_memory(gpu(*ops, "training.compile=true")).activations
 
 
-def test_context_parallel_attention_computes_every_masked_score():
-    """cp > 1: K, V all-gathered and an explicit [t, T] mask (parallel/context_parallel.py):
-    the kernel runs 4 (q/tp) t T forward, not the causal 2 (q/tp) t T, at the masked
-    kernel's rate -- the attention share of compute grows with cp at the same tokens a rank."""
-    one = gpu("parallel=fsdp", "training.seq_len=16384", "model.max_seq_len=32768")
-    two = spec(*H100, "parallel=cp", "parallel.cp=2", "parallel.dp_shard=1",
-               "parallel.zero=3", "training.seq_len=32768", "model.max_seq_len=32768",
-               "cluster.nodes=1", "cluster.procs_per_node=2")
-    assert pass_tokens(one) == pass_tokens(two)
-    assert parts(two).compute_s > 1.5 * parts(one).compute_s
+def _causal_pairs_of_busiest_rank(*, seq_len: int, cp: int, balanced: bool) -> int:
+    """Query-key pairs a causal kernel meets on the busiest cp rank, counted position by
+    position from the sharding itself (a query at position p meets keys 0..p)."""
+    return max(sum(p + 1 for p in shard_positions(seq_len=seq_len, cp=cp, cp_rank=r,
+                                                  balanced=balanced)) for r in range(cp))
+
+
+@pytest.mark.parametrize("balanced", [True, False])
+def test_context_parallel_attention_counts_the_causal_pairs_of_the_busiest_rank(balanced):
+    """cp > 1 on a GPU: each run of a rank's queries meets the keys up to its end under a
+    lower-right causal bias (flash: the masked half skipped), so the kernel's pairs are the
+    causal count of the busiest rank's positions (within the diagonal tiles' half); with
+    document masking an explicit [t, T] mask makes the kernel compute every score, slower."""
+    T, cp = 4096, 4
+    two = spec(*H100, "parallel=cp", f"parallel.cp={cp}", "parallel.dp_shard=1",
+               "parallel.zero=3", f"training.seq_len={T}", f"model.max_seq_len={T}",
+               "cluster.nodes=1", f"cluster.procs_per_node={cp}",
+               f"parallel.cp_balanced={str(balanced).lower()}")
+    counted = _causal_pairs_of_busiest_rank(seq_len=T, cp=cp, balanced=balanced)
+    assert attention_pairs(two, gpu=True) == pytest.approx(counted, rel=0.01)
+    masked = dataclasses.replace(two, data=dataclasses.replace(two.data, document_mask=True))
+    assert attention_pairs(masked, gpu=True) == T * T // cp
+    assert parts(masked).compute_s > parts(two).compute_s
 
 
 TRUTH = {"matmul_efficiency": 0.41, "layer_overhead_us": 700.0, "tp_overhead_us": 0.0,
