@@ -108,7 +108,8 @@ def sweep_once(repo: Path, procs: int, steps: int, points: int,
     wall = meshrun(repo, ["sweep", *base_overrides(steps), f"optim.lr={','.join(LRS[:points])}",
                           f"cluster.procs_per_node={procs}", "--yes", "--dir", str(sweep_dir),
                           f"runs_dir={work / 'sweep-runs'}"])
-    run_dirs = sorted((sweep_dir / "runs").iterdir(), key=lambda d: (d / "spec.json").stat().st_mtime)
+    run_dirs = sorted((sweep_dir / "runs").iterdir(),
+                      key=lambda d: (d / "spec.json").stat().st_mtime)
     phases = [point_phases(d) for d in run_dirs]
     starts = [(d / "spec.json").stat().st_mtime for d in run_dirs]
     for phase, start, following in zip(phases, starts, starts[1:]):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from conf.choices import CpuPeakMode
 from conf.run_dir.metrics_rows import PEAK_ROW_KIND
 from conf.spec import RunSpec
 from parallel.cost.devices import GIB, PeakFlops, gpu_peak
@@ -144,10 +145,11 @@ def peak_row(peak: PeakFlops, *, step: int) -> dict:
             "peak_flops": peak.flops if peak.flops > 0 else None, "source": peak.source}
 
 
-def _shared_cpu_peak(dtype_name: str, mode) -> PeakFlops:
-    """Rank 0 measures the CPU peak while the other ranks wait, then broadcasts it: one
-    measurement per run instead of one per rank (0.1-4 s each on a loaded host), taken while
-    the other ranks leave the cores quiet, and one peak that every rank divides by. Ranks
+def _shared_cpu_peak(dtype_name: str, mode: CpuPeakMode) -> PeakFlops:
+    """Rank 0 takes the host's stored CPU peak, or measures it (training/cpu_peak_cache.py)
+    while the other ranks wait, then broadcasts it: at most one measurement per run instead of
+    one per rank (0.1-4 s each on a loaded host), taken while the other ranks leave the cores
+    quiet, and one peak that every rank divides by. Ranks
     on another host use rank 0's peak (set training.cpu_peak_flops for mixed CPU hosts)."""
     import torch.distributed as dist
 
