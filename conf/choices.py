@@ -86,6 +86,12 @@ class NonFinite(StrEnum):
     skip_step = "skip_step"
 
 
+class CpuPeakMode(StrEnum):
+    host = "host"
+    remeasure = "remeasure"
+    run = "run"
+
+
 class WandbMode(StrEnum):
     offline = "offline"
     online = "online"

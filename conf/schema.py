@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from conf.choices import (  # noqa: F401 -- re-exported: the schema's field types
-    ClusterKind, CompileBackend, DataKind, DecayShape, DeviceKind, DType, NonFinite, Precision,
-    RecomputeMode, RecomputeTarget, RopeScaling, ScheduleKind, WandbMode,
+    ClusterKind, CompileBackend, CpuPeakMode, DataKind, DecayShape, DeviceKind, DType, NonFinite,
+    Precision, RecomputeMode, RecomputeTarget, RopeScaling, ScheduleKind, WandbMode,
 )
 
 
@@ -235,6 +235,11 @@ class TrainingConfig:
     rounding. Needs parallel.tp=1 and pp=1 (under tp, loss_parallel splits the logits)."""
     cpu_peak_flops: float = 0.0
     """Peak FLOP/s per rank used for MFU on CPU; 0 = measure a matmul at start (labelled measured)."""
+    cpu_peak: CpuPeakMode = CpuPeakMode.host
+    """Where the measured CPU peak comes from (with cpu_peak_flops=0): host = measured once per
+    host and stored (training/cpu_peak_cache.py; $MESHRUN_CPU_PEAK_CACHE moves the folder), so
+    the MFU of every run there is comparable; remeasure = measure now and replace the stored
+    peak; run = measure for this run only, store nothing."""
     nonfinite: NonFinite = NonFinite.stop
     """A step whose loss (or, without a loss scaler, gradient norm) is nan or inf: stop (the
     run fails at once, saving and exporting nothing; the last checkpoint is the last finite

@@ -26,7 +26,7 @@ DERIVED_KEYS = ("logging.wandb_tags", "logging.wandb_group")
 of their own. Auto values (-1, e.g. schedule.warmup_steps) are compared as the user gave them
 (config.yaml, before resolve), so one that resolves differently per run is no difference."""
 OUTCOMES = ("final_val_loss", "best_val_loss", "final_loss", "tokens_per_s", "mfu",
-            "peak_mem_gib", "steps_done", "wall_s")
+            "peak_flops", "peak_mem_gib", "steps_done", "wall_s")
 """Outcome columns, in table order (the names summary.json uses)."""
 LABEL_COLUMNS = ("run", "state")
 FILTER_OPS = ("<=", ">=", "!=", "=", "<", ">")

@@ -8,6 +8,7 @@
 
 Columns: run, state, the config keys whose values differ between the runs (dotted, as in
 spec.json), then final_val_loss, best_val_loss, final_loss, tokens_per_s, mfu (after warm-up),
+peak_flops (what MFU divides by; `*` marks runs whose peak differs, MFU not comparable),
 peak_mem_gib, steps_done, wall_s. --sort and --filter accept any of these or any config key.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rich.text import Text
 from conf.errors import ProblemList
 from conf.run_dir.paths import RunDir
 from launcher.output_file import check_output_file, write_file_atomically
+from sweeps.peak_marks import marked_cell, marked_runs, peak_note
 from sweeps.compare import (OUTCOMES, RunRecord, best_run, collect_runs, differing_keys,
                             display, is_sweep_dir, select_runs,
                             table_columns, table_rows)
@@ -70,6 +72,8 @@ def run_compare(args: argparse.Namespace, console: Console) -> int:
     to_stdout = "-" in (args.csv, args.json)
     shown = Console(stderr=True) if to_stdout else console
     print_table(build_table(records, keys=keys, title=_title(args.paths)), console=shown)
+    if note := peak_note(records):
+        shown.print(note, markup=False, highlight=False, soft_wrap=True)
     if args.csv:
         _write(args.csv, rows_to_csv(rows, columns=[*table_columns(keys), "run_dir"]), shown)
     if args.json:
@@ -173,7 +177,9 @@ def build_table(records: list[RunRecord], *, keys: list[str], title: str) -> Tab
     table = Table(title=f"{title}: {len(records)} run{'s' if len(records) != 1 else ''}",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
     columns = table_columns(keys)
-    cells = [[Text(format_cell(c, r.value(c))) for c in columns] for r in records]
+    marked = marked_runs(records)
+    cells = [[Text(marked_cell(format_cell(c, r.value(c)), name=r.name, column=c, marked=marked))
+              for c in columns] for r in records]
     for index, column in enumerate(columns):
         widest = max((len(row[index]) for row in cells), default=1)
         table.add_column(column, min_width=widest, no_wrap=True,
@@ -196,6 +202,8 @@ def format_cell(key: str, value: object) -> str:
         return display(value)
     if key == "mfu":
         return f"{value:.1%}"
+    if key == "peak_flops":
+        return f"{value / 1e9:,.1f}G"
     if key == "tokens_per_s":
         return f"{value:,.0f}"
     if key in ("final_val_loss", "best_val_loss", "final_loss"):

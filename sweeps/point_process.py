@@ -57,26 +57,32 @@ def start_point_process(mode: str, run_dir: Path, *, env: dict[str, str],
                                 preexec_fn=parent_death_preexec(signal.SIGTERM))
 
 
-def run_point(mode: str, run_dir: Path, *, console: Console, show_progress: bool) -> int:
-    """Launch, resume or restart the point in `run_dir` here, to its end; its exit status."""
+def run_point(mode: str, run_dir: Path, *, console: Console, show_progress: bool,
+              warm=None) -> int:
+    """Launch, resume or restart the point in `run_dir` here, to its end; its exit status.
+    `warm`: a torchrun agent already started (launcher.backends.warm_torchrun) that the point's
+    torchrun becomes; discarded when the point does not launch on this machine."""
     from conf.run_dir.paths import RunDir
     from launcher.backends.choose import backend_for
+    from launcher.backends.warm_torchrun import warm_torchrun
 
     run_dir = Path(run_dir)
     if mode == RESUME:
         from launcher import commands
 
-        return commands.resume(run_dir, [], console=console)
+        return commands.resume(run_dir, [], console=console, warm=warm)
     spec = RunDir(run_dir).read_spec()
     backend = backend_for(spec.cluster)
-    if mode == LAUNCH:
-        return backend.launch(spec, run_dir, console=console, show_progress=show_progress)
-    from launcher.backends.run_lock import acquire_run_lock
+    with warm_torchrun(warm is not None and backend.on_this_machine, started=warm) as warm:
+        if mode == LAUNCH:
+            return backend.launch(spec, run_dir, console=console, show_progress=show_progress,
+                                  warm=warm)
+        from launcher.backends.run_lock import acquire_run_lock
 
-    with acquire_run_lock(run_dir, action="restart") as lock:
-        mark_restart(run_dir)
-        return backend.launch(spec, run_dir, console=console, show_progress=show_progress,
-                              lock=lock)
+        with acquire_run_lock(run_dir, action="restart") as lock:
+            mark_restart(run_dir)
+            return backend.launch(spec, run_dir, console=console, show_progress=show_progress,
+                                  lock=lock, warm=warm)
 
 
 def mark_restart(run_dir: Path) -> None:

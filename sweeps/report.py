@@ -16,6 +16,7 @@ from string import Template
 from launcher.output_file import write_file_atomically
 from sweeps.compare import OUTCOMES, RunRecord, best_run, display, table_columns
 from sweeps.compare_cli import format_cell
+from sweeps.peak_marks import marked_cell, marked_runs, peak_note
 from sweeps.report_plots import (SMOOTHING_CONTROL, SMOOTHING_SCRIPT, bars_plot, loss_plot,
                                  plotly_bundle, run_colors)
 
@@ -48,7 +49,9 @@ def _summary(records: list[RunRecord]) -> str:
     if best is not None:
         parts.append(f"lowest validation loss: <b>{html.escape(best.name)}</b> "
                      f"({format_cell('best_val_loss', best.outcomes['best_val_loss'])})")
-    return " &middot; ".join(parts)
+    note = peak_note(records)
+    return " &middot; ".join(parts) + (f'<br><span class="peak-note">{html.escape(note)}</span>'
+                                       if note else "")
 
 
 def _dot(color: str) -> str:
@@ -61,12 +64,14 @@ def _table(records: list[RunRecord], *, keys: list[str], colors: dict[str, str])
         f'<th data-col="{html.escape(c)}" class="{_kind(c, keys)}" title="click to sort">'
         f"{html.escape(c)}</th>" for c in columns)
     best = best_run(records)
+    marked = marked_runs(records)
     body = []
     for record in records:
         cells = []
         for column in columns:
             value = record.value(column)
-            shown = html.escape(format_cell(column, value))
+            shown = html.escape(marked_cell(format_cell(column, value), name=record.name,
+                                            column=column, marked=marked))
             if column == "run":
                 shown = _dot(colors[record.name]) + shown
             mark = ' class="best"' if record is best and column == "best_val_loss" else ""

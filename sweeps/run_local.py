@@ -87,28 +87,71 @@ def concurrency_note(host: HostSpec, *, parallel: int, specs: list[RunSpec]) -> 
 
 def _sequential(state: SweepState, make_run_dir, todo: list,
                 watch: SweepWatch) -> dict[int, int]:
+    """One point after another in this process. Each point's torchrun is an agent started
+    while the point before it started (launcher.backends.warm_torchrun): its Python and
+    `import torch` overlap that point's start-up instead of following its end."""
     results = {}
-    for n, item in enumerate(todo, 1):
-        prepared = make_run_dir(item)
-        watch.started(index=prepared.index, run_dir=prepared.run_dir, n=n, total=len(todo))
+    agents = WarmAgents([item.spec for item in todo])
+    try:
+        for n, item in enumerate(todo, 1):
+            status = _one_point(state, make_run_dir, item, watch, n=n, total=len(todo),
+                                warm=agents.take(n - 1), results=results)
+            if status == INTERRUPTED:
+                watch.console.print("sweep interrupted: the remaining points were not started",
+                                    markup=False)
+                break
+    finally:
+        agents.discard()
+    return results
+
+
+class WarmAgents:
+    """The warm torchrun agent of each point in turn: taking point i's starts point i+1's."""
+
+    def __init__(self, specs: list[RunSpec]) -> None:
+        self.local = [spec.cluster.kind.value == "local" for spec in specs]
+        self.next = self._start(0)
+
+    def _start(self, i: int):
+        if i >= len(self.local) or not self.local[i]:
+            return None
+        from launcher.backends.warm_torchrun import WarmTorchrun
+
+        return WarmTorchrun.start()
+
+    def take(self, i: int):
+        """Point i's agent (None for a point not run here); point i+1's starts now."""
+        mine, self.next = self.next, self._start(i + 1)
+        return mine
+
+    def discard(self) -> None:
+        if self.next is not None:
+            self.next.discard()
+            self.next = None
+
+
+def _one_point(state: SweepState, make_run_dir, item, watch: SweepWatch, *, n: int, total: int,
+               warm, results: dict) -> int:
+    prepared = make_run_dir(item)
+    watch.started(index=prepared.index, run_dir=prepared.run_dir, n=n, total=total)
+    try:
         try:
             if watch.live:  # the table shows the progress; the point's own lines go to its log
-                status = run_point_logged(prepared)
+                status = run_point_logged(prepared, warm=warm)
             else:
                 status = run_point(prepared.mode, prepared.run_dir, console=watch.console,
-                                   show_progress=prepared.spec.logging.progress)
+                                   show_progress=prepared.spec.logging.progress, warm=warm)
         except ConfigError as err:  # e.g. a resume refused: this point only
             watch.console.print(str(err), markup=False, highlight=False, soft_wrap=True)
             status = 2
-        results[prepared.index] = status
-        state.finish_attempt(prepared.index, exit_status=status)
-        watch.ended(index=prepared.index, status=status)
-        _report(watch, prepared, status)
-        if status == INTERRUPTED:
-            watch.console.print("sweep interrupted: the remaining points were not started",
-                                markup=False)
-            break
-    return results
+    finally:
+        if warm is not None and not warm.launched:
+            warm.discard()
+    results[prepared.index] = status
+    state.finish_attempt(prepared.index, exit_status=status)
+    watch.ended(index=prepared.index, status=status)
+    _report(watch, prepared, status)
+    return status
 
 
 def _parallel(state: SweepState, make_run_dir, todo: list, *, parallel: int, host: HostSpec,
@@ -243,7 +286,7 @@ class Slots:
             self.free_cpus += spec.world_size
 
 
-def run_point_logged(prepared: Prepared) -> int:
+def run_point_logged(prepared: Prepared, *, warm=None) -> int:
     """Run a point here (under the live table): its own lines go to its logs/launcher.log."""
     from conf.run_dir.paths import RunDir
 
@@ -251,7 +294,7 @@ def run_point_logged(prepared: Prepared) -> int:
         before, sys.stderr = sys.stderr, log
         try:
             return run_point(prepared.mode, prepared.run_dir, console=Console(file=log),
-                             show_progress=False)
+                             show_progress=False, warm=warm)
         except KeyboardInterrupt:
             return INTERRUPTED
         finally:

@@ -37,7 +37,8 @@ STYLES = {"completed": "green", "preflight passed": "green", "running": "cyan", 
 
 
 def sweep_status(state: SweepState) -> list[dict]:
-    """One row per point: index, name, values, state, step, steps, loss, mfu, run_dir."""
+    """One row per point: index, name, values, state, step, steps, loss, mfu (after warm-up,
+    conf.run_dir.outcomes.mfu_after_warmup, as compare shows it), run_dir."""
     alive = state.runner_alive()
     scheduler = scheduler_states(state, [r["index"] for r in state.records])
     return [point_status(state, record, runner_alive=alive, scheduler=scheduler)
@@ -83,7 +84,7 @@ def point_status(state: SweepState, record: dict, *, runner_alive: bool,
     except (ConfigError, RuntimeError, OSError, ValueError) as err:
         return {**row, "state": RunState.unknown, "error": str(err).splitlines()[0]}
     latest = status.get("latest") or {}
-    row.update(step=status["step"], loss=latest.get("loss"), mfu=latest.get("mfu"),
+    row.update(step=status["step"], loss=latest.get("loss"), mfu=status.get("mfu"),
                val_loss=status.get("val_loss"), steps=_steps(run_dir))
     if "job_id" in status:  # the scheduler's word, already a RunState
         row.update(job_id=status["job_id"], state=status["state"])

@@ -2,8 +2,25 @@
 from __future__ import annotations
 
 import datetime
+import os
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_peak_cache(tmp_path_factory):
+    """Runs started by the tests store the host's CPU peak in a folder of the session, never
+    in the user's cache (training/cpu_peak_cache.py); the first run measures it, the rest
+    reuse it, as on a user's machine."""
+    from training.cpu_peak_cache import CACHE_ENV
+
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("cpu_peak_cache"))
+    yield os.environ[CACHE_ENV]
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
 
 
 @pytest.fixture

@@ -56,6 +56,16 @@ def wandb_values(row: dict) -> dict[str, float]:
             **per_rank_values(row.get(TIME_BY_RANK_KEY, {}), section=TIME_SECTION)}
 
 
+def wandb_summary(summary: dict) -> dict:
+    """summary.json's values as W&B's run summary. `train/mfu`, whose W&B summary would be the
+    last step's, is set to the run's MFU after warm-up (summary["mfu"],
+    conf.run_dir.outcomes.mfu_after_warmup): W&B shows the one MFU compare and status show."""
+    values = {k: v for k, v in summary.items() if v is not None}
+    if "mfu" in values:
+        values["train/mfu"] = values["mfu"]
+    return values
+
+
 def start_wandb(spec: RunSpec, run_dir: Path):
     """The run's WandbLogger (training.wandb_logger), started now; disabled costs nothing."""
     from training.wandb_logger import WandbLogger
@@ -153,7 +163,7 @@ class RunLoggers:
 
     def finish(self, summary: dict, *, exit_code: int = 0) -> None:
         try:
-            self.wandb.summary({k: v for k, v in summary.items() if v is not None})
+            self.wandb.summary(wandb_summary(summary))
             self.wandb.finish(exit_code=exit_code)
         finally:
             self.metrics.close()

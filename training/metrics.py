@@ -7,7 +7,9 @@ the best of several timings of two matrix sizes (rounds repeat until the sizes a
 to a generous physical bound, and an MFU above 100% is never reported: it is dropped from the row
 (readers show "-") with a warning naming both numbers. Not capped at 100%: a capped value looks
 like a real measurement, and it is not one; an absent value says "unknown".
-`training.cpu_peak_flops` overrides the measurement.
+The measured peak is stored per host and reused by every run there (training/cpu_peak_cache.py,
+`training.cpu_peak`), so runs on one host divide by one number; `training.cpu_peak_flops`
+overrides the measurement. Rank 0 logs the peak used as a metrics row (`peak_row`).
 """
 from __future__ import annotations
 
@@ -21,9 +23,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from conf.choices import CpuPeakMode
+from conf.run_dir.metrics_rows import PEAK_ROW_KIND
 from conf.spec import RunSpec
 from parallel.cost.devices import GIB, PeakFlops, gpu_peak
 from parallel.cost.flops import flops_per_token, run_flops_convention
+from training.cpu_peak_cache import host_peak
 from training.loggers import PER_RANK_KEY
 from training.precision import TORCH_DTYPES
 
@@ -131,28 +136,39 @@ def _peak(spec: RunSpec, device: torch.device) -> PeakFlops:
     if spec.training.cpu_peak_flops > 0:
         return PeakFlops(flops=spec.training.cpu_peak_flops,
                          source="user (training.cpu_peak_flops)")
-    return _shared_cpu_peak(dtype_name)
+    return _shared_cpu_peak(dtype_name, spec.training.cpu_peak)
 
 
-def _shared_cpu_peak(dtype_name: str) -> PeakFlops:
-    """Rank 0 measures the CPU peak while the other ranks wait, then broadcasts it: one
-    measurement per run instead of one per rank (0.1-4 s each on a loaded host), taken while
-    the other ranks leave the cores quiet, and one peak that every rank divides by. Ranks
+def peak_row(peak: PeakFlops, *, step: int) -> dict:
+    """The metrics row naming the peak this leg's MFU divides by (conf/run_dir/outcomes.peak_of)."""
+    return {"kind": PEAK_ROW_KIND, "step": step, "time": round(time.time(), 3),
+            "peak_flops": peak.flops if peak.flops > 0 else None, "source": peak.source}
+
+
+def _shared_cpu_peak(dtype_name: str, mode: CpuPeakMode) -> PeakFlops:
+    """Rank 0 takes the host's stored CPU peak, or measures it (training/cpu_peak_cache.py)
+    while the other ranks wait, then broadcasts it: at most one measurement per run instead of
+    one per rank (0.1-4 s each on a loaded host), taken while the other ranks leave the cores
+    quiet, and one peak that every rank divides by. Ranks
     on another host use rank 0's peak (set training.cpu_peak_flops for mixed CPU hosts)."""
     import torch.distributed as dist
 
     shared = dist.is_initialized() and dist.get_world_size() > 1
     box: list[PeakFlops | None] = [None]
     if not shared or dist.get_rank() == 0:
-        dtype = TORCH_DTYPES[dtype_name]
-        measured = measure_cpu_peak(dtype_name, threads=torch.get_num_threads(),
-                                    measure=lambda n: time_matmul_flops(n, dtype))
-        for warning in measured.warnings:
-            log.warning(warning)
-        box[0] = PeakFlops(flops=measured.flops, source=measured.source)
+        threads = torch.get_num_threads()
+        box[0] = host_peak(dtype_name, threads=threads, mode=mode,
+                           measure=lambda: _measure_now(dtype_name, threads))
     if shared:
         dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def _measure_now(dtype_name: str, threads: int) -> tuple[float, str, tuple[str, ...]]:
+    dtype = TORCH_DTYPES[dtype_name]
+    measured = measure_cpu_peak(dtype_name, threads=threads,
+                                measure=lambda n: time_matmul_flops(n, dtype))
+    return measured.flops, measured.source, measured.warnings
 
 
 _warned_over_peak: set[str] = set()
@@ -172,7 +188,8 @@ def mfu(*, tokens_per_s_per_device: float, flops_per_token: int, peak: PeakFlops
         _warned_over_peak.add(peak.source)
         log.warning("MFU would be %.0f%%: achieved %.4g FLOP/s per device > peak %.4g FLOP/s (%s). "
                     "The peak is too low (a busy machine when it was measured?); MFU is left out "
-                    "of the metrics. Set training.cpu_peak_flops to fix it.",
+                    "of the metrics. Fix: training.cpu_peak=remeasure on a quiet machine, or "
+                    "training.cpu_peak_flops.",
                     100 * value, achieved, peak.flops, peak.source)
     return None
 

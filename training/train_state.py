@@ -21,7 +21,7 @@ from training.dist import RankContext
 from training.heartbeat import Heartbeat, NoHeartbeat
 from training.parallel_model import ParallelModel, build_parallel_model
 from training.loggers import BackgroundWandb, RunLoggers
-from training.metrics import resolve_peak
+from training.metrics import peak_row, resolve_peak
 from training.optim import build_optimizers
 from training.precision import autocast_context, build_grad_scaler
 from training.preemption import StopRequest
@@ -85,6 +85,7 @@ def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext, *,
     state = _build(spec, run_dir, ctx, peak=peak)
     if ctx.is_main:
         state.loggers = RunLoggers(spec, run_dir, resume_step=state.resumed_from, wandb=wandb)
+        state.loggers.event(peak_row(peak, step=state.resumed_from or 0))
     return state
 
 

@@ -14,6 +14,9 @@ RESUME_ROW_KIND = "resume"
 leg that died before its next checkpoint, and readers drop them (each step's last row wins)."""
 FAILED_EVENT = "failed"
 """The loop's event when it gives up (a non-finite loss); its row carries step, loss, message."""
+PEAK_ROW_KIND = "peak"
+"""Rank 0 writes one {"kind": "peak", "step", "peak_flops", "source"} row per leg, before its
+first step: the peak FLOP/s that leg's MFU divides by (training/metrics.py)."""
 PREFLIGHT_EVENT = "preflight passed"
 """The one event of a `meshrun preflight` run dir, noted by the launcher once every rank passed."""
 

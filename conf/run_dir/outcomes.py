@@ -5,7 +5,30 @@ from __future__ import annotations
 
 import statistics
 
+from conf.run_dir.metrics_rows import PEAK_ROW_KIND
+
 WARMUP_FRACTION = 0.1  # steps left out of the throughput means (compile, allocator, caches)
+
+
+def steady_rows(rows: list[dict]) -> list[dict]:
+    """The train rows after warm-up: the first WARMUP_FRACTION of them left out."""
+    train = [r for r in rows if r.get("kind") == "train"]
+    return train[int(len(train) * WARMUP_FRACTION):] or train
+
+
+def mfu_after_warmup(rows: list[dict]) -> float | None:
+    """THE run's MFU: the mean over its train rows after warm-up. summary.json (and so W&B's
+    summary and the end-of-run table), `meshrun compare`, report.html, `meshrun status` and
+    `meshrun sweep status` all show this number for a run, finished or not."""
+    return _mean(steady_rows(rows), "mfu")
+
+
+def peak_of(rows: list[dict]) -> dict:
+    """The peak FLOP/s MFU divided by and where it came from (the newest leg's peak row:
+    training/metrics.py writes one per leg); {} for a run that logged none."""
+    peaks = [r for r in rows if r.get("kind") == PEAK_ROW_KIND]
+    return ({"peak_flops": peaks[-1].get("peak_flops"), "peak_source": peaks[-1].get("source")}
+            if peaks else {})
 
 
 def outcomes_from_rows(rows: list[dict]) -> dict:
@@ -13,7 +36,7 @@ def outcomes_from_rows(rows: list[dict]) -> dict:
     `training.summary_json` adds where they came from. Compare uses it for unfinished runs too."""
     train = [r for r in rows if r.get("kind") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
-    steady = train[int(len(train) * WARMUP_FRACTION):] or train
+    steady = steady_rows(rows)
     first_val = evals[0]["val_loss"] if evals else None
     final_val = evals[-1]["val_loss"] if evals else None
     return {
@@ -25,7 +48,8 @@ def outcomes_from_rows(rows: list[dict]) -> dict:
         "val_loss_drop": 1 - final_val / first_val if first_val else None,
         "tokens_per_s": _mean(steady, "tokens_per_s"),
         "tokens_per_s_per_device": _mean(steady, "tokens_per_s_per_device"),
-        "mfu": _mean(steady, "mfu"),
+        "mfu": mfu_after_warmup(rows),
+        "peak_flops": peak_of(rows).get("peak_flops"),
         "peak_mem_gib": max((r.get("mem_peak_gib", 0.0) for r in train), default=None),
         "wall_s": _wall_s(rows),
     }

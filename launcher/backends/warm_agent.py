@@ -47,7 +47,7 @@ def become_torchrun(message: dict, fds: list[int], *, ready_s: float) -> None:
     os.dup2(log_fd, sys.stderr.fileno())
     os.close(log_fd)
     print(f"{WARM_MARK} (Python and torch imported in {ready_s:.2f} s while the CLI "
-          "prepared the run)", flush=True)
+          "prepared the run, or the sweep's point before it started)", flush=True)
     os.environ.clear()
     os.environ.update(message["env"])
     torchrun_main(message["argv"])

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from conf.errors import ConfigError, Problem
 from conf.run_dir.failure_diagnosis import failure_tail
+from conf.run_dir.outcomes import mfu_after_warmup
 from conf.run_dir.heartbeats import HANG_REPORT_FILE, HUNG_EVENT, stale_ranks
 from conf.run_dir.paths import RunDir
 from conf.run_dir.restart_legs import RESTART_KEY
@@ -34,6 +35,7 @@ def run_status(run_dir: Path, *, scheduler: dict[str, JobState] | None = None) -
     events = [r for r in rows if r.get("kind") == "event"]
     status = {"run_dir": str(run_dir), "step": train[-1]["step"] if train else 0,
               "latest": train[-1] if train else {}, "val_loss": evals[-1]["val_loss"] if evals else None,
+              "mfu": mfu_after_warmup(rows),
               "requeues": sum(1 for e in events if e.get("event") == "requeued"),
               "state": state_from_files(run_dir), "legs": _legs(RunDir(run_dir))}
     backend = backend_of_run_dir(run_dir)
@@ -92,7 +94,8 @@ def print_status(status: dict, console: Console) -> None:
             ("loss", f"{latest['loss']:.4f}" if "loss" in latest else "-"),
             ("val loss", f"{status['val_loss']:.4f}" if status["val_loss"] is not None else "-"),
             ("tokens/s", f"{latest['tokens_per_s']:,.0f}" if latest else "-"),
-            ("MFU", f"{latest['mfu']:.1%}" if latest.get("mfu") is not None else "-"),
+            ("MFU (after warm-up)",
+             f"{status['mfu']:.1%}" if status.get("mfu") is not None else "-"),
             ("requeues", str(status["requeues"]))]
     if "elapsed" in status:
         rows += [("elapsed", status["elapsed"]), ("nodes", status["nodes"])]

@@ -132,7 +132,7 @@ def test_csv_and_json_hold_the_same_rows(sweep, tmp_path):
         ["lr-3e-3", "lr-1e-3", "lr-1e-2-long", "lr-3e-2"]
     assert list(rows[0]) == ["run", "state", "optim.lr", "training.steps", "final_val_loss",
                              "best_val_loss", "final_loss", "tokens_per_s", "mfu",
-                             "peak_mem_gib", "steps_done", "wall_s", "run_dir"]
+                             "peak_flops", "peak_mem_gib", "steps_done", "wall_s", "run_dir"]
     assert data[0]["optim.lr"] == 0.003 and rows[0]["optim.lr"] == "0.003"
     assert rows[3]["state"] == "missing" and rows[3]["best_val_loss"] == ""
     assert data[3]["best_val_loss"] is None

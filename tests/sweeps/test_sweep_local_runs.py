@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from launcher.backends.warm_agent import WARM_MARK
 from tests.support.meshrun_cli import meshrun as run_meshrun
 from tests.support.wandb_reader import read_runs
 
@@ -66,6 +67,9 @@ def test_each_point_is_a_wandb_run_in_the_sweep_group(four_points):
         summary = json.loads((run_dir / "summary.json").read_text())
         assert run.user_summary()["final_loss"] == pytest.approx(summary["final_loss"])
         assert run.user_summary()["best_val_loss"] == pytest.approx(summary["best_val_loss"])
+        # one MFU: W&B's train/mfu summary is the run's MFU after warm-up, not its last step's
+        assert run.user_summary()["train/mfu"] == run.user_summary()["mfu"] == \
+            pytest.approx(summary["mfu"])
         training = json.loads((run_dir / "spec.json").read_text())["training"]
         check_wandb_page(run, tokens_per_step=training["global_batch_size"] * training["seq_len"])
 
@@ -137,6 +141,9 @@ def test_retry_resumes_a_point_that_stopped_with_a_checkpoint(tmp_path):
     rows = [json.loads(line) for line in (Path(row["run_dir"]) / "metrics.jsonl").read_text()
             .splitlines() if line.strip()]
     assert [r["step"] for r in rows if r.get("kind") == "train"] == list(range(1, 7))
+    # both legs' torchrun was an agent started warm (sweeps/run_local.WarmAgents)
+    log = (Path(row["run_dir"]) / "logs" / "torchrun.log").read_text()
+    assert log.count(WARM_MARK) == 2, log
 
 
 def test_compare_reports_the_four_points_with_the_varied_keys(four_points):
