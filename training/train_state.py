@@ -25,6 +25,7 @@ from training.metrics import resolve_peak
 from training.optim import build_optimizers
 from training.precision import autocast_context, build_grad_scaler
 from training.preemption import StopRequest
+from training.step_probes import StepProbes, build_step_probes
 
 
 log = logging.getLogger("meshrun.checkpoint")
@@ -58,6 +59,9 @@ class TrainState:
     """Stops the run if its run dir is removed or replaced (built when not given)."""
     heartbeat: Heartbeat = field(default_factory=NoHeartbeat)
     """This rank's heartbeat (training/heartbeat.py); set by `python -m training`."""
+    probes: StepProbes | None = None
+    """The profiler window and memory snapshots of this rank; None = none (the loop's one
+    test a step). Built by build_train_state once the step to start from is known."""
 
     def __post_init__(self) -> None:
         if self.saver is None:
@@ -83,6 +87,8 @@ def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext, *,
     if wandb is not None:
         wandb.start()
     state = _build(spec, run_dir, ctx, peak=peak)
+    state.probes = build_step_probes(spec.training, run_dir=run_dir, rank=ctx.rank,
+                                     device=ctx.device, done_step=state.step)
     if ctx.is_main:
         state.loggers = RunLoggers(spec, run_dir, resume_step=state.resumed_from, wandb=wandb)
     return state

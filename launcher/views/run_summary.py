@@ -25,6 +25,8 @@ ROWS = (
     ("wall time", "wall_s", "{:.1f} s"),
     ("checkpoint", "last_checkpoint", "{}"),
     ("export", "export_dir", "{}"),
+    ("profile traces", "profile_traces", "{}"),
+    ("memory snapshots", "memory_snapshots", "{}"),
     ("stragglers", "stragglers", "{}"),
     ("stragglers", "wait_partial", "{}"),
 )
