@@ -14,6 +14,9 @@ RESUME_ROW_KIND = "resume"
 leg that died before its next checkpoint, and readers drop them (each step's last row wins)."""
 FAILED_EVENT = "failed"
 """The loop's event when it gives up (a non-finite loss); its row carries step, loss, message."""
+NOTE_ROW_KIND = "note"
+"""{"kind": "note", "step": S, "message": "..."}: a one-off line the launcher's console shows
+as it is (where a run's weights came from); no state or metric reads it."""
 PREFLIGHT_EVENT = "preflight passed"
 """The one event of a `meshrun preflight` run dir, noted by the launcher once every rank passed."""
 
