@@ -28,7 +28,9 @@ def profile_start_step(t: TrainingConfig) -> int:
 def check_profile(t: TrainingConfig, *, world_size: int, device: DeviceKind,
                   problems: ProblemList) -> None:
     _check_window(t, problems)
-    _check_ranks(t.profile_ranks, world_size, problems)
+    used = t.profile_steps > 0 or t.memory_snapshot_step > 0 or t.memory_snapshot_on_oom
+    if used and world_size > 0:  # (a bad world size is its own problem, named elsewhere)
+        _check_ranks(t.profile_ranks, world_size, problems)
     _check_snapshots(t, device, problems)
 
 
