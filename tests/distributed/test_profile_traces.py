@@ -12,10 +12,10 @@ from rich.console import Console
 from conf.run_dir.paths import RunDir
 from launcher.views.run_summary import print_summary
 from tests.support.loop_runs import prepare_run_dir, train_run_dirs
+from tests.support.profile_traces import traced_steps
 from tests.support.run_outputs import train_losses
 from tests.support.spawn import run_on_ranks
 from tests.support.specs import synthetic_spec
-from tests.unit.test_profile_knobs import traced_steps
 
 STEPS = ("training.steps=5", "checkpoint.export_safetensors=false", "checkpoint.every_steps=0",
          "training.eval_every=0")

@@ -6,7 +6,6 @@ nothing (training/step_probes.py); the real loop on 2 ranks: tests/distributed/
 test_profile_traces.py; snapshots on CUDA: tests/gpu/test_memory_snapshot_cuda.py."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from conf.errors import ConfigError
 from conf.rules.profile_rules import profile_start_step
 from conf.schema import TrainingConfig
 from launcher.cli import main
+from tests.support.profile_traces import traced_steps
 from tests.support.specs import cpu_spec
 from training.step_probes import build_step_probes
 
@@ -88,18 +88,6 @@ def test_profiling_off_builds_nothing(tmp_path):
     assert build_step_probes(on, run_dir=tmp_path, rank=0, device=cpu, done_step=4) is None
     assert build_step_probes(on, run_dir=tmp_path, rank=0, device=cpu, done_step=0) is not None
     assert not (tmp_path / "profile").exists()
-
-
-def traced_steps(run_dir: Path) -> list[set[int]]:
-    """Per trace file: the ProfilerStep numbers holding at least one aten op."""
-    found = []
-    for path in sorted((run_dir / "profile").glob("rank*.pt.trace.json")):
-        events = json.loads(path.read_text())["traceEvents"]
-        steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
-        ops = [e for e in events if e.get("name", "").startswith("aten::mm")]
-        found.append({int(s["name"].split("#")[1]) for s in steps
-                      if any(s["ts"] <= o["ts"] <= s["ts"] + s["dur"] for o in ops)})
-    return found
 
 
 def run_steps(tmp_path: Path, name: str, *, done_step: int, last_step: int,
