@@ -67,7 +67,8 @@ def check_cfg_flags(*, cfg: str | None, package: str | None, resolve: bool,
     if cfg is None and (package is not None or resolve):
         flag = "--package" if package is not None else "--resolve"
         raise ConfigError([Problem(flag, package or "", "only works with --cfg",
-                                   f"add --cfg job (or hydra, all): meshrun {command} --cfg job {flag}"
+                                   "add --cfg job (or hydra, all): "
+                                   f"meshrun {command} --cfg job {flag}"
                                    + (f" {package}" if package else "") + " ...")],
                           "Bad command")
 

@@ -162,8 +162,8 @@ def dump_memory_snapshot(run_dir: Path, *, rank: int, label: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank{rank}_{label}.pickle"
     torch.cuda.memory._dump_snapshot(str(path))
-    log.warning("CUDA memory snapshot (%s) written to %s: open it at https://pytorch.org/memory_viz",
-                label, path)
+    log.warning("CUDA memory snapshot (%s) written to %s: open it at "
+                "https://pytorch.org/memory_viz", label, path)
     return path
 
 

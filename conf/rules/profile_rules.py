@@ -55,7 +55,8 @@ def _check_window(t: TrainingConfig, problems: ProblemList) -> None:
                      f"the window (steps {start}..{last}, training.profile_steps="
                      f"{t.profile_steps}) ends after the last step (training.steps={t.steps})",
                      f"trace at most {max(t.steps - start + 1, 0)} steps from step {start}, or "
-                     f"start earlier (training.profile_start_step<={max(t.steps - t.profile_steps + 1, 1)})")
+                     "start earlier (training.profile_start_step<="
+                     f"{max(t.steps - t.profile_steps + 1, 1)})")
     elif start - t.profile_warmup_steps < 1:
         problems.add("training.profile_warmup_steps", t.profile_warmup_steps,
                      f"warmup steps come before the window's first step ({start}); only "

@@ -21,7 +21,7 @@ files through this module, so its layout is written down once::
               checkpoints/step_<N>/   complete checkpoints (see below)
               export/            the safetensors export (Hugging Face layout)
               profile/           torch.profiler traces, rank<R>.<time>.pt.trace.json
-              memory_snapshot/   CUDA allocator snapshots, rank<R>_step<N>.pickle, rank<R>_oom.pickle
+              memory_snapshot/   CUDA allocator snapshots, rank<R>_step<N>.pickle / _oom.pickle
               slurm/jobs.json    the Slurm submissions (slurm/<job id>/ are submitit's folders)
 
 Checkpoint folders and the complete-checkpoint rule: conf/run_dir/checkpoint_dirs.py. The
