@@ -14,6 +14,7 @@ model's `lm_head.weight` may be there too (it is the embedding). The ranks read 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path, PurePosixPath
 
 from conf.errors import ProblemList
@@ -108,6 +109,21 @@ def check_weights(folder: str | Path, model) -> int:
     if rules:
         raise BadWeights(rules)
     return sum(1 for name in expected if name in files)
+
+
+def loaded_weights_line(folder: str | Path, model) -> str:
+    """The one line a run logs when it starts from `folder`'s weights (checked): where, how
+    many tensors, parameters and bytes, of the tensors `model` (a ModelSpec) reads."""
+    files = weight_map(folder)
+    names = [name for name in _expected(model) if name in files and not _optional(name, model)]
+    headers, _ = _headers(Path(folder), {files[name] for name in names})
+    entries = [headers[files[name]][name] for name in names]
+    params = sum(math.prod(e.shape) for e in entries)
+    size = sum(e.end - e.start for e in entries)
+    dtypes = ", ".join(sorted({e.dtype for e in entries}))
+    return (f"loaded Hugging Face weights from {folder}: {len(entries)} tensors, {params:,} "
+            f"parameters, {size / 2**20:,.1f} MiB ({dtypes}) in {len(set(map(files.get, names)))}"
+            " file(s)")
 
 
 def _config_json(folder: Path) -> dict:

@@ -31,6 +31,7 @@ from conf.rules.document_rules import resolve_document_eos
 from conf.rules.field_rules import finite_floats, int64_ints, typed_lists
 from conf.rules.model_rules import BF16_MIN_CC, check_model, check_precision
 from conf.rules.parallel_rules import resolve_parallel
+from conf.rules.profile_rules import check_profile, profile_start_step
 from conf.rules.split_rules import check_model_split, check_recompute
 from conf.rules.training_rules import (check_optim, check_schedule, check_training,
                                        resolve_batch, warmup_steps)
@@ -69,6 +70,8 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     check_model(model, problems)
     check_model_family(model, cfg.recompute, problems)
     check_training(training, model, problems)
+    check_profile(cfg.training, world_size=cfg.cluster.nodes * procs, device=device,
+                  problems=problems)
     check_schedule(cfg.schedule, training.steps, problems)
     check_optim(cfg.optim, problems)
     check_cluster(cfg.cluster, procs, host, device, problems)
@@ -161,7 +164,8 @@ def _resolve_training(cfg: RunConfig, device: DeviceKind, dp: int,
                       problems: ProblemList) -> TrainingSpec:
     accum, global_bs = resolve_batch(cfg.training, dp, problems)
     return spec_from_config(TrainingSpec, cfg.training, grad_accum_steps=accum,
-                            global_batch_size=global_bs, device=device)
+                            global_batch_size=global_bs, device=device,
+                            profile_start_step=profile_start_step(cfg.training))
 
 
 def _resolve_precision(cfg: RunConfig, host: HostSpec, device: DeviceKind,

@@ -233,6 +233,27 @@ class TrainingConfig:
     micro-batch's [tokens, vocab] logits at once): only one block's logits and their gradient
     are alive, the head's gradient is summed over the blocks in fp32, the loss agrees to fp32
     rounding. Needs parallel.tp=1 and pp=1 (under tp, loss_parallel splits the logits)."""
+    profile_steps: int = 0
+    """Steps traced with torch.profiler (CPU, and CUDA kernels on CUDA) into
+    <run_dir>/profile/rank<R>.*.pt.trace.json (Chrome/Perfetto trace; TensorBoard's profiler
+    plugin reads the folder); 0 = no profiling (no profiler object, nothing in the step)."""
+    profile_start_step: int = -1
+    """First traced step (steps count from 1). -1 = auto: profile_warmup_steps + 2 (step 1
+    holds one-off work), earlier when the run is too short for the window to end by its last
+    step."""
+    profile_warmup_steps: int = 1
+    """Steps run under the profiler just before the window and thrown away (torch.profiler's
+    schedule warmup: its start-up cost stays out of the traced steps); 0 = none."""
+    profile_ranks: list[int] = field(default_factory=lambda: [0])
+    """Global ranks that trace (training.profile_*) and take memory snapshots
+    (training.memory_snapshot_*); empty = every rank."""
+    memory_snapshot_step: int = 0
+    """CUDA only: record the allocator's history from the start and dump it after this step
+    to <run_dir>/memory_snapshot/rank<R>_step<N>.pickle (torch.cuda.memory._dump_snapshot;
+    drag it onto https://pytorch.org/memory_viz); 0 = none."""
+    memory_snapshot_on_oom: bool = False
+    """CUDA only: record the allocator's history and, on a CUDA out-of-memory error, dump it
+    to <run_dir>/memory_snapshot/rank<R>_oom.pickle before the rank fails."""
     cpu_peak_flops: float = 0.0
     """Peak FLOP/s per rank used for MFU on CPU; 0 = measure a matmul at start (labelled measured)."""
     cpu_peak: CpuPeakMode = CpuPeakMode.host

@@ -247,6 +247,8 @@ class TrainingSpec:
     """Resolved: micro_batch_size x grad_accum_steps x dp."""
     device: DeviceKind
     """Resolved: cpu or cuda (never auto)."""
+    profile_start_step: int
+    """Resolved: never -1 (conf/rules/profile_rules.py fills auto)."""
 
     @property
     def tokens_per_step(self) -> int:

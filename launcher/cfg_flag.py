@@ -1,4 +1,6 @@
-"""`meshrun run --cfg job|hydra|all [--package PKG] [--resolve]`, as Hydra users know them.
+"""`meshrun run|plan|sweep --cfg job|hydra|all [--package PKG] [--resolve]`, as Hydra users
+know them (`sweep`: one YAML document per point, `---` between them, each headed by a comment
+naming the point).
 
 - job: the composed config (what `meshrun run` would resolve), interpolations as written;
 - hydra: meshrun has no Hydra runtime config (it composes with Hydra's compose API and never
@@ -28,6 +30,21 @@ HEADER = ("# meshrun has no Hydra runtime config: it composes conf/ with Hydra's
 
 
 def print_cfg(overrides: list[str], *, part: str, package: str | None, resolve: bool) -> int:
+    print(cfg_text(overrides, part=part, package=package, resolve=resolve), end="")
+    return 0
+
+
+def print_cfgs(labelled: list[tuple[str, list[str]]], *, part: str, package: str | None,
+               resolve: bool) -> int:
+    """Several configs (a sweep's points): one YAML document each, `# label` on top. Every
+    one is composed before anything is printed, so a bad point prints nothing."""
+    texts = [f"# {label}\n" + cfg_text(overrides, part=part, package=package, resolve=resolve)
+             for label, overrides in labelled]
+    print("---\n".join(texts), end="")
+    return 0
+
+
+def cfg_text(overrides: list[str], *, part: str, package: str | None, resolve: bool) -> str:
     composed = compose_printable(overrides)
     tree = {} if part == "hydra" else dict(composed.tree)
     if part in ("hydra", "all"):
@@ -35,12 +52,11 @@ def print_cfg(overrides: list[str], *, part: str, package: str | None, resolve: 
     text = config_text(tree, package=package, resolve=resolve,
                        missing_fix=_hydra_package_fix(package))
     shows_section = part != "job" and (package in (None, "", "_global_", SECTION))
-    print((header() if shows_section else "") + text, end="")
-    return 0
+    return (header() if shows_section else "") + text
 
 
 def check_cfg_flags(*, cfg: str | None, package: str | None, resolve: bool,
-                    others: dict[str, bool]) -> None:
+                    others: dict[str, bool], command: str = "run") -> None:
     """--package and --resolve only mean something with --cfg (Hydra refuses --resolve too);
     --cfg runs nothing, so it goes with none of `others` (flag -> given), as in Hydra."""
     given = [flag for flag, on in others.items() if on]
@@ -51,7 +67,8 @@ def check_cfg_flags(*, cfg: str | None, package: str | None, resolve: bool,
     if cfg is None and (package is not None or resolve):
         flag = "--package" if package is not None else "--resolve"
         raise ConfigError([Problem(flag, package or "", "only works with --cfg",
-                                   f"add --cfg job (or hydra, all): meshrun run --cfg job {flag}"
+                                   "add --cfg job (or hydra, all): "
+                                   f"meshrun {command} --cfg job {flag}"
                                    + (f" {package}" if package else "") + " ...")],
                           "Bad command")
 

@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--calibration-out", type=Path, default=None, metavar="FILE",
                       help="--calibrate: the file to write (default ~/.meshrun/calibration.json)")
     add_search_args(plan)
+    hydra_flags.add_cfg_flags(plan)
     plan.add_argument("overrides", nargs="*")
     hydra_flags.add_config_dir_arg(plan)
     resume = sub.add_parser("resume", help="continue a run dir from its latest checkpoint")
@@ -110,6 +111,8 @@ def _main(argv: list[str], warm: WarmTorchrun | None) -> int:
         args = parse_intermixed(build_parser(), argv)
         if getattr(args, "handler", None) is not None:
             return args.handler(args, console)
+        if args.command == "plan" and (args.cfg or args.package is not None or args.resolve):
+            return plan_cfg(args)
         if args.command == "plan" and args.search:
             return search_command(args, console)
         if args.command == "plan":
@@ -158,6 +161,16 @@ def run_command(args: argparse.Namespace, console: Console,
                          resolve=args.resolve)
     return commands.run(args.overrides, dry_run=args.dry_run, console=console, wait=args.wait,
                         prepare_only=args.prepare_only, warm=warm, force=args.force)
+
+
+def plan_cfg(args: argparse.Namespace) -> int:
+    """`meshrun plan --cfg job|hydra|all [--package] [--resolve]`: print, plan nothing."""
+    from launcher.cfg_flag import check_cfg_flags, print_cfg
+
+    check_cfg_flags(cfg=args.cfg, package=args.package, resolve=args.resolve, command="plan",
+                    others={"--search": args.search, "--json": args.json,
+                            "--calibrate": bool(args.calibrate)})
+    return print_cfg(args.overrides, part=args.cfg, package=args.package, resolve=args.resolve)
 
 
 def add_search_args(plan: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
 """The flags a Hydra user reaches for, on `meshrun run`: --config-dir, --cfg job|hydra|all
-(--package, --resolve: launcher/cfg_flag.py), --info,
+(--package, --resolve: launcher/cfg_flag.py; also on `plan` and `sweep`), --info,
 -m/--multirun, and the config groups in --help (and `meshrun completion bash`).
 
 Groups and options are read from the YAML files on the config search path
@@ -57,14 +57,7 @@ def add_config_dir_arg(parser: argparse.ArgumentParser) -> None:
 def add_run_flags(run: argparse.ArgumentParser) -> None:
     """The Hydra-style flags of `meshrun run`, and its --help listing of the config groups."""
     add_config_dir_arg(run)
-    run.add_argument("--cfg", "-c", choices=("job", "hydra", "all"),
-                     help="print the config and exit, nothing created: job = the composed "
-                          "config; hydra = what meshrun uses in place of Hydra's runtime "
-                          "settings (run dir, sweep dir, launcher = cluster); all = both")
-    run.add_argument("--package", "-p", metavar="PKG",
-                     help="with --cfg: print only this part of the config (model, model.dim)")
-    run.add_argument("--resolve", action="store_true",
-                     help="with --cfg: resolve interpolations (${model.name}) before printing")
+    add_cfg_flags(run)
     run.add_argument("--info", nargs="?", const="all", choices=INFO_TOPICS,
                      help="print the config search path and the config groups found, and exit")
     run.add_argument("-m", "--multirun", action="store_true",
@@ -73,6 +66,18 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
     run.add_argument("-y", "--yes", action="store_true", help="with -m: run without asking")
     run.formatter_class = argparse.RawDescriptionHelpFormatter
     run.epilog = groups_help()
+
+
+def add_cfg_flags(parser: argparse.ArgumentParser, *, what: str = "the config") -> None:
+    """Hydra's --cfg job|hydra|all, --package, --resolve (launcher/cfg_flag.py)."""
+    parser.add_argument("--cfg", "-c", choices=("job", "hydra", "all"),
+                        help=f"print {what} and exit, nothing created: job = the composed "
+                             "config; hydra = what meshrun uses in place of Hydra's runtime "
+                             "settings (run dir, sweep dir, launcher = cluster); all = both")
+    parser.add_argument("--package", "-p", metavar="PKG",
+                        help="with --cfg: print only this part of the config (model, model.dim)")
+    parser.add_argument("--resolve", action="store_true",
+                        help="with --cfg: resolve interpolations (${model.name}) before printing")
 
 
 def groups_help(width: int = 100) -> str:

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from rich import box
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -31,6 +30,8 @@ from conf.errors import ProblemList
 from conf.run_dir.paths import RunDir
 from launcher.output_file import check_output_file, write_file_atomically
 from sweeps.peak_marks import marked_cell, marked_runs, peak_note
+from sweeps.narrow_table import (column_width, fits_the_terminal, pack_columns, print_fitted,
+                                  whole_width, wrapped_header)
 from sweeps.compare import (OUTCOMES, RunRecord, best_run, collect_runs, differing_keys,
                             display, is_sweep_dir, select_runs,
                             table_columns, table_rows)
@@ -71,7 +72,7 @@ def run_compare(args: argparse.Namespace, console: Console) -> int:
     rows = table_rows(records, keys=keys)
     to_stdout = "-" in (args.csv, args.json)
     shown = Console(stderr=True) if to_stdout else console
-    print_table(build_table(records, keys=keys, title=_title(args.paths)), console=shown)
+    print_comparison(records, keys=keys, title=_title(args.paths), console=shown)
     if note := peak_note(records):
         shown.print(note, markup=False, highlight=False, soft_wrap=True)
     if args.csv:
@@ -157,19 +158,61 @@ def rows_to_csv(rows: list[dict], *, columns: list[str]) -> str:
     return out.getvalue()
 
 
-def print_table(table: Table, *, console: Console) -> None:
-    """In a terminal, fit its width (with a hint when cut); in a pipe or file, print it whole."""
-    whole = Measurement.get(console, console.options.update(max_width=10_000), table).maximum
-    if whole <= console.width:
-        console.print(table)
-    elif console.is_terminal:
-        console.print(table)
-        console.print(f"[dim]table cut to {console.width} of {whole} columns: widen the "
-                      "terminal, or use --csv - / --json - / the HTML report[/]")
+def print_comparison(records: list[RunRecord], *, keys: list[str], title: str,
+                     console: Console) -> None:
+    """The whole table when it fits (or, in a pipe or file with no COLUMNS, always: rows
+    stay whole lines); else, at the terminal's width, several tables led by the row number:
+    the first holds run, state, losses and MFU, the others the rest (sweeps/narrow_table.py)."""
+    table = build_table(records, keys=keys, title=title)
+    if whole_width(console, table) > console.width and fits_the_terminal(console):
+        for n, part in enumerate(narrow_tables(records, keys=keys, title=title,
+                                               width=console.width)):
+            console.print(*([""] if n else []), part)
     else:
-        wide = Console(file=console.file, width=whole, no_color=console.no_color,
-                       force_terminal=False)
-        wide.print(table)
+        print_fitted(table, console)
+
+
+FIRST_PART = ("run", "state", "final_val_loss", "best_val_loss", "final_loss", "mfu")
+"""What the first of several narrow tables shows: which run, how it ended, how well."""
+ROW_NUMBER = "#"
+
+
+def narrow_tables(records: list[RunRecord], *, keys: list[str], title: str,
+                  width: int) -> list[Table]:
+    """The comparison as tables no wider than `width`, each led by the row number."""
+    columns = table_columns(keys)
+    rest = [c for c in columns if c not in FIRST_PART]
+    marked = marked_runs(records)
+    cells = {c: [marked_cell(format_cell(c, r.value(c)), name=r.name, column=c, marked=marked)
+                 for r in records] for c in columns}
+    cells[ROW_NUMBER] = [str(i) for i in range(1, len(records) + 1)]
+    widths = {c: column_width(c, cells[c]) for c in (ROW_NUMBER, *columns)}
+    widths["run"] = min(widths["run"], max(width // 4, 8))  # folded: the rest stay whole
+    first = {c: widths[c] for c in (ROW_NUMBER, *FIRST_PART)}
+    groups = pack_columns(first, width=10_000, lead=ROW_NUMBER)
+    groups += pack_columns({c: widths[c] for c in (ROW_NUMBER, *rest)}, width=width,
+                           lead=ROW_NUMBER)
+    best = best_run(records)
+    parts = []
+    for n, group in enumerate(groups):
+        part = Table(title=f"{title}: {len(records)} run{'s' if len(records) != 1 else ''}"
+                     if n == 0 else None, title_justify="left", box=None, pad_edge=False,
+                     header_style="bold")
+        for column in group:
+            folded = column == "run"
+            part.add_column(wrapped_header(column, widths[column]), no_wrap=not folded,
+                            overflow="fold", min_width=None if folded else widths[column],
+                            justify="right" if column in (*OUTCOMES, ROW_NUMBER) else "left",
+                            style="cyan" if column in keys else "bold" if folded else "")
+        for i, record in enumerate(records):
+            row = [Text(cells[c][i]) for c in group]
+            if "state" in group:
+                row[group.index("state")].stylize(STATE_STYLES.get(record.state, "yellow"))
+            if record is best and "best_val_loss" in group:
+                row[group.index("best_val_loss")].stylize("bold green")
+            part.add_row(*row)
+        parts.append(part)
+    return parts
 
 
 def build_table(records: list[RunRecord], *, keys: list[str], title: str) -> Table:

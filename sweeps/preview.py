@@ -19,6 +19,7 @@ from launcher.views.plan_view import gib, human
 from parallel.cost.fit import Verdict
 from parallel.cost.plan import make_plan
 from parallel.cost.step_time import estimate_time
+from sweeps.narrow_table import wrapped_header
 from sweeps.validate import Checked
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,23 +76,12 @@ def preview_table(checked: list[Checked], *, title: str, max_rows: int = 50) -> 
                   caption=_totals(checked, costs, show_fit), caption_justify="left")
     for i, name in enumerate(columns):
         width = max((len(row[i]) for row in rows if i < len(row)), default=1)
-        table.add_column(_wrapped_header(name, width), no_wrap=True, min_width=width,
+        table.add_column(wrapped_header(name, width), no_wrap=True, min_width=width,
                          justify="left" if 0 < i <= len(keys) else "right",
                          style="cyan" if 0 < i <= len(keys) else None)
     for row in rows:
         table.add_row(*row)
     return table
-
-
-def _wrapped_header(name: str, width: int) -> str:
-    """A header no wider than its cells where it can break: after '.' or '_'."""
-    lines: list[str] = []
-    for piece in name.replace(".", ".\n").replace("_", "_\n").split("\n"):
-        if lines and len(lines[-1]) + len(piece) <= max(width, 5):
-            lines[-1] += piece
-        else:
-            lines.append(piece)
-    return "\n".join(lines)
 
 
 def _totals(checked: list[Checked], costs: list[Cost], show_fit: bool) -> str:

@@ -3,6 +3,8 @@
     meshrun sweep [-f FILE] [options] [OVERRIDE ...]   expand, validate, preview, confirm, run
     meshrun sweep status SWEEP_DIR [--json]            a table of the points' states
     meshrun sweep retry SWEEP_DIR [options]            rerun failed/missing, continue stopped
+    meshrun sweep --cfg job|hydra|all [--package P] [--resolve] [-f FILE] [OVERRIDE ...]
+                                                       each point's config, one YAML document each
 
 Examples:
     meshrun sweep model=tiny optim.lr=1e-4,3e-4,1e-3 schedule.warmup_steps=0,10 --dry-run
@@ -27,6 +29,7 @@ from rich.console import Console
 
 from conf.errors import ConfigError, Problem
 from launcher.cli import FORCE_HELP
+from launcher.hydra_flags import add_cfg_flags
 from sweeps.spec_file import COMBINES, extend, find_sweep_file, inline_sweep, load_sweep_file
 
 SUBCOMMANDS = ("status", "retry")
@@ -69,6 +72,7 @@ def register(subparsers) -> None:
                              "counted before any point is made")
     parser.add_argument("--rows", type=int, default=50, help="preview at most N rows")
     parser.add_argument("--json", action="store_true", help="status: machine-readable output")
+    add_cfg_flags(parser, what="each point's config (one YAML document per point)")
     parser.set_defaults(handler=handle_sweep)
     # --- `meshrun compare`: registered by sweeps/compare_cli.py (its own module and owner) ---
     try:
@@ -82,6 +86,8 @@ def register(subparsers) -> None:
 
 def handle_sweep(args: argparse.Namespace, console: Console) -> int:
     words = list(args.words)
+    if args.cfg or args.package is not None or args.resolve:
+        return print_points_cfg(words, args)
     if words and words[0] in SUBCOMMANDS:
         if len(words) != 2:
             raise ConfigError([Problem(words[0], " ".join(words[1:]),
@@ -91,6 +97,23 @@ def handle_sweep(args: argparse.Namespace, console: Console) -> int:
         return show_status(sweep_dir, args, console) if words[0] == "status" else \
             retry(sweep_dir, args, console)
     return start(words, args, console)
+
+
+def print_points_cfg(words: list[str], args: argparse.Namespace) -> int:
+    """`meshrun sweep --cfg job|hydra|all [--package] [--resolve] ...`: every point's config,
+    one YAML document each; nothing validated, written or run."""
+    from launcher.cfg_flag import check_cfg_flags, print_cfgs
+    from sweeps.expand import expand
+
+    given = {f"sweep {words[0]}": True} if words and words[0] in SUBCOMMANDS else {}
+    check_cfg_flags(cfg=args.cfg, package=args.package, resolve=args.resolve, command="sweep",
+                    others={**given, "--dry-run": args.dry_run, "--yes": args.yes})
+    sweep = _definition(words, args)
+    points = expand(sweep, **({} if args.max_points is None else {"max_points": args.max_points}))
+    labelled = [(f"point {p.index} (run {p.name}): "
+                 + " ".join(f"{k}={v}" for k, v in p.values.items()),
+                 list(p.run_overrides)) for p in points]
+    return print_cfgs(labelled, part=args.cfg, package=args.package, resolve=args.resolve)
 
 
 def _settings(args: argparse.Namespace) -> dict:
@@ -110,15 +133,18 @@ def _options(args: argparse.Namespace, sweep_dir: Path | None):
 def start(words: list[str], args: argparse.Namespace, console: Console) -> int:
     from sweeps.submit import run_sweep
 
+    return run_sweep(_definition(words, args), _options(args, args.dir), console)
+
+
+def _definition(words: list[str], args: argparse.Namespace):
+    """The sweep the command line describes: a sweep file extended by `words`, or `words`."""
     if args.file:
-        sweep = extend(load_sweep_file(find_sweep_file(args.file)), words, **_settings(args))
-    else:
-        if not words:
-            raise ConfigError([Problem("sweep", "", "nothing to sweep",
-                                       "give -f FILE or overrides such as optim.lr=1e-4,3e-4")],
-                              "Bad command")
-        sweep = inline_sweep(words, **_settings(args))
-    return run_sweep(sweep, _options(args, args.dir), console)
+        return extend(load_sweep_file(find_sweep_file(args.file)), words, **_settings(args))
+    if not words:
+        raise ConfigError([Problem("sweep", "", "nothing to sweep",
+                                   "give -f FILE or overrides such as optim.lr=1e-4,3e-4")],
+                          "Bad command")
+    return inline_sweep(words, **_settings(args))
 
 
 def show_status(sweep_dir: Path, args: argparse.Namespace, console: Console) -> int:

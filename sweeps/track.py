@@ -16,12 +16,14 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from conf.errors import ConfigError
 from conf.run_dir.paths import RunDir
 from conf.run_dir.run_states import (ACTIVE_STATES, FAILED_STATES, FINISHED_STATES,
                                      RETRYABLE_STATES, RunState, state_after_exit,
                                      state_from_files)
+from sweeps.narrow_table import column_width, print_fitted, wrapped_header
 from sweeps.state import SweepState
 
 INTERRUPTED_FILE_STATES = (RunState.paused, RunState.stopped, *FAILED_STATES)
@@ -131,24 +133,40 @@ def counts(rows: list[dict]) -> dict[str, int]:
     return {s.value: found[s.value] for s in STATES if found[s.value]}
 
 
+WHOLE_COLUMNS = ("#", "state", "step", "loss", "MFU")
+"""Never wrapped nor cut, also at 80 columns; the values and the run dir fold instead."""
+
+
 def status_table(rows: list[dict], *, title: str) -> Table:
+    """One row per point, sized as the sweep preview is (sweeps/narrow_table.py): no rules,
+    headers broken at '.'/'_', state, step, loss and MFU whole, values and run dir folded."""
     keys = list(dict.fromkeys(k for r in rows for k in r["values"]))
     shorts = [k.split(".")[-1] for k in keys]
-    table = Table(title=title, title_justify="left")
-    table.add_column("#", justify="right")
-    for key, short in zip(keys, shorts):
-        table.add_column(short if shorts.count(short) == 1 else key, style="cyan")
-    for column in ("state", "step", "loss", "MFU", "run dir"):
-        table.add_column(column, justify="left" if column in ("state", "run dir") else "right")
-    for r in rows:
-        step = (f"{r['step']}/{r['steps']}" if r.get("steps")
-                else str(r["step"]) if r["step"] else "-")
-        table.add_row(str(r["index"]), *[r["values"].get(k, "") for k in keys],
-                      f"[{STYLES.get(str(r['state']), 'red')}]{r['state']}[/]", step,
-                      f"{r['loss']:.4f}" if r.get("loss") is not None else "-",
-                      f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-",
-                      Path(r["run_dir"]).name if r.get("run_dir") else "-")
+    headers = ["#", *[s if shorts.count(s) == 1 else k for k, s in zip(keys, shorts)],
+               "state", "step", "loss", "MFU", "run dir"]
+    cells = [_status_cells(r, keys) for r in rows]
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False,
+                  header_style="bold")
+    for i, header in enumerate(headers):
+        width = column_width(header, [c[i].plain for c in cells])
+        whole = header in WHOLE_COLUMNS
+        table.add_column(wrapped_header(header, width), min_width=width if whole else None,
+                         no_wrap=whole, overflow="fold",
+                         justify="right" if header in ("#", "step", "loss", "MFU") else "left",
+                         style="cyan" if 0 < i <= len(keys) else None)
+    for row in cells:
+        table.add_row(*row)
     return table
+
+
+def _status_cells(r: dict, keys: list[str]) -> list[Text]:
+    step = (f"{r['step']}/{r['steps']}" if r.get("steps")
+            else str(r["step"]) if r["step"] else "-")
+    return [Text(str(r["index"])), *[Text(str(r["values"].get(k, ""))) for k in keys],
+            Text(str(r["state"]), style=STYLES.get(str(r["state"]), "red")), Text(step),
+            Text(f"{r['loss']:.4f}" if r.get("loss") is not None else "-"),
+            Text(f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"),
+            Text(Path(r["run_dir"]).name if r.get("run_dir") else "-")]
 
 
 def print_sweep_status(state: SweepState, console: Console, *, as_json: bool = False) -> list[dict]:
@@ -157,10 +175,12 @@ def print_sweep_status(state: SweepState, console: Console, *, as_json: bool = F
         print(json.dumps({"sweep_dir": str(state.dir), "sweep": state.data.get("sweep"),
                           "counts": counts(rows), "points": rows}, indent=2, default=str))
         return rows
-    console.print(status_table(rows, title=f"Sweep {state.data.get('sweep')}: {state.dir}"))
+    console.print(f"Sweep {state.data.get('sweep')}: {state.dir}", markup=False, soft_wrap=True)
+    print_fitted(status_table(rows, title=""), console)
     summary = ", ".join(f"{n} {s}" for s, n in counts(rows).items())
     console.print(f"{len(rows)} point{'s' if len(rows) != 1 else ''}: {summary}", markup=False)
     if any(r["state"] in RETRYABLE for r in rows):
-        console.print("rerun the failed and missing points, continue the stopped points with: "
-                      f"meshrun sweep retry {state.dir}", markup=False, soft_wrap=True)
+        console.print("rerun the failed and missing points, continue the stopped points with:",
+                      markup=False)
+        console.print(f"  meshrun sweep retry {state.dir}", markup=False, soft_wrap=True)
     return rows

@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from conf.hf_model_config import is_hf_model_dir
-from conf.hf_weights import BadWeights, check_weights, weight_map
+from conf.hf_weights import BadWeights, check_weights, loaded_weights_line, weight_map
 from conf.spec import ModelSpec, RunSpec
 from training.models import family_of
 from training.models.hf_names import hf_name
@@ -89,7 +89,7 @@ def load_hf_weights(module: nn.Module, *, folder: str | Path) -> LoadRecord:
     tensors is needed; return what it opened and read. HfWeightsError (one line) when the
     folder fails the launcher's own check (conf/hf_weights.py) or a read fails."""
     try:
-        count = check_weights(folder, module.spec)  # headers only: the launcher's own check
+        check_weights(folder, module.spec)  # headers only: the launcher's own check
         files = weight_files(folder)
     except BadWeights as err:
         raise HfWeightsError(f"{folder}: {err}") from None
@@ -107,7 +107,6 @@ def load_hf_weights(module: nn.Module, *, folder: str | Path) -> LoadRecord:
             local = param.to_local() if isinstance(param, DTensor) else param
             local.copy_(value.to(dtype=local.dtype, device=local.device))
             reads.append(TensorRead(path.name, source, tuple((r.start, r.stop) for r in region)))
-    _log_once(folder, count=count, opened=len(opened))
     return LoadRecord(opened=tuple(p.name for p in opened), reads=tuple(reads))
 
 
@@ -125,15 +124,6 @@ def _read(handle, name: str, region: tuple[slice, ...], path: Path) -> torch.Ten
         raise HfWeightsError(f"{path}: reading {name} failed ({err})") from None
 
 
-def _log_once(folder: str | Path, *, count: int, opened: int) -> None:
-    """One line on global rank 0: where the weights came from and how many tensors."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        log.info("loaded Hugging Face weights from %s: %d tensors (this rank read its part "
-                 "from %d file(s))", folder, count, opened)
-
-
 def load_hf_model(folder: str | Path, model: ModelSpec, *,
                   device: torch.device = torch.device("cpu")) -> nn.Module:
     """The whole model in one process, with `folder`'s weights (tools and tests)."""
@@ -142,4 +132,5 @@ def load_hf_model(folder: str | Path, model: ModelSpec, *,
 
     module = build_model_on_meta(model)
     materialize(module, model=model, device=device, seed=0, hf_dir=str(folder))
+    log.info(loaded_weights_line(folder, model))
     return module

@@ -63,6 +63,8 @@ def train(tr: TrainState) -> str:
                 log.warning("step %d: non-finite loss %s or grad norm %s; update skipped",
                             tr.step, row["loss"], row["grad_norm"])
             _after_step(tr, row, stop)
+            if tr.probes is not None:  # profiling off: this test is all it costs
+                tr.probes = tr.probes.after_step(tr.step)
             if tr.stop_agreed:
                 return stop_early(tr)
         if tr.step == t.steps:
@@ -72,6 +74,8 @@ def train(tr: TrainState) -> str:
             tr.loggers.event({"kind": "event", "event": "paused", "step": tr.step})
         return outcome
     finally:
+        if tr.probes is not None:  # a leg that ends inside the profile window
+            tr.probes.close()
         untime_waits()
         _wait_for_save(tr, failing=sys.exc_info()[0] is not None)
         if tr.loggers is not None:  # paused, stopped or failed: close W&B with what is known

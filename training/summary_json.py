@@ -16,6 +16,7 @@ from conf.run_dir.paths import RunDir
 from conf.run_dir.stragglers import describe_straggler, stragglers, wait_partial
 from parallel.cost.flops import FLOPS_CONVENTION
 from training.metrics import FLOPS_ATTENTION
+from training.step_probes import probe_summary
 
 
 def summarize(run_dir: Path, *, peak_source: str, last_checkpoint: str, export_dir: str,
@@ -31,6 +32,7 @@ def summarize(run_dir: Path, *, peak_source: str, last_checkpoint: str, export_d
         "export_dir": export_dir,
         "stragglers": "; ".join(map(describe_straggler, stragglers(rows))),
         "wait_partial": wait_partial(rows),
+        **probe_summary(run_dir),
     }
 
 

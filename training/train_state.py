@@ -9,6 +9,8 @@ from pathlib import Path
 from conf.run_dir.paths import RunDir, find_checkpoint
 from conf.run_dir.checkpoint_dirs import complete_checkpoints, latest_checkpoint
 from conf.hf_model_config import is_hf_model_dir
+from conf.hf_weights import loaded_weights_line
+from conf.run_dir.metrics_rows import NOTE_ROW_KIND
 from conf.spec import RunSpec
 from parallel.cost.devices import PeakFlops
 from parallel.cost.flops import flops_per_token
@@ -19,12 +21,14 @@ from training.checkpoint import CheckpointCorrupt, CheckpointError, load_checkpo
 from training.data.build import build_train_batches, build_val_batches
 from training.dist import RankContext
 from training.heartbeat import Heartbeat, NoHeartbeat
+from training.hf_import import hf_start_dir
 from training.parallel_model import ParallelModel, build_parallel_model
 from training.loggers import BackgroundWandb, RunLoggers
 from training.metrics import peak_row, resolve_peak
 from training.optim import build_optimizers
 from training.precision import autocast_context, build_grad_scaler
 from training.preemption import StopRequest
+from training.step_probes import StepProbes, build_step_probes
 
 
 log = logging.getLogger("meshrun.checkpoint")
@@ -58,6 +62,9 @@ class TrainState:
     """Stops the run if its run dir is removed or replaced (built when not given)."""
     heartbeat: Heartbeat = field(default_factory=NoHeartbeat)
     """This rank's heartbeat (training/heartbeat.py); set by `python -m training`."""
+    probes: StepProbes | None = None
+    """The profiler window and memory snapshots of this rank; None = none (the loop's one
+    test a step). Built by build_train_state once the step to start from is known."""
 
     def __post_init__(self) -> None:
         if self.saver is None:
@@ -83,10 +90,24 @@ def build_train_state(spec: RunSpec, run_dir: Path, ctx: RankContext, *,
     if wandb is not None:
         wandb.start()
     state = _build(spec, run_dir, ctx, peak=peak)
+    state.probes = build_step_probes(spec.training, run_dir=run_dir, rank=ctx.rank,
+                                     device=ctx.device, done_step=state.step)
     if ctx.is_main:
         state.loggers = RunLoggers(spec, run_dir, resume_step=state.resumed_from, wandb=wandb)
         state.loggers.event(peak_row(peak, step=state.resumed_from or 0))
+        _note_start_weights(state)
     return state
+
+
+def _note_start_weights(state: TrainState) -> None:
+    """A run that starts from a Hugging Face folder says so once: rank 0's log and the
+    launcher's console (a note row of metrics.jsonl)."""
+    folder = hf_start_dir(state.spec)
+    if not folder or state.resumed_from is not None:
+        return
+    line = loaded_weights_line(folder, state.spec.model)
+    logging.getLogger("meshrun.hf_import").info(line)
+    state.loggers.event({"kind": NOTE_ROW_KIND, "step": state.step, "message": line})
 
 
 def _build(spec: RunSpec, run_dir: Path, ctx: RankContext, *, peak: PeakFlops) -> TrainState:

@@ -10,6 +10,7 @@ search_space.py) asks the same functions, so no rule is restated there.
 - split_rules.py       the model, sequence, batch and loss split over the degrees; recompute targets
 - compile_rules.py     per-block torch.compile against context parallel and recompute
 - training_rules.py    the batch (micro x accumulation x dp), the loop's knobs, schedule, optimizer
+- profile_rules.py     the profiler window and ranks, CUDA memory snapshots (refused on CPU)
 - cluster_rules.py     nodes and processes against the host, step-time knobs, Slurm / nodes launch
 - checkpoint_rules.py  checkpointing, and the run dir or checkpoint resumed from or loaded
 - data_rules.py        raw token files (data=files): globs and token dtype

@@ -17,6 +17,9 @@ FAILED_EVENT = "failed"
 PEAK_ROW_KIND = "peak"
 """Rank 0 writes one {"kind": "peak", "step", "peak_flops", "source"} row per leg, before its
 first step: the peak FLOP/s that leg's MFU divides by (training/metrics.py)."""
+NOTE_ROW_KIND = "note"
+"""{"kind": "note", "step": S, "message": "..."}: a one-off line the launcher's console shows
+as it is (where a run's weights came from); no state or metric reads it."""
 PREFLIGHT_EVENT = "preflight passed"
 """The one event of a `meshrun preflight` run dir, noted by the launcher once every rank passed."""
 

@@ -20,6 +20,8 @@ files through this module, so its layout is written down once::
               preflight.json     the preflight report (rank 0)
               checkpoints/step_<N>/   complete checkpoints (see below)
               export/            the safetensors export (Hugging Face layout)
+              profile/           torch.profiler traces, rank<R>.<time>.pt.trace.json
+              memory_snapshot/   CUDA allocator snapshots, rank<R>_step<N>.pickle / _oom.pickle
               slurm/jobs.json    the Slurm submissions (slurm/<job id>/ are submitit's folders)
 
 Checkpoint folders and the complete-checkpoint rule: conf/run_dir/checkpoint_dirs.py. The
@@ -52,6 +54,8 @@ SUMMARY_FILE = "summary.json"
 PREFLIGHT_FILE = "preflight.json"
 CHECKPOINTS_DIR = "checkpoints"
 EXPORT_DIR = "export"
+PROFILE_DIR = "profile"
+MEMORY_SNAPSHOT_DIR = "memory_snapshot"
 SLURM_DIR = "slurm"
 JOBS_FILE = "jobs.json"
 
@@ -99,6 +103,8 @@ class RunDir:
     preflight_file = property(lambda self: self.path / PREFLIGHT_FILE)
     checkpoints_dir = property(lambda self: self.path / CHECKPOINTS_DIR)
     export_dir = property(lambda self: self.path / EXPORT_DIR)
+    profile_dir = property(lambda self: self.path / PROFILE_DIR)
+    memory_snapshot_dir = property(lambda self: self.path / MEMORY_SNAPSHOT_DIR)
     slurm_dir = property(lambda self: self.path / SLURM_DIR)
     jobs_file = property(lambda self: self.path / SLURM_DIR / JOBS_FILE)
 

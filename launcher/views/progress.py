@@ -14,7 +14,7 @@ from rich.text import Text
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from conf.run_dir.failure_diagnosis import failure_tail
-from conf.run_dir.metrics_rows import parse_metrics_line
+from conf.run_dir.metrics_rows import NOTE_ROW_KIND, parse_metrics_line
 from conf.run_dir.paths import RunDir
 from conf.spec import RunSpec
 from launcher.backends.process_lifetime import kill_tree, output_gone
@@ -178,6 +178,9 @@ def _follow_live(proc, tail: MetricsTail, spec: RunSpec, console: Console, *,
             for row in tail.new_rows():
                 if row.get("kind") == "eval":
                     last_val = {"val_loss": row["val_loss"]}
+                elif row.get("kind") == NOTE_ROW_KIND:
+                    progress.console.print(str(row.get("message")), markup=False,
+                                           highlight=False, soft_wrap=True)
                 elif row.get("kind") == "train":
                     progress.update(task, completed=row["step"], description=describe({**row, **last_val}))
 
@@ -192,6 +195,9 @@ def _follow_plain(proc, tail: MetricsTail, spec: RunSpec, console: Console, *,
             if row.get("kind") == "eval":
                 last_val = {"val_loss": row["val_loss"]}
                 console.print(f"eval  step {row['step']}: val loss {row['val_loss']:.4f}")
+            elif row.get("kind") == NOTE_ROW_KIND:
+                console.print(str(row.get("message")), markup=False, highlight=False,
+                              soft_wrap=True)
             elif row.get("kind") == "train" and (row["step"] % every == 0 or row["step"] == 1):
                 console.print(f"train step {row['step']}/{spec.training.steps}: "
                               f"{describe({**row, **last_val})}")

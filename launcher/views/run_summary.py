@@ -31,6 +31,8 @@ ROWS = (
 
 
 PATH_KEYS = ("last_checkpoint", "export_dir")
+POINTERS = (("profile traces", "profile_traces"), ("memory snapshots", "memory_snapshots"))
+"""Printed under the table, one line each, never broken: they hold a command to copy."""
 
 
 def _relative(path: Path, run_dir: Path) -> str:
@@ -56,6 +58,10 @@ def print_summary(run_dir: Path, console: Console) -> None:
             value = _relative(Path(value), run_dir)
         table.add_row(label, fmt.format(value))
     console.print(table)
+    for label, key in POINTERS:
+        if summary.get(key):
+            console.print(f"{label}: {summary[key]}", markup=False, highlight=False,
+                          soft_wrap=True)
 
 
 RESUMABLE = {RunState.paused: "paused", RunState.stopped: "stopped"}

@@ -38,6 +38,7 @@ def test_hf_model_trains_on_prepared_shards_and_exports(tmp_path):
                    "logging=disabled", "cluster.procs_per_node=1", f"runs_dir={tmp_path / 'runs'}")
     assert done.returncode == 0, done.stdout + done.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
+    _check_weights_line(done.stdout + done.stderr, run_dir, reference, tmp_path / "hf")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
     assert sorted(losses) == [1, 2, 3]
@@ -45,6 +46,18 @@ def test_hf_model_trains_on_prepared_shards_and_exports(tmp_path):
     assert spec["data"]["dtype"] == "uint16" and spec["data"]["prepared"].endswith("prep")
     assert losses[1] == pytest.approx(_reference_first_loss(reference, run_dir), rel=1e-5)
     _check_export(run_dir / "export", reference, tmp_path / "tok")
+
+
+def _check_weights_line(console: str, run_dir: Path, reference, folder: Path) -> None:
+    """The run says once, in the console and rank 0's log, where its weights came from and how
+    many tensors and parameters (the tied head is the embedding: not counted twice)."""
+    params = list(reference.parameters())  # a tied head appears once
+    line = (f"loaded Hugging Face weights from {folder}: {len(params)} tensors, "
+            f"{sum(p.numel() for p in params):,} parameters, ")
+    assert [x for x in console.splitlines() if "loaded Hugging Face" in x] == [
+        x for x in console.splitlines() if x.startswith(line)] and line in console, console
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert log.count("loaded Hugging Face weights") == 1 and line in log
 
 
 def _reference_first_loss(reference, run_dir: Path) -> float:

@@ -49,9 +49,10 @@ def test_export_keeps_the_training_ids_and_the_loss(tmp_path, tokenizer, make, e
         ours = load_hf_model(spec.model.path, spec.model)
     loaded_lines = [r.getMessage() for r in caplog.records
                     if "loaded Hugging Face" in r.getMessage()]
-    count = len(list(ours.parameters()))
-    assert loaded_lines == [f"loaded Hugging Face weights from {spec.model.path}: {count} tensors "
-                            "(this rank read its part from 1 file(s))"]
+    count, numel = len(list(ours.parameters())), sum(p.numel() for p in ours.parameters())
+    assert len(loaded_lines) == 1 and loaded_lines[0].startswith(
+        f"loaded Hugging Face weights from {spec.model.path}: {count} tensors, {numel:,} "
+        f"parameters, {numel * 4 / 2**20:,.1f} MiB (F32) in 1 file(s)"), loaded_lines
     out = export_hf(ours.state_dict(), spec.model, tmp_path / "export", tokenizer=str(tokenizer))
     trained = load_tokenizer(tokenizer).encode(TEXT)
     assert len(trained) < len(TEXT.replace(" ", "")) - 6  # the tokenizer merges digits
