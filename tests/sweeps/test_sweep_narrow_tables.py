@@ -5,11 +5,13 @@ column), compare's other columns move to a second table led by the row number. W
 is one table with one line per run (sweeps/narrow_table.py)."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from conf.run_dir.outcomes import mfu_after_warmup
 from launcher.cli import main
 from sweeps.compare import collect_runs
 from sweeps.compare_cli import format_cell
@@ -39,6 +41,14 @@ def sweep_dir(tmp_path_factory) -> Path:
         state.finish_attempt(point.index, exit_status=0 if finished else 1)
     state.save()
     return root
+
+
+def shown_mfu(sweep_dir: Path, index: int) -> str:
+    """Point `index`'s MFU as every view shows it: the one after-warm-up mean of its rows
+    (conf.run_dir.outcomes.mfu_after_warmup), not its last step's."""
+    run_dir = next((sweep_dir / "runs").glob(f"*-point-{index}-*"))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return f"{100 * mfu_after_warmup(rows):.1f}%"
 
 
 def lines_of(capsys, monkeypatch, columns: int, *argv: str) -> list[str]:
@@ -73,10 +83,11 @@ def test_sweep_status_keeps_state_loss_mfu_and_the_run_dir(sweep_dir, capsys, mo
     assert f"Sweep lr-and-warmup: {sweep_dir}" in lines  # one soft-wrapped line: copied
     assert not any("…" in line for line in lines), lines
     rows = [line.split() for line in lines if ROW.match(line)]
+    failed, completed = (shown_mfu(sweep_dir, index) for index in (0, 1))
     assert [r[:1] + r[3:7] for r in rows] == [
-        ["0", "failed", "12/120", "5.1600", "12.0%"], ["1", "completed", "20/120", "4.8667",
-                                                      "20.0%"],
-        ["2", "failed", "12/120", "5.1600", "12.0%"], ["3", "missing", "-", "-", "-"]]
+        ["0", "failed", "12/120", "5.1600", failed], ["1", "completed", "20/120", "4.8667",
+                                                      completed],
+        ["2", "failed", "12/120", "5.1600", failed], ["3", "missing", "-", "-", "-"]]
     assert column(lines, "run dir") == [
         f"learning-rate-and-warmup-point-{i}-20261202-101010" for i in range(RAN)] + ["-"]
     if columns == 200:
