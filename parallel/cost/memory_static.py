@@ -180,6 +180,11 @@ def fsdp_copy_bytes(*, model: ModelSpec, holds: Holds, schedule: str, tp: int, z
         for pp_rank in range(holds.pp))
 
 
+def stage_elements(model: ModelSpec, held: Holding) -> int:
+    """Elements of every parameter a (pipeline) rank holds: tp-local, whole over FSDP shards."""
+    return _fsdp_gathered(model, held, every_unit=True)
+
+
 def _fsdp_gathered(model: ModelSpec, held: Holding, every_unit: bool) -> int:
     block = sum(numel(local) for _, _, local in held.block)
     if every_unit:

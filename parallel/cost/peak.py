@@ -10,6 +10,8 @@ held from forward to backward), a step holds, at each of its moments:
   (the head's and the later blocks'), and the collective buffers of the unit in flight;
 - the optimizer step: every gradient, and AdamW's temporaries (`optimizer_transient_bytes`);
 - the embedding's backward, under tp its dense whole-vocabulary gradient;
+- a pipeline rank under FSDP: its stage's gradient reduce, every unit gathered and every
+  gradient whole until then (`pipeline_grad_reduce`);
 - in every phase, what stays resident (`resident_bytes`: RoPE tables, pipeline buffers).
 The terms beside activations and gradients are in parallel/cost/step_memory_terms.py. A pipeline
 rank has no one order of backwards: its backward phase holds every chunk in flight and the
@@ -37,6 +39,7 @@ from parallel.cost.step_memory_terms import (
     embedding_grad_transient,
     optimizer_transient,
     pipeline_buffers,
+    pipeline_grad_reduce,
     rope_table_bytes,
 )
 
@@ -144,6 +147,9 @@ class PhaseTerms:
     """embedding_grad_transient_bytes."""
     chunks: int = 1
     """Pipeline chunks in flight (activations.pipeline_in_flight)."""
+    grad_reduce: int = 0
+    """A pipeline rank under FSDP: what its stage's REDUCE_GRAD holds
+    (step_memory_terms.pipeline_grad_reduce); 0 otherwise."""
     steady: bool = True
     """A pipeline rank runs a forward after a backward while all its chunks are in flight
     (`pipeline_steady`); else its first backward frees a chunk before the gradients exist.
@@ -162,6 +168,8 @@ class PhaseTerms:
             freed = 0 if self.steady else activations // self.chunks
             base = self.resident + grads + activations - freed + self.buffers
             phases["backward embedding"] = base + self.embedding_grad
+            if self.grad_reduce:
+                phases["gradient reduce"] = self.resident + self.grad_reduce
             return phases, base
         phases["backward embedding"] = self.resident + grads + self.buffers + self.embedding_grad
         made = held or grads - self.block_grads  # the root's: embedding, norm, head
@@ -245,6 +253,9 @@ def _phase_terms(*, model: ModelSpec, stages: Stages, regime: Regime, tp: int, f
                                                head=True),
         block_grads=block_grads * len(layers), walk=walk, resident=resident,
         chunks=pipeline_in_flight(stages, pp_rank), steady=steady or fsdp,
+        grad_reduce=pipeline_grad_reduce(model=model, stages=stages, tp=tp, zero=zero,
+                                         precision=precision, pp_rank=pp_rank)
+        if pipeline and fsdp else 0,
         embedding_grad=embedding_grad_transient(model=model, tp=tp, fsdp=fsdp,
                                                 precision=precision, pp_rank=pp_rank))
 

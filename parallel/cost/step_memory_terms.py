@@ -14,7 +14,7 @@ from functools import lru_cache
 from conf.spec import ModelSpec, PrecisionSpec, RunSpec
 from parallel.cost.activations import DTYPE_BYTES, pipeline_in_flight
 from parallel.cost.kept_activations import stage_output_bytes
-from parallel.cost.memory_static import holding
+from parallel.cost.memory_static import fsdp_copy_bytes, holding, stage_elements
 from parallel.cost.memory_views import (
     CACHE, Holds, Place, Regime, Sharding, Stages, rank_place, spec_views,
 )
@@ -72,6 +72,25 @@ def collective_buffers(*, model: ModelSpec, stages: Stages, tp: int, fsdp: bool,
     gather = DTYPE_BYTES[precision.compute_dtype.value] * largest
     layers = holding(model=model, holds=stages.holds, tp=tp, pp_rank=pp_rank).layers
     return reduce + (gather if zero == 3 and len(layers) > 1 else 0)  # a next block
+
+
+def pipeline_grad_reduce(*, model: ModelSpec, stages: Stages, tp: int, zero: int,
+                         precision: PrecisionSpec, pp_rank: int) -> int:
+    """A pipeline rank under FSDP at its stage's REDUCE_GRAD, beyond its parameters, optimizer
+    state and weight copies: torch's schedules run every micro-batch's backward with gradient
+    sync and re-sharding off (torch.distributed.pipelining PipelineStage
+    backward_maybe_with_nosync), so by then every unit of the stage is gathered (compute
+    dtype; the weight copies count `fsdp_copy_bytes` of them) and every gradient is whole,
+    accumulated in the reduce dtype; the reduce-scatter then copies one unit at a time into
+    its input buffer. Activations are gone by then."""
+    held = holding(model=model, holds=stages.holds, tp=tp, pp_rank=pp_rank)
+    elements = stage_elements(model, held)
+    compute = DTYPE_BYTES[precision.compute_dtype.value]
+    reduce = DTYPE_BYTES[precision.reduce_dtype.value]
+    copies = fsdp_copy_bytes(model=model, holds=stages.holds, schedule=stages.pp_schedule,
+                             tp=tp, zero=zero, compute_bytes=compute)[pp_rank]
+    largest = block_elements(model=model, tp=tp, shards=1, index=0)
+    return (reduce + compute) * elements - copies + reduce * largest
 
 
 @lru_cache(maxsize=CACHE)
