@@ -11,6 +11,10 @@ Torch-free: the memory plan, the step time and training/optim.py read this one p
 """
 from __future__ import annotations
 
+from conf.spec import RunSpec
+from parallel.cost.matmul_rate import Gemm, MatmulRate
+from parallel.cost.params import held_parameters, numel, tp_local_shape
+from parallel.dims import zero1_owners
 from training.models.family import block_index
 
 STEP_BYTES = 4
@@ -33,10 +37,47 @@ def optimizer_state_bytes(*, adamw_elements: int, adamw_tensors: int, muon_eleme
             + MUON_BUFFER_BYTES * muon_elements)
 
 
+NS_OPERAND_BYTES = 2
+"""torch.optim.Muon orthogonalises in bf16, whatever the run's dtypes."""
+
+
+def newton_schulz_gemms(shape: tuple[int, ...], ns_steps: int) -> tuple[Gemm, ...]:
+    """The GEMMs of orthogonalising one whole matrix of `shape`: per iteration X X^T, the
+    quintic's (X X^T)^2 and its product with X (m <= n)."""
+    m, n = sorted(shape)
+    return (Gemm(m, m, n), Gemm(m, m, m), Gemm(m, n, m)) * ns_steps
+
+
 def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> float:
     """FLOPs of orthogonalising one whole matrix of `shape` (module docstring)."""
-    m, n = sorted(shape)
-    return float(ns_steps * (4 * m * m * n + 2 * m ** 3))
+    return sum(gemm.flops for gemm in newton_schulz_gemms(shape, ns_steps))
+
+
+def muon_matrices(spec: RunSpec) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, whole shape) of the Muon matrices the busiest rank orthogonalises each step:
+    every one its pipeline stage holds (a sharded one is gathered and orthogonalised whole
+    on every rank holding a shard), under ZeRO-1 those it owns; none without optim=muon."""
+    if not uses_muon(spec.optim):
+        return []
+    p, best, most = spec.parallel, [], -1.0
+    owners_n = p.dp_shard if p.zero == 1 and p.dp_shard > 1 else 1
+    for pp_rank in range(p.pp):
+        held = held_parameters(spec, pp_rank)
+        sizes = [numel(tp_local_shape(n, s, p.tp, spec.model.family)) for n, s in held]
+        owners = zero1_owners(sizes, owners_n) if owners_n > 1 else [0] * len(held)
+        for owner in range(owners_n):
+            mine = [(n, s) for (n, s), o in zip(held, owners) if o == owner and muon_matrix(n, s)]
+            flops = sum(newton_schulz_flops(s, 1) for _, s in mine)
+            if flops > most:
+                best, most = mine, flops
+    return best
+
+
+def muon_seconds(spec: RunSpec, rate: MatmulRate) -> float:
+    """Newton-Schulz time of the busiest rank's step (its gathers: comm.py, axis muon)."""
+    return sum(rate.forward_seconds(gemm, operand_bytes=NS_OPERAND_BYTES)
+               for _, shape in muon_matrices(spec)
+               for gemm in newton_schulz_gemms(shape, spec.optim.ns_steps))
 
 
 def uses_muon(optim) -> bool:

@@ -3,7 +3,7 @@ batch the loss, every gradient and every parameter (gathered, matched by name) e
 single-process reference (fp32, the layout parity tests' tolerances and harness,
 tests/support/layout_parity.py), and each rank holds the optimizer state the plan says
 (one Muon buffer per matrix shard, two AdamW moments for the rest). One spawn per world
-size: 2 ranks for ddp, zero1, zero3, tp and pp; 4 ranks for the 2-D layouts (fsdp+tp:
+size: 2 ranks for ddp, zero1, zero3, tp, pp and cp; 4 ranks for the 2-D layouts (fsdp+tp:
 Shard(0) on dp_shard with Shard(0)/Shard(1) on tp; hsdp)."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.distributed
 BASE = ("model=tiny", "data=synthetic", "training.seq_len=32", "optim=muon", "optim.lr=1e-4",
         "training.micro_batch_size=2", "training.grad_accum_steps=2")
 TWO = {"ddp": ["parallel=ddp"], "zero1": ["parallel=zero1"], "zero3": ["parallel=zero3"],
-       "tp": ["parallel=tp"], "pp": ["parallel=pp"]}
+       "tp": ["parallel=tp"], "pp": ["parallel=pp"], "cp": ["parallel=cp"]}
 FOUR = {"fsdp_tp": ["parallel=fsdp_tp"], "hsdp": ["parallel=hsdp"]}
 
 
