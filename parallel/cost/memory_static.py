@@ -132,11 +132,16 @@ def zero1_shares(sizes: tuple[int, ...], n: int, counted: tuple[bool, ...] | Non
     assigned over every tensor all the same."""
     shares = [[0, 0] for _ in range(n)]
     flags = counted if counted is not None else (True,) * len(sizes)
-    for size, flag, owner in zip(sizes, flags, zero1_owners(list(sizes), n)):
+    for size, flag, owner in zip(sizes, flags, _owners(sizes, n)):
         if flag:
             shares[owner][0] += size
             shares[owner][1] += 1
     return tuple((elements, count) for elements, count in shares)
+
+
+@lru_cache(maxsize=CACHE)
+def _owners(sizes: tuple[int, ...], n: int) -> tuple[int, ...]:
+    return tuple(zero1_owners(list(sizes), n))
 
 
 @lru_cache(maxsize=CACHE)
