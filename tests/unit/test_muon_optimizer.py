@@ -100,3 +100,19 @@ def test_plan_counts_one_muon_buffer_and_two_adamw_moments():
 def test_newton_schulz_flops_count_the_quintic_per_iteration():
     # m=2 <= n=3: X X^T 2*2*2*3, its square 2*2^3, the product with X 2*2*2*3 = 64 a step
     assert newton_schulz_flops((3, 2), 5) == newton_schulz_flops((2, 3), 5) == 5 * 64
+
+
+def test_plan_times_newton_schulz_and_gathers_only_what_is_sharded():
+    from parallel.cost.plan import make_plan
+    from parallel.cost.step_time import estimate_time
+
+    def breakdown(*overrides):
+        spec = cpu_spec("model=tiny", "cluster.procs_per_node=2", *overrides)
+        return estimate_time(spec, make_plan(spec)).breakdown
+
+    adamw, ddp, fsdp = (breakdown("parallel=ddp"), breakdown("parallel=ddp", "optim=muon"),
+                        breakdown("parallel=zero3", "optim=muon"))
+    assert adamw.muon_s == 0 and "muon" not in adamw.comm_by_axis
+    assert ddp.muon_s > 0 and ddp.optimizer_s == adamw.optimizer_s + ddp.muon_s
+    assert "muon" not in ddp.comm_by_axis  # DDP's matrices are whole: nothing gathered
+    assert fsdp.comm_by_axis["muon"] > 0 and fsdp.muon_s == ddp.muon_s  # every rank: all
