@@ -96,3 +96,9 @@ class WandbMode(StrEnum):
     offline = "offline"
     online = "online"
     disabled = "disabled"
+
+
+class MuonLrScale(StrEnum):
+    """torch.optim.Muon's adjust_lr_fn names (optim.muon_lr_scale)."""
+    match_rms_adamw = "match_rms_adamw"
+    original = "original"

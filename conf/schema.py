@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from conf.choices import (  # noqa: F401 -- re-exported: the schema's field types
-    ClusterKind, CompileBackend, CpuPeakMode, DataKind, DecayShape, DeviceKind, DType, NonFinite,
+    ClusterKind, CompileBackend, CpuPeakMode, DataKind, DecayShape, DeviceKind, DType,
+    MuonLrScale, NonFinite,
     Precision, RecomputeMode, RecomputeTarget, RopeScaling, ScheduleKind, WandbMode,
 )
 
@@ -144,7 +145,8 @@ class ScheduleConfig:
 @dataclass
 class OptimConfig:
     name: str = "adamw"
-    """Optimizer; AdamW is the one implemented."""
+    """Optimizer: adamw, or muon (Muon for the 2-D weights inside the blocks, AdamW with
+    beta1/beta2/eps for embeddings, head, norms and biases; both take lr and weight_decay)."""
     lr: float = 3e-3
     """Peak learning rate."""
     beta1: float = 0.9
@@ -157,6 +159,16 @@ class OptimConfig:
     """Decoupled weight decay, applied only to weights with 2 or more dims."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this; 0 disables clipping."""
+    momentum: float = 0.95
+    """muon only: momentum of Muon's one buffer per matrix."""
+    nesterov: bool = True
+    """muon only: Nesterov momentum (the update orthogonalised is grad.lerp(buffer, momentum))."""
+    ns_steps: int = 5
+    """muon only: Newton-Schulz iterations orthogonalising each update (torch.optim.Muon's)."""
+    muon_lr_scale: MuonLrScale = MuonLrScale.match_rms_adamw
+    """muon only: Muon's lr for an A x B matrix: match_rms_adamw = lr x 0.2 sqrt(max(A, B))
+    (Moonlight: one lr and weight decay serve both optimizers), original = lr x
+    sqrt(max(1, A/B)) (Keller Jordan's; wants a Muon-sized lr, ~0.02)."""
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""AdamW with weight decay only on weights with 2 or more dims; one optimizer per model part."""
+"""AdamW with weight decay only on weights with 2 or more dims, or Muon with AdamW
+(optim=muon); one optimizer per model part."""
 from __future__ import annotations
 
 import torch
@@ -6,6 +7,8 @@ from torch.distributed.tensor import DTensor
 
 from conf.schema import DType
 from conf.spec import OptimSpec
+from parallel.cost.optimizer_state import muon_matrix, uses_muon
+from parallel.data_parallel import unwrap
 
 
 def param_groups(params: list[torch.Tensor], weight_decay: float) -> list[dict]:
@@ -36,8 +39,30 @@ def implementation(params: list[torch.Tensor]) -> dict:
 
 def build_optimizer(model: torch.nn.Module, *, optim: OptimSpec, state_dtype: DType = DType.fp32,
                     owned: set | None = None) -> torch.optim.Optimizer:
-    """AdamW over `model`'s parameters (only those in `owned` under ZeRO-1)."""
-    params = [p for p in model.parameters() if owned is None or p in owned]
+    """The run's optimizer over `model`'s parameters (only those in `owned` under ZeRO-1):
+    AdamW, or with optim=muon Muon over the matrices `muon_matrix` names and AdamW over
+    the rest (training/muon.py)."""
+    named = [(n, p) for n, p in unwrap(model).named_parameters()
+             if owned is None or p in owned]
+    if not uses_muon(optim):
+        return build_adamw([p for _, p in named], optim=optim, state_dtype=state_dtype)
+    matrices = [p for n, p in named if p.requires_grad and muon_matrix(n, tuple(p.shape))]
+    rest = [p for _, p in named if id(p) not in {id(m) for m in matrices}]
+    if not matrices:
+        return build_adamw(rest, optim=optim, state_dtype=state_dtype)
+    from training.muon import GatheringMuon, MuonWithAdamW
+
+    muon = GatheringMuon(matrices, lr=optim.lr, weight_decay=optim.weight_decay,
+                         momentum=optim.momentum, nesterov=optim.nesterov,
+                         ns_steps=optim.ns_steps, adjust_lr_fn=optim.muon_lr_scale.value)
+    if not any(p.requires_grad for p in rest):
+        return muon
+    return MuonWithAdamW(muon, build_adamw(rest, optim=optim, state_dtype=state_dtype))
+
+
+def build_adamw(params: list[torch.Tensor], *, optim: OptimSpec, state_dtype: DType
+                ) -> torch.optim.Optimizer:
+    """AdamW over `params`, weight decay on the matrices only (`param_groups`)."""
     kwargs = dict(lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps)
     if state_dtype == DType.bf16:
         from training.adamw_bf16 import AdamWBf16State

@@ -123,9 +123,18 @@ def check_schedule(s: ScheduleConfig, steps: int, problems: ProblemList) -> None
                          f"{round((steps - warmup) / steps, 3)}")
 
 
+OPTIMIZERS = ("adamw", "muon")
+"""optim.name's choices (training/optim.py builds each)."""
+
+
 def check_optim(o: OptimConfig, problems: ProblemList) -> None:
-    if o.name != "adamw":
-        problems.add("optim.name", o.name, "unknown optimizer", "use optim=adamw")
+    if o.name not in OPTIMIZERS:
+        problems.add("optim.name", o.name, "unknown optimizer",
+                     f"use {' or '.join(f'optim={n}' for n in OPTIMIZERS)}")
+    if not 0.0 <= o.momentum < 1.0:
+        problems.add("optim.momentum", o.momentum, "must be within [0, 1)", "e.g. 0.95")
+    if not 1 <= o.ns_steps < 100:  # torch.optim.Muon refuses 100 or more
+        problems.add("optim.ns_steps", o.ns_steps, "must be within [1, 99]", "e.g. 5")
     check_positive(problems, "optim", o, ("lr", "eps"))
     for name in ("beta1", "beta2"):
         value = getattr(o, name)

@@ -8,6 +8,7 @@ from conf.spec import RunSpec
 from launcher.plan.no_fit import no_fit
 from launcher.views.rank_view import layout_line, rank_table
 from parallel.cost.devices import GIB
+from parallel.cost.optimizer_state import uses_muon
 from parallel.cost.plan import Plan
 from parallel.cost.step_time import estimate_time
 
@@ -77,7 +78,7 @@ def _memory_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
         ("memory per rank", f"{gib(m.total)} (peak, the fullest rank; every rank below)"),
         ("  parameters", f"{gib(m.params)} (fp32, this rank's shards)"),
         ("  gradients", gib(m.grads)),
-        ("  optimizer state", f"{gib(m.optimizer)} (AdamW: 2 moments + a step per tensor)"),
+        ("  optimizer state", f"{gib(m.optimizer)} ({_optimizer_state_note(spec)})"),
         ("  master weights", f"{gib(m.master_weights)} (parameters are the fp32 masters)"),
         ("  weight copies", f"{gib(m.weight_copies)} ({_weight_copies_note(spec)}; "
                             "forward to backward)"),
@@ -88,6 +89,12 @@ def _memory_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
                             "loss, a block's backward or the optimizer step; the peak is this "
                             "+ parameters, optimizer state, weight copies)"),
     ]
+
+
+def _optimizer_state_note(spec: RunSpec) -> str:
+    adamw = "AdamW: 2 moments + a step per tensor"
+    return f"Muon: 1 buffer per block matrix; {adamw} of the rest" if uses_muon(spec.optim) \
+        else adamw
 
 
 def _time_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
@@ -116,7 +123,9 @@ def time_rows(e) -> list[tuple[str, str]]:
             ("  bubble, overhead", f"{b.bubble_s * 1e3:.1f} ms pipeline bubble; "
                                    f"{b.overhead_s * 1e3:.1f} ms per-block overhead (TP included)"),
             ("  optimizer", f"{b.optimizer_s * 1e3:.1f} ms (AdamW memory traffic, and "
-                            f"{hw.update_overhead_s * 1e6:.0f} us per parameter tensor)")]
+                            f"{hw.update_overhead_s * 1e6:.0f} us per parameter tensor"
+                            + (f"; Muon's Newton-Schulz {b.muon_s * 1e3:.1f} ms" if b.muon_s
+                               else "") + ")")]
     if b.offload_s:
         rows.append(("  offload", f"{b.offload_s * 1e3:.1f} ms (activations to host memory and "
                                   f"back at {hw.host_gbps:g} GB/s, not overlapped)"))

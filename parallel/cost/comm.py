@@ -62,7 +62,9 @@ from functools import lru_cache
 from conf.degrees import FLATTENED_AXES, MESH_AXES
 from conf.spec import RunSpec
 from parallel.cost.activations import DTYPE_BYTES
-from parallel.cost.params import param_counts, parameter_shapes
+from parallel.cost.optimizer_state import muon_matrices
+from parallel.cost.params import numel, param_counts, parameter_shapes
+from parallel.tp_plan import tp_split_dim
 
 RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
 """How many (n-1)/n passes over the buffer each ring collective makes."""
@@ -155,6 +157,7 @@ def step_collectives(spec: RunSpec, *, ranks_per_node: int, intra: Link,
     out += _context_parallel(spec, shape, link("cp"))
     out += _pipeline(spec, shape, link("pp"))
     out += _bookkeeping(spec, link)
+    out += _muon_gathers(spec, link)
     return [c for c in out if c.calls > 0 and (c.group > 1 or c.op == "p2p")]
 
 
@@ -303,6 +306,22 @@ def _bookkeeping(spec: RunSpec, link) -> list[Collective]:
                            + ("" if bare else " (DTensor)"))
             for name, n, axes, bare in (x for x in split if x is not None)]
     return out
+
+
+def _muon_gathers(spec: RunSpec, link) -> list[Collective]:
+    """optim=muon: each sharded matrix's fp32 update all-gathered whole before its
+    orthogonalisation (training/muon.py), over the FSDP shards and over tp."""
+    p, matrices = spec.parallel, muon_matrices(spec)
+    if not matrices:
+        return []
+    whole = 4 * sum(numel(shape) for _, shape in matrices) / len(matrices)
+    split = [m for m in matrices if tp_split_dim(m[0], spec.model.family) is not None]
+    return [Collective(axis="muon", op="all_gather", group=n, size_bytes=size, calls=calls,
+                       link=link(*axes), why=why)
+            for n, size, calls, axes, why in (
+                (p.fsdp_shards if p.uses_fsdp else 1, whole / p.tp, len(matrices), FSDP_AXES,
+                 "Muon: each matrix's update gathered over the FSDP shards"),
+                (p.tp, whole, len(split), ("tp",), "Muon: each matrix's update gathered over tp"))]
 
 
 def exposed_s(collectives: list[Collective], *, compute_s: float, layers: int,

@@ -30,6 +30,7 @@ from parallel.cost.memory_static import (
     weight_copies,
 )
 from parallel.cost.memory_views import Place, rank_place, spec_views, views_of
+from parallel.cost.optimizer_state import uses_muon
 from parallel.cost.peak import phase_rows, phase_terms_of
 from parallel.cost.step_memory_terms import rope_table_bytes
 from parallel.dims import ParallelDims
@@ -82,17 +83,21 @@ class LayoutMemory:
     without putting each into a RunSpec): every term memoised on the views it reads; the
     rows of a layout's representative ranks are read once, for `floor` and `fullest`."""
 
-    __slots__ = ("model", "views", "precision", "recompute", "statics", "copies", "kept")
+    __slots__ = ("model", "views", "precision", "recompute", "muon", "statics", "copies",
+                 "kept")
 
     def __init__(self, *, model: ModelSpec, parallel: ParallelSpec, training: TrainingSpec,
                  precision: PrecisionSpec, recompute: RecomputeSpec,
-                 document_mask: bool) -> None:
+                 document_mask: bool, muon: bool = False) -> None:
         self.model, self.precision, self.recompute = model, precision, recompute
+        self.muon = muon
+        """optim=muon: its matrices keep one buffer, not two moments (optimizer_state.py)."""
         v = self.views = views_of(n_layers=model.n_layers, parallel=parallel, training=training,
                                   precision=precision, document_mask=document_mask)
         moment = 2 if precision.optimizer_state_dtype.value == "bf16" else 4
         self.statics: tuple[tuple[Place, StaticBytes], ...] = static_rows(
-            model=model, holds=v.stages.holds, sharding=v.sharding, moment_bytes=moment)
+            model=model, holds=v.stages.holds, sharding=v.sharding, moment_bytes=moment,
+            muon=muon)
         """(place, static bytes) of each representative rank, in rank order."""
         self.copies: tuple[int, ...] = weight_copies(
             model=model, stages=v.stages, sharding=v.sharding,
@@ -155,14 +160,15 @@ class LayoutMemory:
     def static(self, place: Place) -> StaticBytes:
         moment = 2 if self.precision.optimizer_state_dtype.value == "bf16" else 4
         return static_of(model=self.model, holds=self.views.stages.holds,
-                         sharding=self.views.sharding, moment_bytes=moment, place=place)
+                         sharding=self.views.sharding, moment_bytes=moment, place=place,
+                         muon=self.muon)
 
 
 def layout_memory(spec: RunSpec) -> LayoutMemory:
     """The LayoutMemory of a RunSpec."""
     return LayoutMemory(model=spec.model, parallel=spec.parallel, training=spec.training,
                         precision=spec.precision, recompute=spec.recompute,
-                        document_mask=spec.data.document_mask)
+                        document_mask=spec.data.document_mask, muon=uses_muon(spec.optim))
 
 
 def representative_ranks(spec: RunSpec) -> list[int]:

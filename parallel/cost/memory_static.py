@@ -39,12 +39,12 @@ from parallel.cost.params import (
     parameter_shapes,
     tp_local_shape,
 )
+from parallel.cost.optimizer_state import STEP_BYTES, muon_matrix, optimizer_state_bytes  # noqa: F401
 from parallel.dims import zero1_owners
 from training.models import family_of
 from training.models.family import block_index, block_param, block_path
 
 PARAM_BYTES = 4
-STEP_BYTES = 4
 
 Shape = tuple[int, ...]
 
@@ -86,14 +86,18 @@ def holding(*, model: ModelSpec, holds: Holds, tp: int, pp_rank: int) -> Holding
 
 @lru_cache(maxsize=CACHE)
 def static_of(*, model: ModelSpec, holds: Holds, sharding: Sharding, moment_bytes: int,
-              place: Place) -> StaticBytes:
+              place: Place, muon: bool = False) -> StaticBytes:
     """Parameters, gradients and optimizer state the rank at `place` holds after an optimizer
-    step. `moment_bytes`: 2 with bf16 AdamW moments, else 4."""
+    step. `moment_bytes`: 2 with bf16 AdamW moments, else 4; `muon`: optim=muon (its
+    matrices keep one fp32 buffer instead: optimizer_state.py)."""
     held = holding(model=model, holds=holds, tp=sharding.tp, pp_rank=place.pp_rank)
     if sharding.zero1:
         sizes = zero1_sizes(model=model, holds=holds, tp=sharding.tp, pp_rank=place.pp_rank)
         elements = sum(sizes)
         optimized, tensors = zero1_shares(sizes, sharding.owners)[place.owner]
+        flags = tuple(muon and muon_matrix(n, s) for n, s in held.tensors)
+        muon_elements, muon_tensors = zero1_shares(sizes, sharding.owners,
+                                                   counted=flags)[place.owner]
     else:
         def size(shape: Shape) -> int:
             return fsdp_local_numel(shape, shards=sharding.shards, index=place.shard)
@@ -101,9 +105,13 @@ def static_of(*, model: ModelSpec, holds: Holds, sharding: Sharding, moment_byte
         elements = (sum(size(local) for _, _, local in held.root)
                     + blocks * sum(size(local) for _, _, local in held.block))
         optimized, tensors = elements, len(held.root) + blocks * len(held.block)
+        matrices = [local for name, shape, local in held.block if muon and muon_matrix(name, shape)]
+        muon_elements = blocks * sum(size(local) for local in matrices)
+        muon_tensors = blocks * len(matrices)
     params = PARAM_BYTES * elements
-    return StaticBytes(params=params, grads=params,
-                       optimizer=2 * moment_bytes * optimized + STEP_BYTES * tensors)
+    return StaticBytes(params=params, grads=params, optimizer=optimizer_state_bytes(
+        adamw_elements=optimized - muon_elements, adamw_tensors=tensors - muon_tensors,
+        muon_elements=muon_elements, moment_bytes=moment_bytes))
 
 
 @lru_cache(maxsize=CACHE)
@@ -116,14 +124,24 @@ def zero1_sizes(*, model: ModelSpec, holds: Holds, tp: int, pp_rank: int
 
 
 @lru_cache(maxsize=CACHE)
-def zero1_shares(sizes: tuple[int, ...], n: int) -> tuple[tuple[int, int], ...]:
-    """(elements, tensors) whose AdamW state each of the `n` ZeRO-1 owners keeps; owners
-    computed once per layout (parallel.dims.zero1_owners), not once per rank."""
+def zero1_shares(sizes: tuple[int, ...], n: int, counted: tuple[bool, ...] | None = None
+                 ) -> tuple[tuple[int, int], ...]:
+    """(elements, tensors) whose optimizer state each of the `n` ZeRO-1 owners keeps; owners
+    computed once per layout (parallel.dims.zero1_owners), not once per rank. With `counted`
+    (a flag per tensor: Muon's matrices) only the flagged tensors are summed; owners are
+    assigned over every tensor all the same."""
     shares = [[0, 0] for _ in range(n)]
-    for size, owner in zip(sizes, zero1_owners(list(sizes), n)):
-        shares[owner][0] += size
-        shares[owner][1] += 1
+    flags = counted if counted is not None else (True,) * len(sizes)
+    for size, flag, owner in zip(sizes, flags, _owners(sizes, n)):
+        if flag:
+            shares[owner][0] += size
+            shares[owner][1] += 1
     return tuple((elements, count) for elements, count in shares)
+
+
+@lru_cache(maxsize=CACHE)
+def _owners(sizes: tuple[int, ...], n: int) -> tuple[int, ...]:
+    return tuple(zero1_owners(list(sizes), n))
 
 
 @lru_cache(maxsize=CACHE)
@@ -146,11 +164,11 @@ def representative_places(*, model: ModelSpec, holds: Holds, sharding: Sharding
 
 
 @lru_cache(maxsize=CACHE)
-def static_rows(*, model: ModelSpec, holds: Holds, sharding: Sharding, moment_bytes: int
-                ) -> tuple[tuple[Place, StaticBytes], ...]:
+def static_rows(*, model: ModelSpec, holds: Holds, sharding: Sharding, moment_bytes: int,
+                muon: bool = False) -> tuple[tuple[Place, StaticBytes], ...]:
     """static_of each representative place, in rank order."""
     return tuple((place, static_of(model=model, holds=holds, sharding=sharding,
-                                   moment_bytes=moment_bytes, place=place))
+                                   moment_bytes=moment_bytes, place=place, muon=muon))
                  for place in representative_places(model=model, holds=holds,
                                                     sharding=sharding))
 

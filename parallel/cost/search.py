@@ -27,6 +27,7 @@ from conf.spec import RunSpec
 from parallel.cost.devices import GIB
 from parallel.cost.fit import memory_verdict
 from parallel.cost.memory import LayoutMemory
+from parallel.cost.optimizer_state import uses_muon
 from parallel.cost.plan import Plan, make_plan
 from parallel.cost.rank_terms import decided_by
 from parallel.cost.search_space import Candidate, enumerate_candidates
@@ -148,7 +149,7 @@ def search(cfg: RunConfig, base: RunSpec, *, global_batch_size: int,
         layout = LayoutMemory(model=base.model, parallel=candidate.parallel,
                               training=candidate.training(base, trainings),
                               precision=base.precision, recompute=candidate.recompute,
-                              document_mask=base.data.document_mask)
+                              document_mask=base.data.document_mask, muon=uses_muon(base.optim))
         chunked = None  # the layout with the loss in row blocks, built only when needed
         if usable is not None and smallest is not None and layout.floor() >= max(
                 smallest, usable + 1):  # does not fit whole, and cannot be the smallest misfit
@@ -200,7 +201,8 @@ def _in_row_blocks(candidate: Candidate, base: RunSpec, trainings: dict
         return None
     return chunked, LayoutMemory(model=base.model, parallel=chunked.parallel, training=training,
                                  precision=base.precision, recompute=chunked.recompute,
-                                 document_mask=base.data.document_mask)
+                                 document_mask=base.data.document_mask,
+                                 muon=uses_muon(base.optim))
 
 
 def _best(fitting: list[tuple], top: int, hardware: Hardware | None,

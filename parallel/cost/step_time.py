@@ -14,6 +14,8 @@ Torch-free. Read top to bottom, a step of one rank takes
                 axis, the link each axis uses, alpha-beta ring costs plus a software cost per
                 call, the overlap rule)
     optimizer = AdamW's memory traffic over the rank's optimizer shard / HBM bandwidth
+                + with optim=muon, Newton-Schulz's bf16 GEMMs of every whole matrix the rank
+                orthogonalises (parallel.cost.optimizer_state; its gathers are in comm)
                 + update_overhead x the parameter tensors the rank's optimizer steps (the
                 per-tensor work of AdamW and of the gradient clipping's norms: on CPU about
                 34 us a tensor here, more than the bandwidth term for small models; a GPU's
@@ -49,6 +51,7 @@ from parallel.cost.devices import (
 from parallel.cost.matmul_rate import DEFAULT_KNEE_US, MatmulRate
 from parallel.cost.flops import ATTENTION_TERMS
 from parallel.cost.offload import offload_s
+from parallel.cost.optimizer_state import muon_seconds
 from parallel.cost.memory_static import zero1_shares
 from parallel.cost.params import held_parameters, numel, param_counts, tp_local_shape
 from parallel.cost.plan import Plan
@@ -145,6 +148,8 @@ class StepBreakdown:
     """All communication, hidden or not."""
     comm_exposed_s: float
     optimizer_s: float
+    muon_s: float = 0.0
+    """optim=muon: Newton-Schulz's share of optimizer_s (optimizer_state.muon_seconds)."""
     offload_s: float = 0.0
     """Activation offload's copies to host memory and back (exposed in full)."""
     comm_by_axis: dict[str, float] = field(default_factory=dict)
@@ -203,10 +208,11 @@ def step_parts(spec: RunSpec, plan: Plan, hw: Hardware) -> StepBreakdown:
                         overlaps=hw.overlaps_comm)
     optimizer_s = (optimizer_params(spec) * ADAMW_BYTES_PER_PARAM / (hw.hbm_gbps * 1e9)
                    + optimizer_tensors(spec) * hw.update_overhead_s) / hw.core_share
+    muon_s = muon_seconds(spec, hw.matmul_rate())
     return StepBreakdown(compute_s=compute_s, compute_fixed_s=parts.fixed_s,
                          gemm_efficiency=parts.gemm_efficiency, recompute_s=parts.recompute_s,
                          overhead_s=overhead_s, bubble_s=bubble_s, comm_s=sum(by_axis.values()),
-                         comm_exposed_s=exposed, optimizer_s=optimizer_s,
+                         comm_exposed_s=exposed, optimizer_s=optimizer_s + muon_s, muon_s=muon_s,
                          offload_s=offload_s(spec, host_gbps=hw.host_gbps), comm_by_axis=by_axis,
                          collectives=tuple(collectives))
 

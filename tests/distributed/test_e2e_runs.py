@@ -19,7 +19,7 @@ from tests.support.wandb_reader import read_runs
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 SMALL = ["model=tiny", "training.steps=20", "training.seq_len=64", "training.micro_batch_size=8",
          "training.eval_every=10", "checkpoint.every_steps=5", "checkpoint.keep_last=2",
-         "logging=offline"]
+         "logging=offline", "optim=muon"]  # Muon's buffers resume exactly (AdamW's: elsewhere)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Checkpoints across layouts: a checkpoint saved under one layout loads under another (DCP
-reshards weights and AdamW moments by parameter name), and training then continues exactly as
-the saving layout would have; without asking for resharding, loading stops with a clear error.
+reshards weights and AdamW moments, or Muon's momentum buffers, by parameter name), and
+training then continues exactly as the saving layout would have; without asking for
+resharding, loading stops with a clear error.
 Resuming under the same layout exactly is checked end to end in test_e2e_runs.py and below."""
 from __future__ import annotations
 
@@ -19,9 +20,13 @@ BASE = ("model=tiny", "model.n_layers=4", "data=synthetic", "training.seq_len=32
         "optim.lr=1e-4", "training.global_batch_size=8", "training.micro_batch_size=2",
         "training.grad_accum_steps=-1")
 PAIRS_2 = [("zero3", "tp"), ("tp", "zero1"), ("ddp", "zero2"), ("cp", "zero3"), ("pp", "zero3"),
-           ("zero3", "pp")]
+           ("zero3", "pp"), ("zero3_muon", "tp_muon")]
 PAIRS_4 = [("fsdp_tp", "hsdp"), ("hsdp", "3d_small")]
-EXTRA = {"3d_small": ["parallel.pp=2", "parallel.tp=2", "parallel.dp_replicate=1", "parallel.zero=0"]}
+EXTRA = {"3d_small": ["parallel.pp=2", "parallel.tp=2", "parallel.dp_replicate=1", "parallel.zero=0"],
+         # optim=muon: Muon's momentum buffers go from FSDP shards to tp shards
+         "zero3_muon": ["parallel=zero3", "optim=muon"], "tp_muon": ["parallel=tp", "optim=muon"]}
+MOMENT_KEYS = ("exp_avg_sq", "momentum_buffer")
+"""The state compared per parameter: AdamW's second moment, or Muon's momentum buffer."""
 
 
 def _spec(name: str, world: int) -> RunSpec:
@@ -56,8 +61,8 @@ class Run:
 
     def moments(self) -> dict[str, torch.Tensor]:
         by_param = {p: n for n, p in named_params(self.model).items()}
-        return {by_param[p]: full(state["exp_avg_sq"]) for o in self.optimizers
-                for p, state in o.state.items()}
+        return {by_param[p]: full(next(state[k] for k in MOMENT_KEYS if k in state))
+                for o in self.optimizers for p, state in o.state.items()}
 
 
 def merged(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
