@@ -71,7 +71,7 @@ def run_compare(args: argparse.Namespace, console: Console) -> int:
     shown = Console(stderr=True) if to_stdout else console
     print_table(build_table(records, keys=keys, title=_title(args.paths)), console=shown)
     if args.csv:
-        _write(args.csv, rows_to_csv(rows, columns=[*table_columns(keys), "run_dir"]), shown)
+        _write(args.csv, rows_to_csv(rows, columns=[*table_columns(keys, records), "run_dir"]), shown)
     if args.json:
         _write(args.json, rows_to_json(rows), shown)
     html = _html_path(args)
@@ -172,7 +172,7 @@ def build_table(records: list[RunRecord], *, keys: list[str], title: str) -> Tab
     """Headers are the column names --sort/--filter take; a narrow terminal cuts headers first."""
     table = Table(title=f"{title}: {len(records)} run{'s' if len(records) != 1 else ''}",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
-    columns = table_columns(keys)
+    columns = table_columns(keys, records)
     cells = [[Text(format_cell(c, r.value(c))) for c in columns] for r in records]
     for index, column in enumerate(columns):
         widest = max((len(row[index]) for row in cells), default=1)
