@@ -121,6 +121,7 @@ def lm_eval_task(name: str, path: str | Path) -> dict:
         "doc_to_choice": "{{choices}}",
         "doc_to_target": "{{gold}}",
         "target_delimiter": TARGET_DELIMITER,
+        "num_fewshot": 0,
         "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
                         for m in METRICS],
     }

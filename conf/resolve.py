@@ -90,7 +90,8 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     check_recompute(cfg.recompute, problems)
     check_compile(compile_=cfg.training.compile, parallel=parallel, recompute=cfg.recompute,
                   problems=problems)
-    evals = resolve_eval(cfg.eval, parallel=parallel, problems=problems, check_paths=check_paths)
+    evals = resolve_eval(cfg.eval, parallel=parallel, data=cfg.data,
+                         vocab_size=model.vocab_size, problems=problems, check_paths=check_paths)
     problems.raise_if_any()
     return RunSpec(
         name=cfg.name, runs_dir=_absolute(cfg.runs_dir), model=model, precision=precision,

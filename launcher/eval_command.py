@@ -48,9 +48,10 @@ def register(subparsers) -> None:
 def handle_eval(args: argparse.Namespace, console: Console) -> int:
     knobs = parse_words(args.words)
     request, run_dir = build_request(args.target, knobs)
-    result = run_scorer(request)
-    if run_dir is not None:
-        append_row(run_dir, result)
+    with _locked(run_dir):  # a live run (or another eval) holding it is refused first
+        result = run_scorer(request)
+        if run_dir is not None:
+            append_row(run_dir, result)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -166,19 +167,26 @@ def run_scorer(request: dict) -> dict:
         return json.loads(res.read_text())
 
 
-def append_row(run_dir: Path, result: dict) -> None:
-    """One task_eval row at the run's last step, appended under the run dir's lock."""
+def _locked(run_dir: Path | None):
+    """The run dir's lock (launcher/backends/run_lock.py) while scoring into it."""
+    import contextlib
+
     from launcher.backends.run_lock import acquire_run_lock
 
+    return contextlib.nullcontext() if run_dir is None else acquire_run_lock(
+        run_dir, action="evaluate")
+
+
+def append_row(run_dir: Path, result: dict) -> None:
+    """One task_eval row at the run's last step (the caller holds the run dir's lock)."""
     rd = RunDir(run_dir)
     steps = [r["step"] for r in rd.read_rows() if isinstance(r.get("step"), int)]
     row = {"kind": ROW_KIND, "step": max(steps, default=0), "source": "meshrun eval",
            "harness": result["harness"]}
     for task, scores in result["scores"].items():
         row.update({metric_key(task, k): scores[k] for k in (*METRICS, "n")})
-    with acquire_run_lock(run_dir, action="eval"):
-        with rd.metrics_file.open("a") as out:
-            out.write(json.dumps(row) + "\n")
+    with rd.metrics_file.open("a") as out:
+        out.write(json.dumps(row) + "\n")
 
 
 def print_scores(result: dict, console: Console) -> None:

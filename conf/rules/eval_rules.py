@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 
+from conf.data_contract.stdlib_tokens import STDLIB_VOCAB_SIZE as BYTE_VOCAB
+from conf.data_contract.tokenizer_info import tokenizer_file
 from conf.errors import ProblemList
 from conf.eval_tasks import read_task_file, task_name
-from conf.schema import EvalConfig
+from conf.schema import DataConfig, DataKind, EvalConfig
 from conf.spec import EvalSpec, EvalTaskSpec, ParallelSpec, spec_from_config
 
 
-def resolve_eval(e: EvalConfig, *, parallel: ParallelSpec, problems: ProblemList,
-                 check_paths: bool) -> EvalSpec:
+def resolve_eval(e: EvalConfig, *, parallel: ParallelSpec, data: DataConfig, vocab_size: int,
+                 problems: ProblemList, check_paths: bool) -> EvalSpec:
     """The frozen eval section: names filled in, paths absolute, every task file read and
     checked (`check_paths`), every problem added to `problems`."""
     for knob, least in (("every_steps", 0), ("limit", 0), ("batch_size", 1)):
@@ -23,6 +25,7 @@ def resolve_eval(e: EvalConfig, *, parallel: ParallelSpec, problems: ProblemList
     _check_unique_names(tasks, problems)
     if tasks:
         _check_layout(parallel, problems)
+        _check_text_encoding(data, vocab_size, problems, check_paths=check_paths)
     return spec_from_config(EvalSpec, e, tasks=tasks)
 
 
@@ -55,3 +58,26 @@ def _check_layout(parallel: ParallelSpec, problems: ProblemList) -> None:
             problems.add("eval.tasks", "...", f"are not scored with parallel.{degree}>1 yet",
                          f"score the finished run with `meshrun eval RUN_DIR tasks=...` "
                          f"(one process), or drop eval.tasks")
+
+
+def _check_text_encoding(data: DataConfig, vocab_size: int, problems: ProblemList, *,
+                         check_paths: bool) -> None:
+    """The scorer encodes the task text as the data was: with data.tokenizer (the
+    `tokenizers` library: a tokenizer.json), else as UTF-8 bytes (data=stdlib)."""
+    if not data.tokenizer:
+        if data.kind is DataKind.files:
+            problems.add("eval.tasks", "...", "need data.tokenizer with data=files (the "
+                         "tokenizer the data was made with)", "give data.tokenizer=PATH")
+        elif vocab_size < BYTE_VOCAB:
+            problems.add("eval.tasks", "...", f"are byte-level text: model.vocab_size="
+                         f"{vocab_size} is below {BYTE_VOCAB}", f"give model.vocab_size >= {BYTE_VOCAB}")
+        return
+    if not check_paths:
+        return
+    try:
+        found = tokenizer_file(data.tokenizer)
+    except (OSError, ValueError):
+        return  # the data rules name a tokenizer that cannot be read
+    if found.suffix != ".json":
+        problems.add("eval.tasks", "...", f"are not scored with a tiktoken tokenizer "
+                     f"({found.name}) yet", "drop eval.tasks, or use a tokenizer.json")

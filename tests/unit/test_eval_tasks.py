@@ -117,6 +117,8 @@ def test_the_run_config_refuses_bad_tasks_before_anything_runs(tmp_path):
     assert f"eval.tasks[0].path={bad}:1: gold=9" in text
     assert f"eval.tasks[1].path={tmp_path}/none.jsonl: no such file" in text
     assert "eval.every_steps=-1: must be >= 0" in text
+    with pytest.raises(ConfigError, match=r"eval.tasks=...: need data.tokenizer with data=files"):
+        cpu_spec("model=tiny", "data=files", f"data.train_files={bad}", f"eval.tasks=[{{path:{bad}}}]")
     with pytest.raises(ConfigError, match="Key 'colour' not in 'EvalTaskConfig'"):
         cpu_spec("model=tiny", f"eval.tasks=[{{path:{bad},colour:red}}]")
     with pytest.raises(ConfigError, match=r"eval.tasks=...: are not scored with parallel.pp>1"):

@@ -15,6 +15,8 @@ import torch
 from training.evals.loglikelihood import encode_request, score_requests
 from training.evals.task_scores import Scorer
 
+FEWSHOT_SEED = 1234
+"""lm-eval's default fewshot seed (the tasks are zero-shot: conf.eval_tasks.lm_eval_task)."""
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_TRUST_REMOTE_CODE": "0"}
 
@@ -47,16 +49,20 @@ def lm_eval_class():
 
 def lm_eval_scores(scorer: Scorer, tasks: list[dict], *,
                    limits: dict[str, int] | None = None) -> dict[str, dict]:
-    """{task: {"acc", "acc_norm", "n"}} from lm-eval's `simple_evaluate` on `tasks`
+    """{task: {"acc", "acc_norm", "n"}} from lm-eval's `evaluate` on `tasks`
     (conf.eval_tasks.lm_eval_task configs), one process; `limits`: the first N documents of
-    the tasks it names."""
+    the tasks it names. (Not `simple_evaluate`: it spends 10-20 s collecting environment
+    info, `pip list` and git hashes, for a report this does not write.)"""
     model = lm_eval_class()(scorer)
     from lm_eval import evaluator
     from lm_eval.tasks import TaskManager
 
+    loaded = TaskManager(include_defaults=False).load(tasks)
+    for task in loaded["tasks"].values():
+        task.set_fewshot_seed(seed=FEWSHOT_SEED)
     with torch.no_grad():
-        out = evaluator.simple_evaluate(
-            model=model, tasks=tasks, task_manager=TaskManager(include_defaults=False),
+        out = evaluator.evaluate(
+            lm=model, task_dict=loaded,
             samples={k: list(range(n)) for k, n in limits.items()} if limits else None,
             bootstrap_iters=0, log_samples=False, verbosity="ERROR")
     return {name: {"acc": r["acc,none"], "acc_norm": r["acc_norm,none"],
