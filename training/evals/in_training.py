@@ -2,6 +2,7 @@
 and after the last one, by every rank together, one `task_eval` row per time on rank 0."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -55,7 +56,9 @@ def log_task_evals(tr) -> None:
         return
     tr.heartbeat.phase("eval")
     started = time.perf_counter()
-    row = score_tasks(tr.task_evals.scorer, tr.task_evals.tasks)
+    scorer = dataclasses.replace(tr.task_evals.scorer,
+                                 progress=lambda: tr.heartbeat.enter("eval tasks forward"))
+    row = score_tasks(scorer, tr.task_evals.tasks)
     tr.heartbeat.phase("step")
     if tr.loggers is not None:
         tr.loggers.log({"kind": ROW_KIND, "step": tr.step, **row})

@@ -8,6 +8,7 @@ exchanges activations in the forward): ranks with fewer requests run padding bat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,9 +45,11 @@ def encode_request(encode: Encoder, context: str, continuation: str, *,
 
 @torch.no_grad()
 def score_requests(model: ParallelModel, requests: list[TokenRequest], *, device: torch.device,
-                   autocast, batch_size: int) -> list[tuple[float, bool]]:
+                   autocast, batch_size: int,
+                   progress: Callable[[], None] | None = None) -> list[tuple[float, bool]]:
     """(sum of the continuation's log-probabilities, whether it is the greedy one) per request.
-    Collective: every rank calls it, with its own requests."""
+    Collective: every rank calls it, with its own requests. `progress` is called after each
+    batch (the heartbeat: a long eval is progress, not a hang)."""
     for part in model.parts:
         part.eval()
     batches = [requests[i:i + batch_size] for i in range(0, len(requests), batch_size)]
@@ -58,6 +61,8 @@ def score_requests(model: ParallelModel, requests: list[TokenRequest], *, device
         else:  # keeps this rank in step with ranks that have more batches
             _score_batch(model, [TokenRequest(inputs=[0], targets=[0])], device=device,
                          autocast=autocast)
+        if progress is not None:
+            progress()
     return scores
 
 

@@ -4,6 +4,7 @@ ranks that report the loss count, so tensor-parallel peers count a document once
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -24,6 +25,8 @@ class Scorer:
     autocast: object
     max_len: int
     batch_size: int
+    progress: Callable[[], None] | None = None
+    """Called after each forward batch (training: the rank's heartbeat)."""
 
 
 def doc_outcome(doc: MultipleChoiceDoc, scores: list[tuple[float, bool]]) -> tuple[float, float]:
@@ -43,7 +46,7 @@ def score_task(scorer: Scorer, docs: list[MultipleChoiceDoc]) -> dict[str, float
     requests = [encode_request(scorer.encode, doc.context, cont, max_len=scorer.max_len)
                 for doc in mine for cont in doc.continuations()]
     scores = score_requests(m, requests, device=scorer.device, autocast=scorer.autocast,
-                            batch_size=scorer.batch_size)
+                            batch_size=scorer.batch_size, progress=scorer.progress)
     acc = acc_norm = 0.0
     at = 0
     for doc in mine:
