@@ -126,6 +126,17 @@ def test_the_run_config_refuses_bad_tasks_before_anything_runs(tmp_path):
                  f"eval.tasks=[{{path:{write_jsonl(tmp_path / 'ok.jsonl', DOCS)}}}]")
 
 
+def test_the_eval_section_round_trips_through_spec_json(tmp_path):
+    from conf.run_dir.spec_io import read_spec
+
+    task = write_jsonl(tmp_path / "piqa.jsonl", DOCS)
+    spec = checked_spec("model=tiny", "data=synthetic", "eval.every_steps=5",
+                        f"eval.tasks=[{{path:{task},limit:2}},{{name:b,path:{task}}}]")
+    assert [(t.name, t.limit) for t in spec.eval.tasks] == [("piqa", 2), ("b", 0)]
+    write_spec(spec, tmp_path / "spec.json")
+    assert read_spec(tmp_path / "spec.json") == spec
+
+
 def test_meshrun_eval_refuses_bad_input_with_exit_2_and_writes_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
