@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from conf.errors import ConfigError, ProblemList
+from conf.errors import ProblemList
 from conf.eval_tasks import METRICS, ROW_KIND, metric_key, read_task_file, task_name
 from conf.hf_model_config import is_hf_model_dir
 from conf.data_contract.tokenizer_info import TOKENIZER_FILE
@@ -94,9 +94,9 @@ def build_request(target: Path, knobs: dict[str, str]) -> tuple[dict, Path | Non
     """The scorer's request, every input checked; the run dir to log into (None: a folder)."""
     problems = ProblemList()
     tasks = _tasks(knobs["tasks"], limit=int(knobs["limit"]), problems=problems)
-    spec_file, weights, tokenizer, run_dir = _model(target, problems)
+    spec, weights, tokenizer, run_dir = _model(target, problems)
     problems.raise_if_any(TITLE)
-    return {"spec": str(spec_file), "weights": str(weights), "tokenizer": tokenizer,
+    return {"spec": spec, "weights": str(weights), "tokenizer": tokenizer,
             "tasks": tasks, "limit": int(knobs["limit"]), "batch_size": int(knobs["batch_size"]),
             "harness": knobs["harness"]}, run_dir
 
@@ -115,8 +115,9 @@ def _tasks(text: str, *, limit: int, problems: ProblemList) -> list[dict]:
     return tasks
 
 
-def _model(target: Path, problems: ProblemList) -> tuple[Path, Path, str, Path | None]:
-    """(spec.json, weights folder, tokenizer, run dir or None) of a run dir or an export."""
+def _model(target: Path, problems: ProblemList) -> tuple[dict, Path, str, Path | None]:
+    """(spec as spec.json holds it, weights folder, tokenizer, run dir or None) of a run dir
+    or an export."""
     rd = RunDir(target)
     if rd.is_run_dir:
         weights = rd.export_dir
@@ -125,11 +126,11 @@ def _model(target: Path, problems: ProblemList) -> tuple[Path, Path, str, Path |
                          "exports when it finishes, with checkpoint.export_safetensors=true)",
                          "finish the run (`meshrun resume`), or pass an export folder")
         tokenizer = _folder_tokenizer(weights) or rd.read_spec().data.tokenizer
-        return rd.spec_file, weights, tokenizer, target
+        return json.loads(rd.spec_file.read_text()), weights, tokenizer, target
     if not is_hf_model_dir(target):
         problems.add("target", str(target), "is neither a meshrun run dir nor a Hugging Face "
                      "model folder (config.json + safetensors)", "pass a run dir or an export")
-        return Path(), Path(), "", None
+        return {}, Path(), "", None
     return _export_spec(target), target, _folder_tokenizer(target), None
 
 
@@ -137,17 +138,15 @@ def _folder_tokenizer(folder: Path) -> str:
     return str(folder / TOKENIZER_FILE) if (folder / TOKENIZER_FILE).is_file() else ""
 
 
-def _export_spec(folder: Path) -> Path:
-    """A spec.json for a bare Hugging Face folder: `model=hf model.path=FOLDER`, composed and
+def _export_spec(folder: Path) -> dict:
+    """The spec of a bare Hugging Face folder: `model=hf model.path=FOLDER`, composed and
     resolved as `meshrun run` would (its problems are ConfigErrors)."""
-    from conf.run_dir.spec_io import write_spec
+    from conf.run_dir.spec_io import spec_to_dict
     from launcher.commands import compose_spec
 
     spec, _ = compose_spec(["model=hf", f"model.path={folder.resolve()}",
                             "data=synthetic", "cluster.procs_per_node=1"])
-    out = Path(tempfile.mkdtemp(prefix="meshrun-eval-")) / "spec.json"
-    write_spec(spec, out)
-    return out
+    return spec_to_dict(spec)
 
 
 def run_scorer(request: dict) -> dict:

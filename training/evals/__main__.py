@@ -1,7 +1,7 @@
 """`python -m training.evals REQUEST.json RESULT.json`: score tasks on a finished model, one
 process (what `meshrun eval` runs; launcher/eval_command.py writes the request).
 
-REQUEST: {"spec": spec.json of the model, "weights": its Hugging Face export folder,
+REQUEST: {"spec": the model's spec (spec.json's content), "weights": its Hugging Face export folder,
 "tokenizer": "" or a tokenizer.json, "tasks": [{"name", "path", "limit"}], "limit": N,
 "batch_size": N, "harness": "lm_eval" | "meshrun"}. RESULT: {"scores": {task: {acc, acc_norm,
 n}}, "harness", "seconds": {"load", "score"}}.
@@ -17,7 +17,8 @@ from pathlib import Path
 def evaluate_request(request: dict) -> dict:
     import torch
 
-    from conf.run_dir.spec_io import read_spec
+    from conf.run_dir.spec_io import spec_from_dict
+    from conf.spec import RunSpec
     from training.evals.in_training import read_tasks
     from training.evals.task_scores import Scorer, score_task
     from training.evals.text_encoder import build_encoder
@@ -26,7 +27,7 @@ def evaluate_request(request: dict) -> dict:
     from conf.spec import EvalSpec, EvalTaskSpec
 
     started = time.perf_counter()
-    spec = read_spec(Path(request["spec"]))
+    spec = spec_from_dict(RunSpec, request["spec"])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     module = load_hf_model(request["weights"], spec.model, device=device)
     scorer = Scorer(model=ParallelModel.single(module), encode=build_encoder(request["tokenizer"]),
