@@ -4,7 +4,6 @@ batches runs padding ones) and tensor parallel with sequence parallel and loss_p
 vocabulary-sharded logits give the scores of one process on the same weights."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
