@@ -26,6 +26,7 @@ from conf.rules.checkpoint_shape import check_checkpoint_shape
 from conf.rules.cluster_rules import (check_cluster, check_launch,
                                       slurm_resources)
 from conf.rules.compile_rules import check_compile
+from conf.rules.eval_rules import resolve_eval
 from conf.rules.data_rules import data_files
 from conf.rules.document_rules import resolve_document_eos
 from conf.rules.field_rules import finite_floats, int64_ints, typed_lists
@@ -92,6 +93,8 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     check_recompute(cfg.recompute, problems)
     check_compile(compile_=cfg.training.compile, parallel=parallel, recompute=cfg.recompute,
                   problems=problems)
+    evals = resolve_eval(cfg.eval, parallel=parallel, data=cfg.data,
+                         vocab_size=model.vocab_size, problems=problems, check_paths=check_paths)
     problems.raise_if_any()
     return RunSpec(
         name=cfg.name, runs_dir=_absolute(cfg.runs_dir), model=model, precision=precision,
@@ -106,7 +109,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
         cluster=spec_from_config(ClusterSpec, cfg.cluster, procs_per_node=procs,
                                  gpus_per_node=host.gpu_count,
                                  **slurm_resources(cfg.cluster, gpus_per_node=host.gpu_count)),
-        logging=spec_from_config(LoggingSpec, cfg.logging), host=host,
+        logging=spec_from_config(LoggingSpec, cfg.logging), host=host, eval=evals,
     )
 
 

@@ -448,6 +448,29 @@ class LoggingConfig:
 
 
 @dataclass
+class EvalTaskConfig:
+    path: str = ""
+    """A JSONL file of multiple-choice documents (conf/eval_tasks.py: context, choices, gold)."""
+    name: str = ""
+    """The task's name in metrics (`eval/<name>/acc`); empty = the file's stem."""
+    limit: int = 0
+    """Score only the first N documents of this task; 0 = eval.limit."""
+
+
+@dataclass
+class EvalConfig:
+    tasks: list[EvalTaskConfig] = field(default_factory=list)
+    """Multiple-choice tasks scored by log-likelihood (acc, acc_norm), e.g.
+    `eval.tasks=[{name:piqa,path:data/piqa.jsonl}]`; empty = none."""
+    every_steps: int = 0
+    """Score the tasks every N steps and after the last; 0 = after the last step only."""
+    limit: int = 0
+    """Documents per task (the first N); 0 = all."""
+    batch_size: int = 8
+    """Choices (sequences) per forward pass of the scorer on each rank."""
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     """Run name; the run dir is runs_dir/<name>-<timestamp>."""
@@ -464,3 +487,4 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)

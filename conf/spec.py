@@ -14,7 +14,8 @@ from typing import Callable
 
 from conf.degrees import DEGREES
 from conf.schema import (
-    CheckpointConfig, ClusterConfig, DataConfig, DeviceKind, DType, LoggingConfig,
+    CheckpointConfig, ClusterConfig, DataConfig, DeviceKind, DType, EvalConfig, EvalTaskConfig,
+    LoggingConfig,
     ModelConfig, OptimConfig, ParallelConfig, Precision, PrecisionConfig, RecomputeConfig,
     RecomputeMode, RopeScaling, ScheduleConfig, TrainingConfig,
 )
@@ -273,6 +274,17 @@ class LoggingSpec:
     pass
 
 
+@frozen_from(EvalTaskConfig)
+class EvalTaskSpec:
+    """Resolved: name is never empty, path is absolute."""
+
+
+@frozen_from(EvalConfig)
+class EvalSpec:
+    tasks: tuple[EvalTaskSpec, ...] = ()
+    """Resolved: each task checked (conf/rules/eval_rules.py)."""
+
+
 @dataclasses.dataclass(**FROZEN)
 class HostSpec:
     """What the launching machine has, probed without torch (launcher/hardware.py)."""
@@ -304,6 +316,7 @@ class RunSpec:
     cluster: ClusterSpec
     logging: LoggingSpec
     host: HostSpec
+    eval: EvalSpec = dataclasses.field(default_factory=EvalSpec)
 
     @property
     def world_size(self) -> int:

@@ -25,7 +25,7 @@ FORCE_HELP = ("launch even when the plan says the run does not fit (a GPU's memo
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from launcher import hydra_flags
+    from launcher import eval_command, hydra_flags
     from launcher.data import data_command
     from launcher import stop_command
 
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
     data_command.register(sub)
     stop_command.register(sub)
+    eval_command.register(sub)
     for register in command_plugins():
         register(sub)
     return parser

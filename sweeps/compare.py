@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from conf.errors import ConfigError, ProblemList
+from conf.eval_tasks import ROW_KIND as TASK_EVAL_KIND
 from conf.run_dir.outcomes import outcomes_from_rows
 from conf.run_dir.paths import RunDir
 from conf.run_dir.run_states import RunState
@@ -48,6 +49,8 @@ class RunRecord:
     """(step, loss) per logged train step."""
     val_curve: tuple = ()
     """(step, val_loss) per eval."""
+    evals: dict = field(default_factory=dict)
+    """The newest value of each eval task metric (`eval/<task>/acc`, conf/eval_tasks.py)."""
 
     def value(self, key: str) -> object:
         """A column's value: run, state, an outcome or a dotted config key; None when absent."""
@@ -57,6 +60,8 @@ class RunRecord:
             return self.state
         if key in OUTCOMES:
             return self.outcomes.get(key)
+        if key in self.evals:
+            return self.evals[key]
         return self.config.get(key)
 
 
@@ -116,7 +121,8 @@ def load_run(*, run_dir: Path, name: str) -> RunRecord:
                      config=config, asked=_asked(rd), outcomes=run_outcomes(run_dir=run_dir),
                      overrides=_overrides(run_dir),
                      train_curve=_curve(rows, kind="train", key="loss"),
-                     val_curve=_curve(rows, kind="eval", key="val_loss"))
+                     val_curve=_curve(rows, kind="eval", key="val_loss"),
+                     evals=task_evals(rows))
 
 
 def run_state(*, run_dir: Path) -> RunState:
@@ -155,6 +161,20 @@ def _asked(rd: RunDir) -> dict:
 def _overrides(run_dir: Path) -> tuple:
     rd = RunDir(run_dir)
     return tuple(rd.read_overrides()) if rd.overrides_file.is_file() else ()
+
+
+def task_evals(rows: list[dict]) -> dict:
+    """The newest value of each eval task metric in a run's task_eval rows."""
+    found = {}
+    for row in rows:
+        if row.get("kind") == TASK_EVAL_KIND:
+            found.update({k: v for k, v in row.items() if k.startswith("eval/")})
+    return found
+
+
+def eval_columns(records: list[RunRecord]) -> list[str]:
+    """One column per eval task metric any run has (n, the documents scored, left out)."""
+    return sorted({k for r in records for k in r.evals if not k.endswith("/n")})
 
 
 def _curve(rows: list[dict], *, kind: str, key: str) -> tuple:
@@ -263,18 +283,20 @@ def _sort_key(value: object) -> tuple:
 
 
 def _known_columns(records: list[RunRecord]) -> set:
-    return {*LABEL_COLUMNS, *OUTCOMES, *(k for r in records for k in r.config)}
+    return {*LABEL_COLUMNS, *OUTCOMES, *eval_columns(records),
+            *(k for r in records for k in r.config)}
 
 
 # --- rows --------------------------------------------------------------------------------------
 
-def table_columns(keys: list[str]) -> list[str]:
-    return [*LABEL_COLUMNS, *keys, *OUTCOMES]
+def table_columns(keys: list[str], records: list[RunRecord] = ()) -> list[str]:
+    return [*LABEL_COLUMNS, *keys, *OUTCOMES, *eval_columns(list(records))]
 
 
 def table_rows(records: list[RunRecord], *, keys: list[str]) -> list[dict]:
-    """One plain dict per run: label columns, the differing keys, the outcomes, the run dir."""
-    columns = table_columns(keys)
+    """One plain dict per run: label columns, the differing keys, the outcomes, the eval task
+    metrics, the run dir."""
+    columns = table_columns(keys, records)
     return [{**{c: r.value(c) for c in columns}, "run_dir": str(r.run_dir)} for r in records]
 
 

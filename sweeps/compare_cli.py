@@ -76,7 +76,8 @@ def run_compare(args: argparse.Namespace, console: Console) -> int:
     if note := peak_note(records):
         shown.print(note, markup=False, highlight=False, soft_wrap=True)
     if args.csv:
-        _write(args.csv, rows_to_csv(rows, columns=[*table_columns(keys), "run_dir"]), shown)
+        _write(args.csv, rows_to_csv(rows, columns=[*table_columns(keys, records), "run_dir"]),
+               shown)
     if args.json:
         _write(args.json, rows_to_json(rows), shown)
     html = _html_path(args)
@@ -180,7 +181,7 @@ ROW_NUMBER = "#"
 def narrow_tables(records: list[RunRecord], *, keys: list[str], title: str,
                   width: int) -> list[Table]:
     """The comparison as tables no wider than `width`, each led by the row number."""
-    columns = table_columns(keys)
+    columns = table_columns(keys, records)
     rest = [c for c in columns if c not in FIRST_PART]
     marked = marked_runs(records)
     cells = {c: [marked_cell(format_cell(c, r.value(c)), name=r.name, column=c, marked=marked)
@@ -219,7 +220,7 @@ def build_table(records: list[RunRecord], *, keys: list[str], title: str) -> Tab
     """Headers are the column names --sort/--filter take; a narrow terminal cuts headers first."""
     table = Table(title=f"{title}: {len(records)} run{'s' if len(records) != 1 else ''}",
                   title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
-    columns = table_columns(keys)
+    columns = table_columns(keys, records)
     marked = marked_runs(records)
     cells = [[Text(marked_cell(format_cell(c, r.value(c)), name=r.name, column=c, marked=marked))
               for c in columns] for r in records]

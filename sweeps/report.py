@@ -59,7 +59,7 @@ def _dot(color: str) -> str:
 
 
 def _table(records: list[RunRecord], *, keys: list[str], colors: dict[str, str]) -> str:
-    columns = table_columns(keys)
+    columns = table_columns(keys, records)
     head = "".join(
         f'<th data-col="{html.escape(c)}" class="{_kind(c, keys)}" title="click to sort">'
         f"{html.escape(c)}</th>" for c in columns)

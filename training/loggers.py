@@ -49,8 +49,9 @@ tokens_seen are the x-axes W&B gets on every row."""
 def wandb_values(row: dict) -> dict[str, float]:
     """A metrics row as W&B keys: `train/loss`, `train/mfu`, `train/mem_peak_gib` (the largest
     of any rank), `eval/val_loss`, ...; numbers only; and each rank's memory as
-    `memory/mem_peak_gib/rank<r>` (wandb_logger.per_rank_values)."""
-    return {**{f"{row['kind']}/{k}": v for k, v in row.items()
+    `memory/mem_peak_gib/rank<r>` (wandb_logger.per_rank_values). A key already holding a
+    `/` keeps its name (`eval/<task>/acc`, conf.eval_tasks.metric_key)."""
+    return {**{k if "/" in k else f"{row['kind']}/{k}": v for k, v in row.items()
                if k not in AXIS_KEYS and isinstance(v, (int, float))},
             **per_rank_values(row.get(PER_RANK_KEY, {})),
             **per_rank_values(row.get(TIME_BY_RANK_KEY, {}), section=TIME_SECTION)}

@@ -15,6 +15,7 @@ from parallel.cost.flops import run_flops_convention
 from training.dist import all_reduce_sum, barrier, set_collective_timeout
 from conf.run_dir.heartbeats import collective_timeouts_s, hung_in_this_leg
 from training.collective_waits import time_collective_waits
+from training.evals.in_training import log_task_evals
 from training.export import export_hf, gather_full_state
 from training.failure_requeue import failure_requeues
 from training.fault_injection import kill_if_asked
@@ -169,6 +170,8 @@ def _after_step(tr: TrainState, row: dict, stop: int) -> None:
         tr.loggers.log(row)
     if t.eval_every and tr.step % t.eval_every == 0 and tr.step < t.steps:
         evaluate(tr)
+    if tr.task_evals is not None and tr.task_evals.due(tr.step) and tr.step < t.steps:
+        log_task_evals(tr)
     due = c.every_steps and tr.step % c.every_steps == 0
     if due or tr.step == stop:
         save(tr)
@@ -247,6 +250,7 @@ def finish(tr: TrainState) -> None:
     """Final evaluation, safetensors export, summary (rank 0)."""
     started = time.perf_counter()
     evaluate(tr)
+    log_task_evals(tr)
     tr.heartbeat.phase("checkpoint_save")
     _wait_for_save(tr)
     tr.run_dir_guard.check(before="the export and summary")

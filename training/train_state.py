@@ -20,6 +20,7 @@ from training.run_dir_guard import RunDirGuard
 from training.checkpoint import CheckpointCorrupt, CheckpointError, load_checkpoint
 from training.data.build import build_train_batches, build_val_batches
 from training.dist import RankContext
+from training.evals.in_training import TaskEvals
 from training.heartbeat import Heartbeat, NoHeartbeat
 from training.hf_import import hf_start_dir
 from training.parallel_model import ParallelModel, build_parallel_model
@@ -65,6 +66,8 @@ class TrainState:
     probes: StepProbes | None = None
     """The profiler window and memory snapshots of this rank; None = none (the loop's one
     test a step). Built by build_train_state once the step to start from is known."""
+    task_evals: TaskEvals | None = None
+    """The eval tasks (eval.tasks) and their scorer; None without tasks."""
 
     def __post_init__(self) -> None:
         if self.saver is None:
@@ -131,6 +134,8 @@ def _build(spec: RunSpec, run_dir: Path, ctx: RankContext, *, peak: PeakFlops) -
     elif spec.checkpoint.load_from and not is_hf_model_dir(spec.checkpoint.load_from):
         # (a Hugging Face folder is weights only, read when the model was materialised)
         restore(state, source=spec.checkpoint.load_from, allow_reshard=True)
+    state.task_evals = TaskEvals.build(spec, model=model, device=ctx.device,
+                                       autocast=state.autocast)
     state.stop.install(spec.cluster.warning_signal)
     return state
 

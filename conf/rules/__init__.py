@@ -16,6 +16,7 @@ search_space.py) asks the same functions, so no rule is restated there.
 - data_rules.py        raw token files (data=files): globs and token dtype
 - document_rules.py    the document mask's end-of-document id
 - name_rules.py        W&B names and tags, run and output folder names
+- eval_rules.py        the eval section: multiple-choice task files (conf/eval_tasks.py), cadence
 
 Rules that read a file format live beside the code that owns that format, and resolve() calls
 them too: a Hugging Face config.json (conf/hf_model_config.py), prepared data, data sources

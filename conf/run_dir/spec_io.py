@@ -51,7 +51,9 @@ def _typed(kind: object, value: object) -> object:
     if isinstance(kind, type) and issubclass(kind, Enum):
         return kind(value)
     if typing.get_origin(kind) is tuple:
-        return tuple(value)
+        item = typing.get_args(kind)[0]
+        return tuple(spec_from_dict(item, v) if dataclasses.is_dataclass(item) else v
+                     for v in value)
     return value
 
 

@@ -1,5 +1,6 @@
 """End-to-end `meshrun` runs through torchrun (2 gloo ranks): run dirs, exact resume, W&B
-history read back from the offline run files, export, clear failures, the default experiment.
+history read back from the offline run files, export, clear failures, the default experiment,
+eval tasks scored in training and again by `meshrun eval` (lm-eval) on the export.
 
 Each torchrun launch costs seconds here, so launches are shared through module fixtures.
 """
@@ -22,13 +23,25 @@ SMALL = ["model=tiny", "training.steps=20", "training.seq_len=64", "training.mic
          "logging=offline", "optim=muon"]  # Muon's buffers resume exactly (AdamW's: elsewhere)
 
 
+EVAL_DOCS = [{"context": "def f(x):\n    return", "choices": ["x", "x + 1", "None"], "gold": 0},
+             {"context": "import", "choices": ["os", "sys", "json"], "gold": 1},
+             {"context": "for i in range(", "choices": ["10):", "len(xs)):"], "gold": 0},
+             {"context": "class A", "choices": ["(B):", ":"], "gold": 1},
+             {"context": "while", "choices": ["True:", "x < 3:", "not done:"], "gold": 2}]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A: 20 steps straight. B: the same spec stopped at step 10, then `meshrun resume`."""
+    """A: 20 steps straight. B: the same spec stopped at step 10, then `meshrun resume`; B
+    also scores an eval task every 10 steps (training is unchanged by it)."""
     root = tmp_path_factory.mktemp("e2e")
+    task = root / "mc.jsonl"
+    task.write_text("".join(json.dumps(d) + "\n" for d in EVAL_DOCS))
+    evals = [f"eval.tasks=[{{name:mc,path:{task}}}]", "eval.every_steps=10"]
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(meshrun, "run", *SMALL, f"runs_dir={root / 'a'}")
-        b = pool.submit(meshrun, "run", *SMALL, "training.stop_at_step=10", f"runs_dir={root / 'b'}")
+        b = pool.submit(meshrun, "run", *SMALL, *evals, "training.stop_at_step=10",
+                        f"runs_dir={root / 'b'}")
         done = [a.result(), b.result()]
     for result in done:
         assert result.returncode == 0, result.stdout + result.stderr
@@ -36,7 +49,8 @@ def runs(tmp_path_factory):
     assert max(train_losses(run_b)) == 10
     resumed = meshrun("resume", str(run_b))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    return {"a": only_run_dir(root / "a"), "b": run_b, "resume_output": resumed.stdout}
+    return {"a": only_run_dir(root / "a"), "b": run_b, "resume_output": resumed.stdout,
+            "task": task}
 
 
 def test_resumed_run_repeats_the_uninterrupted_losses_exactly(runs):
@@ -102,6 +116,26 @@ def test_wandb_offline_run_holds_history_config_and_one_id_across_resume(runs):
         assert all(0 <= w <= t for w, t in zip(split["wait_s"], split["step_time_s"]))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert record.user_summary()["final_val_loss"] == pytest.approx(summary["final_val_loss"])
+
+
+def test_eval_tasks_reach_metrics_and_wandb_and_meshrun_eval_rescores_them(runs):
+    """Scored at steps 10 and 20 (the resumed leg), logged to metrics.jsonl and W&B as
+    eval/mc/acc; `meshrun eval` through lm-eval on the export gives the step-20 scores and
+    appends them as a row of its own."""
+    run_dir = runs["b"]
+    rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").open())
+            if r["kind"] == "task_eval"]
+    assert [r["step"] for r in rows] == [10, 20] and rows[-1]["eval/mc/n"] == 5
+    logged = [h for h in read_runs(run_dir).user_history() if "eval/mc/acc" in h]
+    assert [h["eval/mc/acc_norm"] for h in logged] == [r["eval/mc/acc_norm"] for r in rows]
+    result = meshrun("eval", str(run_dir), f"tasks=mc={runs['task']}", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    scored = json.loads(result.stdout)
+    assert scored["harness"] == "lm_eval"
+    again = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert again["source"] == "meshrun eval" and again["step"] == 20
+    for key in ("acc", "acc_norm", "n"):
+        assert scored["scores"]["mc"][key] == rows[-1][f"eval/mc/{key}"] == again[f"eval/mc/{key}"]
 
 
 def test_resume_under_another_world_size_stops_with_a_clear_error(runs):
