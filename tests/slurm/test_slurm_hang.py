@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slurm
 HANG_S = 8
 SCANCEL_SLACK_S = 20.0
 """Beyond the guard's bound: a step's age, scancel, and sacct seeing the job end."""
+STATUS_EVERY_S = 1.0
+"""Between two `meshrun status` polls: each starts an interpreter (about 0.6 s of CPU)."""
 
 
 def test_a_stopped_rank_on_another_node_is_named_and_the_job_cancelled(slurm_cluster,
@@ -35,8 +37,9 @@ def test_a_stopped_rank_on_another_node_is_named_and_the_job_cancelled(slurm_clu
             "checkpoint.export_safetensors=false", f"training.hang_timeout_s={HANG_S}"]
     run_dir, beat, stopped_at = _submit_and_stop_rank_1_after_step_5(runs, args)
     try:
-        shown = wait_for(lambda: (s := _status(run_dir))["state"] == "hung" and s, 
-                         HANG_S + DETECTION_BOUND_S + SCANCEL_SLACK_S + 30, "state hung")
+        shown = wait_for(lambda: (s := _status(run_dir))["state"] == "hung" and s,
+                         HANG_S + DETECTION_BOUND_S + SCANCEL_SLACK_S + 30, "state hung",
+                         every_s=STATUS_EVERY_S)
     finally:
         if pid_alive(beat["pid"]):
             os.kill(beat["pid"], signal.SIGCONT)
@@ -76,7 +79,8 @@ def test_a_hung_job_with_restarts_left_is_requeued_and_finishes(slurm_cluster, t
             "training.max_restarts=1"]
     run_dir, beat, _ = _submit_and_stop_rank_1_after_step_5(runs, args)
     try:
-        wait_for(lambda: _status(run_dir)["state"] == "completed", 300, "the requeued run's end")
+        wait_for(lambda: _status(run_dir)["state"] == "completed", 300, "the requeued run's end",
+                 every_s=STATUS_EVERY_S)
     finally:
         if pid_alive(beat["pid"]):
             os.kill(beat["pid"], signal.SIGCONT)
