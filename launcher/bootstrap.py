@@ -30,9 +30,9 @@ STAMP = VENV / ".meshrun-installed"
 # Debian packages the tests use: a throwaway Slurm cluster, and a browser for the HTML report.
 TEST_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server",
                  "chromium")
+TEST_BINARIES = ("slurmctld", "slurmd", "sbatch", "munged", "slurmdbd", "mariadbd", "chromium")
 XDIST_ARGS = ("-n", "2", "--dist", "loadfile", "--no-loadscope-reorder")
 """Two workers: a Slurm job or a hang timeout waits while the other worker computes."""
-TEST_BINARIES = ("slurmctld", "slurmd", "sbatch", "munged", "slurmdbd", "mariadbd", "chromium")
 
 
 def venv_python() -> Path:
