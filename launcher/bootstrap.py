@@ -3,6 +3,10 @@
     python3 -m launcher.bootstrap run [overrides...]   # set up, then `meshrun run ...`
     python3 -m launcher.bootstrap test [pytest args]   # set up, then the test suite
 
+`test` runs pytest on two pytest-xdist workers (`-n 2 --dist loadfile`: each test module, and
+all the Slurm tests together, stay on one worker; tests/support/worker_groups.py) unless the
+pytest args choose their own (`-n`, `--dist`, `-p no:xdist`).
+
 `test` also installs the Debian packages the tests use (a local Slurm cluster, which the Slurm
 tests start themselves, and chromium for the report test) when they are missing and this runs
 as root with apt-get.
@@ -27,6 +31,8 @@ STAMP = VENV / ".meshrun-installed"
 TEST_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server",
                  "chromium")
 TEST_BINARIES = ("slurmctld", "slurmd", "sbatch", "munged", "slurmdbd", "mariadbd", "chromium")
+XDIST_ARGS = ("-n", "2", "--dist", "loadfile", "--no-loadscope-reorder")
+"""Two workers: a Slurm job or a hang timeout waits while the other worker computes."""
 
 
 def venv_python() -> Path:
@@ -86,6 +92,12 @@ def ensure_test_packages() -> None:
         subprocess.run(install, env=env, check=True)
 
 
+def pytest_args(args: list[str]) -> list[str]:
+    """`args` after the two-worker options, unless `args` set workers or the plugin itself."""
+    own = any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args)
+    return list(args) if own else [*XDIST_ARGS, *args]
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("run", "test"):
         sys.stderr.write(__doc__)
@@ -95,7 +107,7 @@ def main(argv: list[str]) -> int:
     os.chdir(REPO)
     if argv[0] == "test":
         ensure_test_packages()
-        cmd = [str(bin_dir / "python"), "-m", "pytest", *argv[1:]]
+        cmd = [str(bin_dir / "python"), "-m", "pytest", *pytest_args(argv[1:])]
     else:
         cmd = [str(bin_dir / "meshrun"), *argv]
     os.execv(cmd[0], cmd)

@@ -6,6 +6,19 @@ import os
 
 import pytest
 
+from tests.support import worker_groups
+
+
+def pytest_collection_modifyitems(items):
+    worker_groups.order(items)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: only called under `-n N`
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadfile":
+        return worker_groups.file_scheduler(config, log)
+    return None
+
 
 @pytest.fixture(scope="session", autouse=True)
 def cpu_peak_cache(tmp_path_factory):

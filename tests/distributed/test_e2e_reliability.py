@@ -3,7 +3,6 @@ non-finite loss fails the run at once; resumes remember every leg's overrides.""
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from conf.run_dir.paths import RunDir
 from conf.run_dir.run_states import state_from_files
 from tests.support.meshrun_cli import meshrun
 from tests.support.run_outputs import only_run_dir
+from training.schedule import lr_at
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 TINY = ["model=tiny", "training.seq_len=64", "training.micro_batch_size=8",
@@ -39,19 +39,22 @@ def lr_by_step(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["lr"] for r in RunDir(run_dir).read_rows() if r.get("kind") == "train"}
 
 
+def twelve_step_lrs(spec) -> dict[int, float]:
+    """{step: LR} an uninterrupted 12-step run of `spec` logs (a row's step is 1-based)."""
+    return {step: lr_at(step - 1, schedule=spec.schedule, peak_lr=spec.optim.lr, total_steps=12)
+            for step in range(1, 13)}
+
+
 def test_a_resume_of_a_resume_keeps_the_later_legs_overrides(tmp_path):
     """run steps=8 stop 2; resume steps=12 stop 4; refused resumes change nothing; a plain
-    resume then finishes at 12 on the 12-step LR schedule, as one uninterrupted run would."""
+    resume then finishes at 12 on the 12-step LR schedule, as one uninterrupted run would:
+    every logged LR is `lr_at` of a 12-step run (the loop's one formula; an uninterrupted
+    12-step run logs exactly these, so none is launched here)."""
     legs = ["checkpoint.every_steps=2", "schedule.warmup_steps=2"]
-    with ThreadPoolExecutor(2) as pool:  # the uninterrupted run and the first leg together
-        straight = pool.submit(meshrun, "run", *TINY, *legs, "training.steps=12",
-                               "checkpoint.export_safetensors=false", f"runs_dir={tmp_path / 'a'}")
-        first = pool.submit(meshrun, "run", *TINY, *legs, "training.steps=8",
-                            "training.stop_at_step=2", f"runs_dir={tmp_path / 'b'}")
-        straight, first = straight.result(), first.result()
-    assert straight.returncode == 0, straight.stdout + straight.stderr
+    first = meshrun("run", *TINY, *legs, "training.steps=8", "training.stop_at_step=2",
+                    f"runs_dir={tmp_path}")
     assert first.returncode == 0, first.stdout + first.stderr
-    run_dir = only_run_dir(tmp_path / "b")
+    run_dir = only_run_dir(tmp_path)
     second = meshrun("resume", str(run_dir), "training.steps=12", "training.stop_at_step=4")
     assert second.returncode == 0, second.stdout + second.stderr
     assert max(lr_by_step(run_dir)) == 4
@@ -71,7 +74,7 @@ def test_a_resume_of_a_resume_keeps_the_later_legs_overrides(tmp_path):
     assert third.returncode == 0, third.stdout + third.stderr
     lrs = lr_by_step(run_dir)
     assert sorted(lrs) == list(range(1, 13))
-    assert lrs == lr_by_step(only_run_dir(tmp_path / "a"))  # the 12-step schedule throughout
+    assert lrs == twelve_step_lrs(RunDir(run_dir).read_spec())  # exact: the same formula
     status = json.loads(meshrun("status", str(run_dir), "--json").stdout)
     assert [leg["overrides"] for leg in status["legs"][1:]] == [
         ["training.steps=12", "training.stop_at_step=4"], []]

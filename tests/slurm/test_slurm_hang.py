@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slurm
 HANG_S = 8
 SCANCEL_SLACK_S = 20.0
 """Beyond the guard's bound: a step's age, scancel, and sacct seeing the job end."""
+STATUS_EVERY_S = 1.0
+"""Between two `meshrun status` polls: each starts an interpreter (about 0.6 s of CPU)."""
 
 
 def test_a_stopped_rank_on_another_node_is_named_and_the_job_cancelled(slurm_cluster,
@@ -33,16 +35,11 @@ def test_a_stopped_rank_on_another_node_is_named_and_the_job_cancelled(slurm_clu
     args = [*TINY, *one_per_node, "cluster.nodes=2", "cluster.procs_per_node=1", "logging=disabled", f"runs_dir={runs}",
             "training.steps=400", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
             "checkpoint.export_safetensors=false", f"training.hang_timeout_s={HANG_S}"]
-    submitted = meshrun("run", *args, timeout=120)
-    assert submitted.returncode == 0, submitted.stderr
-    run_dir = next(p.parent for p in runs.glob("*/spec.json"))
-    beat = wait_for(lambda: (b := read_heartbeats(run_dir).get(1)) and b["step"] >= 5 and
-                    RunDir(run_dir).latest_checkpoint() and b, 240, "rank 1 at step 5")
-    os.kill(beat["pid"], signal.SIGSTOP)
-    stopped_at = time.monotonic()
+    run_dir, beat, stopped_at = _submit_and_stop_rank_1_after_step_5(runs, args)
     try:
-        shown = wait_for(lambda: (s := _status(run_dir))["state"] == "hung" and s, 
-                         HANG_S + DETECTION_BOUND_S + SCANCEL_SLACK_S + 30, "state hung")
+        shown = wait_for(lambda: (s := _status(run_dir))["state"] == "hung" and s,
+                         HANG_S + DETECTION_BOUND_S + SCANCEL_SLACK_S + 30, "state hung",
+                         every_s=STATUS_EVERY_S)
     finally:
         if pid_alive(beat["pid"]):
             os.kill(beat["pid"], signal.SIGCONT)
@@ -53,6 +50,18 @@ def test_a_stopped_rank_on_another_node_is_named_and_the_job_cancelled(slurm_clu
     assert "rank 1 [STALLED]" in report and "did not answer the stack request" in report, report
     wait_for(lambda: not pid_alive(beat["pid"]), 60, "the job's processes to be gone")
     assert is_complete_checkpoint(RunDir(run_dir).latest_checkpoint())
+
+
+def _submit_and_stop_rank_1_after_step_5(runs, args) -> tuple:
+    """Submit `meshrun run *args`; once rank 1's heartbeat is past step 5 and a checkpoint
+    exists, SIGSTOP rank 1. (run dir, rank 1's heartbeat, time.monotonic() when stopped)."""
+    submitted = meshrun("run", *args, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    run_dir = next(p.parent for p in runs.glob("*/spec.json"))
+    beat = wait_for(lambda: (b := read_heartbeats(run_dir).get(1)) and b["step"] >= 5 and
+                    RunDir(run_dir).latest_checkpoint() and b, 240, "rank 1 at step 5")
+    os.kill(beat["pid"], signal.SIGSTOP)
+    return run_dir, beat, time.monotonic()
 
 
 def _status(run_dir) -> dict:
@@ -68,14 +77,10 @@ def test_a_hung_job_with_restarts_left_is_requeued_and_finishes(slurm_cluster, t
             "training.steps=40", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
             "checkpoint.export_safetensors=false", f"training.hang_timeout_s={HANG_S}",
             "training.max_restarts=1"]
-    submitted = meshrun("run", *args, timeout=120)
-    assert submitted.returncode == 0, submitted.stderr
-    run_dir = next(p.parent for p in runs.glob("*/spec.json"))
-    beat = wait_for(lambda: (b := read_heartbeats(run_dir).get(1)) and b["step"] >= 5 and
-                    RunDir(run_dir).latest_checkpoint() and b, 240, "rank 1 at step 5")
-    os.kill(beat["pid"], signal.SIGSTOP)
+    run_dir, beat, _ = _submit_and_stop_rank_1_after_step_5(runs, args)
     try:
-        wait_for(lambda: _status(run_dir)["state"] == "completed", 300, "the requeued run's end")
+        wait_for(lambda: _status(run_dir)["state"] == "completed", 300, "the requeued run's end",
+                 every_s=STATUS_EVERY_S)
     finally:
         if pid_alive(beat["pid"]):
             os.kill(beat["pid"], signal.SIGCONT)

@@ -58,12 +58,13 @@ def survivors(marker: str) -> list[str]:
     return found
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    """Poll `predicate` every 0.2 s; return its first true value, or fail after `timeout_s`."""
+def wait_for(predicate, timeout_s: float, what: str, every_s: float = 0.2):
+    """Poll `predicate` every `every_s` (a file check: 0.2 s; a `meshrun status` call, which
+    starts an interpreter, every 1 s); return its first true value, or fail after `timeout_s`."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
