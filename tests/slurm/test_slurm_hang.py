@@ -22,6 +22,10 @@ from tests.support.slurm_overrides import SLURM, TINY
 
 pytestmark = pytest.mark.slurm
 HANG_S = 8
+REQUEUED_HANG_S = 25
+"""The requeued-hang test's timeout: an explicit hang_timeout_s bounds every phase, and the
+requeued leg's build and checkpoint load took more than 8 s at load 36-40 (two pytest
+workers beside other work), which named the second leg a hang too."""
 SCANCEL_SLACK_S = 20.0
 """Beyond the guard's bound: a step's age, scancel, and sacct seeing the job end."""
 STATUS_EVERY_S = 1.0
@@ -75,7 +79,7 @@ def test_a_hung_job_with_restarts_left_is_requeued_and_finishes(slurm_cluster, t
     runs = tmp_path / "runs"
     args = [*TINY, *SLURM, "cluster.nodes=1", "logging=disabled", f"runs_dir={runs}",
             "training.steps=40", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
-            "checkpoint.export_safetensors=false", f"training.hang_timeout_s={HANG_S}",
+            "checkpoint.export_safetensors=false", f"training.hang_timeout_s={REQUEUED_HANG_S}",
             "training.max_restarts=1"]
     run_dir, beat, _ = _submit_and_stop_rank_1_after_step_5(runs, args)
     try:
