@@ -68,7 +68,8 @@ def read_qwen3_config(hf: dict) -> tuple[dict[str, object], list[str]]:
     if fields.get("decoder_sparse_step", 1) != 1:
         fields.refuse("decoder_sparse_step", fields.get("decoder_sparse_step"),
                       "is not modelled (every block after the dense ones has experts)")
-    moe = {"num_experts": fields.size("num_experts"),
+    experts_key = "num_experts" if "num_experts" in hf else "num_local_experts"  # transformers 5
+    moe = {"num_experts": fields.size(experts_key),
            "top_k": fields.size("num_experts_per_tok"),
            "expert_ffn_dim": fields.size("moe_intermediate_size"),
            "renormalize": fields.flag("norm_topk_prob", False),
