@@ -30,3 +30,15 @@ def collapse_lines(rows: list[dict]) -> list[str]:
             f"tokens at every logged step from {first} to {last}; raise "
             f"model.moe.aux_loss_coef, or balance with model.moe.score=sigmoid"
             for block, (first, last) in collapsed_blocks(rows).items()]
+
+
+def routing_summary(rows: list[dict]) -> str:
+    """The latest logged routing over all MoE blocks, for the end-of-run table ('' if none)."""
+    last = next((r for r in reversed(rows) if r.get("kind") == "train"
+                 and "moe_load_max_mean" in r), None)
+    if last is None:
+        return ""
+    return (f"step {last['step']}: busiest expert {last['moe_load_max_mean']:.2f}x the mean "
+            f"({last['moe_max_expert_share']:.0%} of tokens), dropped "
+            f"{last['moe_dropped_frac']:.1%}, balancing loss {last['moe_aux_loss']:.4f}, "
+            f"z-loss {last['moe_z_loss']:.4f}")

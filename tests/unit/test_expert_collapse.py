@@ -26,3 +26,14 @@ def test_a_short_spell_or_a_recovery_names_nothing():
     assert collapsed_blocks(rows([0.97] * (COLLAPSE_ROWS - 1))) == {}
     assert collapsed_blocks(rows([0.97] * COLLAPSE_ROWS + [0.5])) == {}
     assert collapsed_blocks([{"kind": "train", "step": i, "loss": 1.0} for i in range(20)]) == {}
+
+
+def test_the_end_of_run_table_shows_the_latest_routing():
+    from conf.run_dir.expert_collapse import routing_summary
+
+    row = {"kind": "train", "step": 8, "moe_load_max_mean": 1.5, "moe_max_expert_share": 0.75,
+           "moe_dropped_frac": 0.02, "moe_aux_loss": 2.01, "moe_z_loss": 1.9}
+    assert routing_summary([row, {"kind": "eval", "step": 8}]) == (
+        "step 8: busiest expert 1.50x the mean (75% of tokens), dropped 2.0%, balancing loss "
+        "2.0100, z-loss 1.9000")
+    assert routing_summary([{"kind": "train", "step": 1, "loss": 2.0}]) == ""
