@@ -140,7 +140,8 @@ def _resolve_model(cfg: RunConfig, problems: ProblemList, explicit: Collection[s
         if "rope_scaling" in knobs:
             knobs["rope_scaling"] = RopeScaling(knobs["rope_scaling"])
         if isinstance(knobs.get("moe"), dict):
-            knobs["moe"] = moe_config(m.moe, knobs["moe"])
+            knobs["moe"] = moe_config(m.moe, knobs["moe"], explicit=explicit, path=m.path,
+                                      problems=problems)
         m = replace(m, **knobs, path=_absolute(m.path))
     kv_heads = m.n_heads if m.n_kv_heads == -1 else m.n_kv_heads
     return spec_from_config(ModelSpec, m, n_kv_heads=kv_heads, moe=moe_spec(m.moe))

@@ -59,7 +59,8 @@ class ModelConfig:
     name: str = "debug"
     """Name of the model shape (the `model` group option)."""
     family: str = "llama"
-    """Model family (architecture): llama (Llama 3, and Qwen2 with attention_bias), or the
+    """Model family (architecture): llama (Llama 3, and Qwen2 with attention_bias), moe
+    (mixture of experts, Qwen3-MoE names), mixtral (the same, Mixtral names), or the
     import path of a family module (training/models/__init__.py says what a family is)."""
     n_layers: int = 4
     """Number of transformer blocks."""
@@ -104,9 +105,10 @@ class ModelConfig:
     """Mixture-of-experts knobs (model.family=moe or mixtral)."""
     path: str = ""
     """A Hugging Face model folder (`model=hf`): resolve() reads the shape above from its
-    config.json (Llama or Qwen2), and the run starts from its safetensors weights. A shape knob
-    given on the command line must agree with config.json (else an error); max_seq_len and
-    init_std given there replace config.json's."""
+    config.json (Llama, Qwen2, Qwen3-MoE or Mixtral), and the run starts from its
+    safetensors weights. A shape knob given on the command line must agree with config.json
+    (else an error); max_seq_len, init_std and the model.moe training knobs (losses,
+    capacity) given there replace config.json's."""
 
 
 @dataclass

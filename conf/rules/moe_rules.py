@@ -2,6 +2,7 @@
 use (head_dim, qk_norm); the resolved MoeSpec."""
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 
 from conf.errors import ProblemList
@@ -14,11 +15,27 @@ MOE_FAMILIES = ("moe", "mixtral")
 """The families that compute model.moe (training/models/moe)."""
 
 
-def moe_config(config: MoeConfig, knobs: dict) -> MoeConfig:
-    """`config` with the knobs a Hugging Face config.json gave (score as a name)."""
+USER_WINS = ("aux_loss_coef",)
+"""model.moe knobs config.json gives that a command-line override replaces (training
+choices); the other knobs it gives are the shape, and an override must agree with them."""
+
+
+def moe_config(config: MoeConfig, knobs: dict, *, explicit: Collection[str], path: str,
+               problems: ProblemList) -> MoeConfig:
+    """`config` with the knobs a Hugging Face config.json gave (score as a name); an explicit
+    override wins for USER_WINS, and must agree with config.json for the rest."""
     if "score" in knobs:
         knobs = {**knobs, "score": RouterScore(knobs["score"])}
-    return replace(config, **knobs)
+    out = {}
+    for name, value in knobs.items():
+        if f"model.moe.{name}" not in explicit:
+            out[name] = value
+        elif name not in USER_WINS and getattr(config, name) != value:
+            problems.add(f"model.moe.{name}", getattr(config, name),
+                         f"conflicts with {value} in {path}/config.json: with model.path the "
+                         "shape comes from that file",
+                         f"drop model.moe.{name}= or set it to {value}")
+    return replace(config, **out)
 
 
 def moe_spec(config: MoeConfig) -> MoeSpec:

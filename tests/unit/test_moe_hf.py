@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conf.compose import compose_config
+from conf.hf_model_config import explicit_model_keys
 from conf.resolve import resolve
 from tests.support.hf_models import tokens
 from tests.support.hf_moe_models import make_mixtral, make_qwen3_moe
@@ -59,3 +60,18 @@ def test_moe_import_and_export_match_transformers(tmp_path, make, architecture, 
     assert info["missing_keys"] == set() or not info["missing_keys"]
     assert not info["unexpected_keys"] and not info["mismatched_keys"]
     assert hf_loss(again.eval(), ids) == pytest.approx(expected, rel=REL)
+
+
+def test_moe_training_knobs_override_config_json_and_shape_knobs_must_agree(tmp_path):
+    from conf.errors import ConfigError
+
+    make_mixtral(tmp_path / "hf")
+    base = ["model=hf", f"model.path={tmp_path / 'hf'}", "data=synthetic"]
+    explicit = ["model.moe.capacity_factor=1.25", "model.moe.aux_loss_coef=0.02"]
+    spec = resolve(compose_config([*base, *explicit]), host=CPU_HOST,
+                   explicit=explicit_model_keys(explicit)).model
+    assert (spec.moe.capacity_factor, spec.moe.aux_loss_coef, spec.moe.top_k) == (1.25, 0.02, 2)
+    with pytest.raises(ConfigError) as err:
+        resolve(compose_config([*base, "model.moe.top_k=3"]), host=CPU_HOST,
+                explicit=explicit_model_keys(["model.moe.top_k=3"]))
+    assert [p.key for p in err.value.problems] == ["model.moe.top_k"]

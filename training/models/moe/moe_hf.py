@@ -112,7 +112,7 @@ def _with_losses(moe: dict, fields: ConfigFields) -> dict:
     coef = fields.number("router_aux_loss_coef", 0.001, positive=False)
     trains_with_it = fields.flag("output_router_logits", False)
     return {**moe, "score": "softmax", "aux_loss_coef": coef if trains_with_it else 0.0,
-            "z_loss_coef": 0.0, "num_shared_experts": 0, "capacity_factor": None}
+            "num_shared_experts": 0, "route_scale": 1.0}
 
 
 def export_refusals(model: ModelSpec, *, family: str) -> list[tuple[str, object, str]]:
