@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.models.moe import grouped_experts
-from training.models.moe.grouped_experts import GroupedExperts, use_grouped_mm
+from training.models.moe.model import grouped_experts
+from training.models.moe.model.grouped_experts import GroupedExperts, use_grouped_mm
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

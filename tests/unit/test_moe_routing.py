@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from conf.errors import ConfigError
 from parallel.cost.params import parameter_shapes
 from tests.support.specs import cpu_spec
-from training.models.moe.moe_layer import MoE, expert_capacity, sort_by_expert
-from training.models.moe.moe_model import MoeTransformer
+from training.models.moe.model.moe_layer import MoE, expert_capacity, sort_by_expert
+from training.models.moe.model import MoeTransformer
 from training.router_losses import update_expert_biases
 from training.routing_metrics import routing_fields
 

@@ -1,7 +1,7 @@
 """The mixture-of-experts family (Qwen3-MoE, DeepSeek-V3-style blocks; Mixtral's Hugging
 Face names are training/models/moe/mixtral_family.py): its torch-free facts as one `FAMILY`.
 
-The module is moe_model.py (attention from the Llama family, MoE feed-forward moe_layer.py,
+The module is the package model/ (attention from the Llama family, MoE feed-forward moe_layer.py,
 experts grouped_experts.py), imported only when a model is built; the parameter table and
 active parameters are moe_shapes.py; Hugging Face names and config.json moe_hf.py.
 State-dict keys (block i):
@@ -30,7 +30,7 @@ def _check(model, problems) -> None:
 def moe_family(*, name: str, architecture: str, hf_names: dict, read, write) -> ModelFamily:
     return ModelFamily(
         name=name,
-        module_class="training.models.moe.moe_model:MoeTransformer",
+        module_class="training.models.moe.model:MoeTransformer",
         parameter_shapes=parameter_shapes,
         active_share=active_share,
         check=_check,

@@ -6,7 +6,8 @@ that fit) -> sort the token copies by expert -> `experts(x_sorted, counts)` -> u
 the k outputs weighted by their scores and summed -> + the shared experts. The balancing
 loss and z-loss of the last forward stay on the module (`router_losses`) for the model to
 add to the training loss; the loads since the last read accumulate in buffers (no host
-sync) for the metrics and the sigmoid router's bias update.
+sync, training forwards only; a block re-run by activation recompute counts twice) for the
+metrics and the sigmoid router's bias update.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from torch import nn
 from conf.choices import RouterScore
 from conf.spec import ModelSpec
 from training.models.llama.model import FeedForward
-from training.models.moe.grouped_experts import GroupedExperts
+from training.models.moe.model.grouped_experts import GroupedExperts
 
 
 class SharedExperts(FeedForward):
@@ -110,6 +111,8 @@ class MoE(nn.Module):
                    self.num_experts * (load / probs.shape[0] * probs.mean(0)).sum())
         z = torch.logsumexp(logits, dim=-1).pow(2).mean()
         self.router_losses = moe.aux_loss_coef * balance + moe.z_loss_coef * z
+        if not self.training:
+            return  # evaluation: no loads counted (metrics, balancing bias)
         with torch.no_grad():
             self.load_since_read += load
             self.load_since_step += load

@@ -3,7 +3,7 @@ blocks), built from a `ModelSpec` whose `moe.num_experts` > 0.
 
 Attention, norms, RoPE, embedding and head are the Llama family's (training/models/llama/
 model.py; q/k norms with model.qk_norm). Blocks 0 .. moe.first_dense_layers-1 keep a dense
-SwiGLU (`feed_forward`); the others hold `moe` (training/models/moe/moe_layer.py). The
+SwiGLU (`feed_forward`); the others hold `moe` (training/models/moe/model/moe_layer.py). The
 forward is the dense family's; the router losses of the last forward are `router_losses()`,
 which the training step adds to the loss (training/step.py).
 """
@@ -15,7 +15,7 @@ from torch import nn
 from conf.spec import ModelSpec
 from training.models.llama.model import (Attention, FeedForward, RMSNorm, Transformer,
                                          TransformerBlock)
-from training.models.moe.moe_layer import MoE
+from training.models.moe.model.moe_layer import MoE
 
 
 class MoeBlock(TransformerBlock):
