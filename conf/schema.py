@@ -44,9 +44,12 @@ class MoeConfig:
     """score=sigmoid: after each optimizer step every expert's selection bias moves by this
     toward the mean load (up if under-loaded, down if over-loaded); 0 = no balancing bias."""
     aux_loss_coef: float = 0.0
-    """Load-balancing loss weight: coef x E x sum_i f_i P_i per MoE block (Switch/Mixtral)."""
+    """Load-balancing loss weight: coef x E x sum_i f_i P_i per MoE block, averaged over the
+    blocks (f_i: share of tokens routed to expert i, P_i: its mean router probability; as
+    transformers' Mixtral/Qwen3-MoE loss for one block)."""
     seq_aux_loss: bool = False
-    """The balancing loss per sequence, averaged (DeepSeek-V3's sequence-wise loss)."""
+    """The balancing loss per sequence, averaged over the sequences (DeepSeek-V3's
+    sequence-wise loss, on the batch loss's scale: top_k x DeepSeek's for one coefficient)."""
     z_loss_coef: float = 0.0
     """Router z-loss weight: coef x mean over tokens of logsumexp(router logits)^2 (ST-MoE)."""
     capacity_factor: float | None = None
