@@ -13,6 +13,7 @@ from conf.run_dir.outcomes import mfu_after_warmup
 from conf.run_dir.heartbeats import HANG_REPORT_FILE, HUNG_EVENT, stale_ranks
 from conf.run_dir.paths import RunDir
 from conf.run_dir.restart_legs import RESTART_KEY
+from conf.run_dir.expert_collapse import collapse_lines
 from conf.run_dir.stragglers import describe_straggler, stragglers, wait_partial
 from conf.run_dir.run_states import FAILED_STATES, RunState, state_from_files
 from launcher.backends.choose import backend_of_run_dir
@@ -51,7 +52,7 @@ def progress_notes(run_dir: Path, rows: list[dict], state: RunState) -> dict:
     """Stragglers (conf/run_dir/stragglers.py); a hang's report; ranks silent past their
     timeout while the run still counts as running (before, or without, a watchdog)."""
     notes = {"stragglers": [describe_straggler(s) for s in stragglers(rows)],
-             "wait_partial": wait_partial(rows)}
+             "wait_partial": wait_partial(rows), "expert_collapse": collapse_lines(rows)}
     if state is RunState.hung:
         hung = [r for r in rows if r.get("event") == HUNG_EVENT][-1]
         notes["hang"] = (f"{hung.get('message', 'hung')}; report: "
@@ -115,7 +116,8 @@ def print_status(status: dict, console: Console) -> None:
                       f"meshrun resume {status['run_dir']}", markup=False, soft_wrap=True)
     if "owner_note" in status:
         console.print(status["owner_note"], markup=False, soft_wrap=True)
-    for line in [*status.get("stragglers", []), *filter(None, [status.get("wait_partial")]),
+    for line in [*status.get("stragglers", []), *status.get("expert_collapse", []),
+                 *filter(None, [status.get("wait_partial")]),
                  *status.get("stalled", []),
                  *([status["hang"]] if "hang" in status else [])]:
         console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from conf.run_dir.expert_collapse import collapse_lines, routing_summary
 from conf.run_dir.paths import SUMMARY_FILE, RunDir
 from conf.run_dir.run_states import RunState, state_from_files
 
@@ -57,11 +58,21 @@ def print_summary(run_dir: Path, console: Console) -> None:
         if key in PATH_KEYS:
             value = _relative(Path(value), run_dir)
         table.add_row(label, fmt.format(value))
+    _add_routing(table, RunDir(run_dir).read_rows())
     console.print(table)
     for label, key in POINTERS:
         if summary.get(key):
             console.print(f"{label}: {summary[key]}", markup=False, highlight=False,
                           soft_wrap=True)
+
+
+def _add_routing(table: Table, rows: list[dict]) -> None:
+    """A mixture-of-experts run's routing (metrics.jsonl's latest), and any collapse."""
+    routing = routing_summary(rows)
+    if routing:
+        table.add_row("experts", routing)
+    for line in collapse_lines(rows):
+        table.add_row("experts", line)
 
 
 RESUMABLE = {RunState.paused: "paused", RunState.stopped: "stopped"}

@@ -65,6 +65,9 @@ class Holding:
     layers: tuple[int, ...]
     root: tuple[tuple[str, Shape, Shape], ...]
     block: tuple[tuple[str, Shape, Shape], ...]
+    """The largest block's tensors (all blocks alike in a dense model), named as block 0's."""
+    blocks: tuple[tuple[str, Shape, Shape], ...] | None = None
+    """Every held block's tensors when blocks differ (MoE blocks after dense ones), else None."""
 
 
 @lru_cache(maxsize=CACHE)
@@ -79,9 +82,25 @@ def holding(*, model: ModelSpec, holds: Holds, tp: int, pp_rank: int) -> Holding
     layers = tuple(sorted({block_index(n) for n, _ in tensors if block_index(n) is not None}))
     root = tuple((n, s, tp_local_shape(n, s, tp, family)) for n, s in tensors
                  if block_index(n) is None)
-    block = tuple((n, s, tp_local_shape(n, s, tp, family)) for n, s in parameter_shapes(model)
-                  if block_index(n) == 0) if layers else ()
-    return Holding(tensors=tensors, layers=layers, root=root, block=block)
+    kinds = _block_kinds(model)
+    largest = max(kinds, key=lambda entries: sum(numel(s) for _, s in entries), default=())
+    block = tuple((n, s, tp_local_shape(n, s, tp, family)) for n, s in largest) if layers else ()
+    blocks = None
+    if len(kinds) > 1:
+        blocks = tuple((n, s, tp_local_shape(n, s, tp, family)) for n, s in tensors
+                       if block_index(n) is not None)
+    return Holding(tensors=tensors, layers=layers, root=root, block=block, blocks=blocks)
+
+
+@lru_cache(maxsize=CACHE)
+def _block_kinds(model: ModelSpec) -> tuple[tuple[tuple[str, Shape], ...], ...]:
+    """The distinct blocks of the model (one in a dense model), each named as block 0's."""
+    by_layer: dict[int, list[tuple[str, Shape]]] = {}
+    for name, shape in parameter_shapes(model):
+        index = block_index(name)
+        if index is not None:
+            by_layer.setdefault(index, []).append((block_param(0, block_path(name)), shape))
+    return tuple(dict.fromkeys(tuple(entries) for entries in by_layer.values()))
 
 
 @lru_cache(maxsize=CACHE)
@@ -105,7 +124,13 @@ def static_of(*, model: ModelSpec, holds: Holds, sharding: Sharding, moment_byte
         elements = (sum(size(local) for _, _, local in held.root)
                     + blocks * sum(size(local) for _, _, local in held.block))
         optimized, tensors = elements, len(held.root) + blocks * len(held.block)
-        matrices = [local for name, shape, local in held.block if muon and muon_matrix(name, shape)]
+        each = held.block
+        if held.blocks is not None:  # blocks differ: each one's own tensors
+            blocks, each = 1, held.blocks
+            elements = (sum(size(local) for _, _, local in held.root)
+                        + sum(size(local) for _, _, local in each))
+            optimized, tensors = elements, len(held.root) + len(each)
+        matrices = [local for name, shape, local in each if muon and muon_matrix(name, shape)]
         muon_elements = blocks * sum(size(local) for local in matrices)
         muon_tensors = blocks * len(matrices)
     params = PARAM_BYTES * elements

@@ -21,7 +21,8 @@ RANK_ENTRY = ("training.slurm_entry",)
 # The torch-free part of the model families (training/models/: the registry, the ModelFamily
 # protocol, each family's facts): every package may import it (conf reads config.json through
 # it, the cost model counts its parameter table, the passes ask it for names). It is every
-# module under FAMILY_ROOT except a family's torch module (FAMILY_TORCH_MODULE).
+# module under FAMILY_ROOT except a family's torch module (FAMILY_TORCH_MODULE) or the
+# modules of a torch package of that name (training/models/moe/model/).
 FAMILY_ROOT = "training.models"
 FAMILY_TORCH_MODULE = "model"
 # What the family facts may import of ours besides each other: conf's leaves only.
@@ -43,7 +44,8 @@ TORCH_FREE = ("conf", *TORCH_FREE_PARALLEL)
 
 def is_family_fact(module: str) -> bool:
     """A torch-free module of the model families (see FAMILY_ROOT)."""
-    return under(module, (FAMILY_ROOT,)) and module.split(".")[-1] != FAMILY_TORCH_MODULE
+    inside = module.split(".")[len(FAMILY_ROOT.split(".")):]
+    return under(module, (FAMILY_ROOT,)) and FAMILY_TORCH_MODULE not in inside
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -117,6 +119,7 @@ def family_fact_imports() -> list[str]:
 def test_the_family_facts_import_only_conf_leaves_and_each_other():
     assert is_family_fact("training.models.llama") and is_family_fact("training.models")
     assert not is_family_fact("training.models.llama.model")
+    assert not is_family_fact("training.models.moe.model.moe_layer")
     assert family_fact_imports() == []
 
 
