@@ -26,6 +26,7 @@ from conf.rules.checkpoint_shape import check_checkpoint_shape
 from conf.rules.cluster_rules import (check_cluster, check_launch,
                                       slurm_resources)
 from conf.rules.compile_rules import check_compile
+from conf.rules.expert_rules import check_expert_parallel
 from conf.rules.data_rules import data_files
 from conf.rules.document_rules import resolve_document_eos
 from conf.rules.field_rules import finite_floats, int64_ints, typed_lists
@@ -68,6 +69,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     training = _resolve_training(cfg, device, parallel.dp, problems)
     check_model(model, problems)
     check_model_family(model, cfg.recompute, problems)
+    check_expert_parallel(parallel, model=model, problems=problems)
     check_training(training, model, problems)
     check_schedule(cfg.schedule, training.steps, problems)
     check_optim(cfg.optim, problems)

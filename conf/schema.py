@@ -111,6 +111,10 @@ class ParallelConfig:
     """Blocks per stage, in stage order (sums to model.n_layers); empty = as even as possible."""
     cp_balanced: bool = True
     """cp > 1: give each rank one early and one late chunk so causal work is balanced."""
+    ep: int = 1
+    """Expert-parallel degree (MoE models): each rank holds E/ep routed experts, tokens go to
+    them by all-to-all. Borrows its ranks from dp_shard x cp (must divide it; adds none to the
+    world size); the experts' FSDP shards over the other dp x cp / ep ranks. Needs zero 2/3."""
 
 
 @dataclass

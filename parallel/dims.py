@@ -15,11 +15,12 @@ from conf.degrees import DEGREES, MESH_AXES
 from conf.schema import ParallelConfig
 from conf.spec import ParallelSpec, spec_from_config
 
-CHECKPOINT_LAYOUT_KEYS = (*DEGREES, "zero", "pp_virtual_stages")
+CHECKPOINT_LAYOUT_KEYS = (*DEGREES, "zero", "pp_virtual_stages", "ep")
 """Besides the world size, what a checkpoint's layout must match for an exact resume."""
 
 
-SPEC_SIZES = ("zero", "dp", "dp_cp", "fsdp_shards", "world_size", "uses_fsdp", "uses_ddp")
+SPEC_SIZES = ("zero", "dp", "dp_cp", "fsdp_shards", "world_size", "uses_fsdp", "uses_ddp", "ep",
+              "expert_fsdp_shards")
 """Besides the degrees, what ParallelDims reads through from its ParallelSpec."""
 
 
