@@ -124,3 +124,21 @@ def fsdp_local_numel(shape: tuple[int, ...], *, shards: int, index: int) -> int:
     rows, rest = shape[0], numel(shape[1:])
     chunk = -(-rows // shards)
     return max(0, min(rows, (index + 1) * chunk) - index * chunk) * rest
+
+
+def sharded_numel(name: str, local: tuple[int, ...], *, family: str, shards: int, index: int,
+                  ep: int = 1, expert_shards: int = 1) -> int:
+    """Elements a rank holds of parameter `name` (tp-local shape `local`): FSDP's shard
+    `index` of `shards`; a routed expert weight (ModelFamily.is_expert_param) under ep > 1
+    is first split over ep on dim 0 (E/ep experts each), then FSDP-sharded over the
+    `expert_shards` ranks holding the same experts (parallel/expert_parallel.py)."""
+    if ep > 1 and family_of_name(family).is_expert_param(name):
+        return fsdp_local_numel((local[0] // ep, *local[1:]), shards=expert_shards,
+                                index=index % expert_shards)
+    return fsdp_local_numel(local, shards=shards, index=index)
+
+
+def family_of_name(family: str):
+    from training.models import model_family
+
+    return model_family(family)

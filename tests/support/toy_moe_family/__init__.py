@@ -54,7 +54,7 @@ FAMILY = dataclasses.replace(
     check=check,
     tp=TpPlan(column=("attn.c_attn",), row=("attn.c_proj",), embedding="wte",
               head="lm_head", sequence_norms=("ln_1", "ln_2"), final_norm="ln_f",
-              gathered_inputs=("attn", "moe")),
+              gathered_inputs=("attn",)),
     recompute={
         RecomputeTarget.block: RecomputeSubmodules(submodules=("",)),
         RecomputeTarget.norm: RecomputeSubmodules(submodules=("ln_1", "ln_2")),

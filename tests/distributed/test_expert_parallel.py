@@ -1,0 +1,49 @@
+"""Expert parallelism (parallel.ep) against one process, as every layout is proven
+(tests/support/layout_parity.py): with dropless routing, after one AdamW update on the same
+global batch (two micro-batches), the loss, every gradient (the router's, which the z-loss
+reaches, and every expert's, gathered from its ep rank) and every parameter equal the
+single-process reference (fp32, atol 5e-6, rtol 1e-4), and each rank holds the bytes the
+plan says. The model is the test-only MoE family (tests/support/toy_moe_family: 4 experts,
+top-2). One spawn per world size."""
+from __future__ import annotations
+
+import pytest
+
+from conf.run_dir.spec_io import spec_to_dict
+from tests.support.layout_parity import parity_rank
+from tests.support.spawn import run_on_ranks
+from tests.support.specs import cpu_spec
+from tests.support.toy_moe_family import NAME as TOY_MOE
+
+pytestmark = pytest.mark.distributed
+
+BASE = ("model=tiny", f"model.family={TOY_MOE}", "model.n_kv_heads=-1", "model.n_layers=2",
+        "data=synthetic", "training.seq_len=32", "optim.lr=1e-4",
+        "training.micro_batch_size=2", "training.grad_accum_steps=2")
+TWO_RANKS = {"ep2": ["parallel=ep"]}
+FOUR_RANKS = {
+    "ep2_zero3": ["parallel=ep"],  # dp_shard 4: each expert's FSDP over 2 ranks
+    "ep2_tp2": ["parallel=ep", "parallel.tp=2", "parallel.sequence_parallel=false"],
+}
+
+
+def _run(tmp_path, layouts: dict[str, list[str]], world: int) -> list:
+    specs = [cpu_spec(*BASE, f"cluster.procs_per_node={world}", f"parallel.name={name}", *extra)
+             for name, extra in layouts.items()]
+    results = run_on_ranks(parity_rank, world_size=world, workdir=tmp_path, timeout_s=400,
+                           kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
+    for index, spec in enumerate(specs):
+        rows = [rank_rows[index] for rank_rows in results]
+        assert {row["layout"] for row in rows} == {spec.parallel.name}
+        assert any(name.endswith("moe.experts.w2") for name in rows[0]["names"])
+        assert any(name.endswith("moe.router.weight") for name in rows[0]["names"])
+        assert len({round(row["loss"], 6) for row in rows}) == 1
+    return results
+
+
+def test_ep2_matches_one_process(tmp_path):
+    _run(tmp_path, TWO_RANKS, 2)
+
+
+def test_ep2_with_zero3_and_with_tp_match_one_process(tmp_path):
+    _run(tmp_path, FOUR_RANKS, 4)
