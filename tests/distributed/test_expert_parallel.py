@@ -20,29 +20,57 @@ pytestmark = pytest.mark.distributed
 BASE = ("model=tiny", f"model.family={TOY_MOE}", "model.n_kv_heads=-1", "model.n_layers=2",
         "data=synthetic", "training.seq_len=32", "optim.lr=1e-4",
         "training.micro_batch_size=2", "training.grad_accum_steps=2")
-TWO_RANKS = {"ep2": ["parallel=ep"]}
 FOUR_RANKS = {
     "ep2_zero3": ["parallel=ep"],  # dp_shard 4: each expert's FSDP over 2 ranks
     "ep2_tp2": ["parallel=ep", "parallel.tp=2", "parallel.sequence_parallel=false"],
 }
 
 
-def _run(tmp_path, layouts: dict[str, list[str]], world: int) -> list:
+def _run(tmp_path, layouts: dict[str, list[str]], world: int) -> None:
     specs = [cpu_spec(*BASE, f"cluster.procs_per_node={world}", f"parallel.name={name}", *extra)
              for name, extra in layouts.items()]
     results = run_on_ranks(parity_rank, world_size=world, workdir=tmp_path, timeout_s=400,
                            kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
+    _check(specs, results)
+
+
+def _check(specs: list, results: list) -> None:
     for index, spec in enumerate(specs):
         rows = [rank_rows[index] for rank_rows in results]
         assert {row["layout"] for row in rows} == {spec.parallel.name}
         assert any(name.endswith("moe.experts.w2") for name in rows[0]["names"])
         assert any(name.endswith("moe.router.weight") for name in rows[0]["names"])
         assert len({round(row["loss"], 6) for row in rows}) == 1
-    return results
 
 
-def test_ep2_matches_one_process(tmp_path):
-    _run(tmp_path, TWO_RANKS, 2)
+def ep_and_reshard_rank(*, rank: int, world_size: int, spec_dicts: list[dict], root: str,
+                        pairs: list) -> tuple[list, list]:
+    """One spawn for both 2-rank checks: parity, then checkpoints across ep degrees."""
+    from tests.distributed.test_layout_checkpoint import reshard_rank
+
+    return (parity_rank(rank=rank, world_size=world_size, spec_dicts=spec_dicts),
+            reshard_rank(rank=rank, world_size=world_size, root=root, pairs=pairs))
+
+
+def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
+    """Parity of ep=2; then a checkpoint saved under ep=2 loads (by name, DCP resharding the
+    expert DTensors and their AdamW moments) under ep=1 and the reverse, refused without
+    allow_reshard, and the next step equals the saving layout's."""
+    specs = [cpu_spec(*BASE, "cluster.procs_per_node=2", "parallel.name=ep2", "parallel=ep")]
+    ckpt = [cpu_spec(*BASE, "cluster.procs_per_node=2", "training.global_batch_size=8",
+                     "training.grad_accum_steps=-1", *extra)
+            for extra in (["parallel=ep"], ["parallel=zero3"])]
+    pairs = [(spec_to_dict(ckpt[0]), spec_to_dict(ckpt[1])),
+             (spec_to_dict(ckpt[1]), spec_to_dict(ckpt[0]))]
+    (tmp_path / "ckpt").mkdir()
+    results = run_on_ranks(ep_and_reshard_rank, world_size=2, workdir=tmp_path, timeout_s=400,
+                           kwargs={"spec_dicts": [spec_to_dict(s) for s in specs],
+                                   "root": str(tmp_path / "ckpt"), "pairs": pairs})
+    parity, reshard = zip(*results)
+    _check(specs, list(parity))
+    every = {name for rows in reshard for row in rows for name in row["names"]}
+    assert any(name.endswith("moe.experts.w1") for name in every)
+    assert [row["pair"] for row in reshard[0]] == [("ep", "zero3"), ("zero3", "ep")]
 
 
 def test_ep2_with_zero3_and_with_tp_match_one_process(tmp_path):
