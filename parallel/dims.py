@@ -17,6 +17,8 @@ from conf.spec import ParallelSpec, spec_from_config
 
 CHECKPOINT_LAYOUT_KEYS = (*DEGREES, "zero", "pp_virtual_stages", "ep")
 """Besides the world size, what a checkpoint's layout must match for an exact resume."""
+LAYOUT_DEFAULTS = {"ep": 1}
+"""A layout key a checkpoint may predate, and the value it was saved under then."""
 
 
 SPEC_SIZES = ("zero", "dp", "dp_cp", "fsdp_shards", "world_size", "uses_fsdp", "uses_ddp", "ep",
