@@ -142,3 +142,13 @@ def family_of_name(family: str):
     from training.models import model_family
 
     return model_family(family)
+
+
+@lru_cache(maxsize=16)
+def expert_params(model: ModelSpec) -> tuple[int, int]:
+    """(routed-expert parameters of the whole model, blocks that have routed experts)."""
+    family = family_of(model)
+    experts = [(name, shape) for name, shape in _parameter_shapes(model)
+               if family.is_expert_param(name)]
+    return (sum(numel(shape) for _, shape in experts),
+            len({block_index(name) for name, _ in experts}))

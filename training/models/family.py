@@ -160,6 +160,9 @@ class ModelFamily:
     shards over the ep ranks (parallel/expert_parallel.py); "" = a dense family."""
     routed_experts: Callable[[ModelSpec], int] = lambda model: 0
     """Routed experts in each MoE block of `model` (0 = dense): parallel.ep must divide it."""
+    routed_per_token: Callable[[ModelSpec], int] = lambda model: 0
+    """Routed experts each token is sent to (top-k; 0 = dense): the copies expert
+    parallelism's all-to-all moves (parallel/cost/comm.py)."""
 
     def is_expert_param(self, param_name: str) -> bool:
         """Whether `param_name` is a routed-expert weight (sharded over ep)."""

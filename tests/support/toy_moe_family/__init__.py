@@ -62,5 +62,6 @@ FAMILY = dataclasses.replace(
     residual_outputs=("c_proj.weight", "experts.w2"),
     experts="moe.experts",
     routed_experts=lambda model: N_EXPERTS,
+    routed_per_token=lambda model: TOP_K,
 )
 assert isinstance(FAMILY, ModelFamily)
