@@ -89,7 +89,11 @@ class _LocalWeights:
 
     def __getattr__(self, name: str):
         value = getattr(self._module, name)
-        return value.to_local() if name in EXPERT_WEIGHTS and isinstance(value, DTensor) else value
+        if name in EXPERT_WEIGHTS and isinstance(value, DTensor):
+            return value.to_local()
+        if isinstance(value, types.MethodType) and value.__self__ is self._module:
+            return types.MethodType(value.__func__, self)  # its helpers see local weights too
+        return value
 
 
 def ep_forward(experts: nn.Module, x: torch.Tensor, counts: torch.Tensor, *, ep: int,
