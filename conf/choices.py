@@ -81,6 +81,11 @@ class RopeScaling(StrEnum):
     llama3 = "llama3"
 
 
+class RouterScore(StrEnum):
+    softmax = "softmax"
+    sigmoid = "sigmoid"
+
+
 class NonFinite(StrEnum):
     stop = "stop"
     skip_step = "skip_step"

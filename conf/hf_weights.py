@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from conf.errors import ProblemList
 from conf.safetensors_header import BadSafetensors, TensorEntry, read_header, tensor_bytes
 from training.models import family_of
-from training.models.hf_names import hf_name, meshrun_name
+from training.models.hf_names import hf_name, hf_shapes, meshrun_name
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -147,7 +147,8 @@ def _headers(folder: Path, paths: set[Path]) -> tuple[dict[Path, dict[str, Tenso
 def _expected(model) -> dict[str, tuple[int, ...]]:
     """Hugging Face name -> shape of every tensor the model reads (a tied head: see _optional)."""
     family = family_of(model)
-    shapes = {hf_name(name, family): shape for name, shape in family.parameter_shapes(model)}
+    shapes = {hf: part for name, shape in family.parameter_shapes(model)
+              for hf, part in hf_shapes(name, shape, family).items()}
     if model.tie_embeddings:  # saved by some tools; the same values as the embedding
         shapes.setdefault(hf_name(f"{family.head}.weight", family),
                           shapes[hf_name(family.embedding_param, family)])

@@ -31,6 +31,7 @@ from conf.rules.data_rules import data_files
 from conf.rules.document_rules import resolve_document_eos
 from conf.rules.field_rules import finite_floats, int64_ints, typed_lists
 from conf.rules.model_rules import BF16_MIN_CC, check_model, check_precision
+from conf.rules.moe_rules import check_moe, moe_config, moe_spec
 from conf.rules.parallel_rules import resolve_parallel
 from conf.rules.split_rules import check_model_split, check_recompute
 from conf.rules.training_rules import (check_optim, check_schedule, check_training,
@@ -69,6 +70,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     training = _resolve_training(cfg, device, parallel.dp, problems)
     check_model(model, problems)
     check_model_family(model, cfg.recompute, problems)
+    check_moe(model, parallel=parallel, checkpoint=cfg.checkpoint, problems=problems)
     check_expert_parallel(parallel, model=model, problems=problems)
     check_training(training, model, problems)
     check_schedule(cfg.schedule, training.steps, problems)
@@ -139,9 +141,11 @@ def _resolve_model(cfg: RunConfig, problems: ProblemList, explicit: Collection[s
         knobs = apply_explicit(knobs, model=m, explicit=explicit, path=m.path, problems=problems)
         if "rope_scaling" in knobs:
             knobs["rope_scaling"] = RopeScaling(knobs["rope_scaling"])
+        if isinstance(knobs.get("moe"), dict):
+            knobs["moe"] = moe_config(m.moe, knobs["moe"])
         m = replace(m, **knobs, path=_absolute(m.path))
     kv_heads = m.n_heads if m.n_kv_heads == -1 else m.n_kv_heads
-    return spec_from_config(ModelSpec, m, n_kv_heads=kv_heads)
+    return spec_from_config(ModelSpec, m, n_kv_heads=kv_heads, moe=moe_spec(m.moe))
 
 
 def _resolve_procs_per_node(cfg: RunConfig, host: HostSpec, device: DeviceKind,

@@ -14,8 +14,44 @@ from dataclasses import dataclass, field
 
 from conf.choices import (  # noqa: F401 -- re-exported: the schema's field types
     ClusterKind, CompileBackend, DataKind, DecayShape, DeviceKind, DType, NonFinite, Precision,
-    RecomputeMode, RecomputeTarget, RopeScaling, ScheduleKind, WandbMode,
+    RecomputeMode, RecomputeTarget, RopeScaling, RouterScore, ScheduleKind, WandbMode,
 )
+
+
+@dataclass
+class MoeConfig:
+    """Mixture-of-experts feed-forward (model.family=moe or mixtral; 0 experts = dense)."""
+
+    num_experts: int = 0
+    """Routed experts per MoE block; 0 = no MoE (every block dense)."""
+    top_k: int = 2
+    """Experts each token is sent to (experts per token)."""
+    num_shared_experts: int = 0
+    """Experts every token goes through besides its routed ones (DeepSeek); one SwiGLU of
+    num_shared_experts x expert_ffn_dim."""
+    expert_ffn_dim: int = 0
+    """Inner size of each expert's SwiGLU (moe_intermediate_size); 0 = model.ffn_dim."""
+    first_dense_layers: int = 0
+    """Blocks 0 .. first_dense_layers-1 keep a dense SwiGLU of model.ffn_dim; MoE after."""
+    score: RouterScore = RouterScore.softmax
+    """Router scores: softmax over all experts (Mixtral, Qwen3-MoE), or sigmoid per expert
+    with a bias that balances the load without a loss (DeepSeek-V3, bias_update_rate)."""
+    renormalize: bool = True
+    """Divide each token's top-k scores by their sum (Mixtral; Qwen3 norm_topk_prob)."""
+    route_scale: float = 1.0
+    """Factor on the routed experts' weighted sum (DeepSeek-V3 routed_scaling_factor 2.5)."""
+    bias_update_rate: float = 0.001
+    """score=sigmoid: after each optimizer step every expert's selection bias moves by this
+    toward the mean load (up if under-loaded, down if over-loaded); 0 = no balancing bias."""
+    aux_loss_coef: float = 0.0
+    """Load-balancing loss weight: coef x E x sum_i f_i P_i per MoE block (Switch/Mixtral)."""
+    seq_aux_loss: bool = False
+    """The balancing loss per sequence, averaged (DeepSeek-V3's sequence-wise loss)."""
+    z_loss_coef: float = 0.0
+    """Router z-loss weight: coef x mean over tokens of logsumexp(router logits)^2 (ST-MoE)."""
+    capacity_factor: float | None = None
+    """Tokens an expert takes per batch: capacity_factor x tokens x top_k / num_experts
+    (the rest are dropped: that copy adds nothing); null = dropless (no token dropped)."""
 
 
 @dataclass
@@ -60,6 +96,12 @@ class ModelConfig:
     """rope_scaling=llama3: wavelengths below original_max / this are kept as they are."""
     rope_original_max_seq_len: int = 8192
     """rope_scaling=llama3: the context length the model was pre-trained with before scaling."""
+    head_dim: int = 0
+    """Width of each attention head; 0 = dim / n_heads (Qwen3 sets it apart from dim)."""
+    qk_norm: bool = False
+    """RMSNorm on each query and key head before RoPE (Qwen3)."""
+    moe: MoeConfig = field(default_factory=MoeConfig)
+    """Mixture-of-experts knobs (model.family=moe or mixtral)."""
     path: str = ""
     """A Hugging Face model folder (`model=hf`): resolve() reads the shape above from its
     config.json (Llama or Qwen2), and the run starts from its safetensors weights. A shape knob

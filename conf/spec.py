@@ -15,7 +15,7 @@ from typing import Callable
 from conf.degrees import DEGREES
 from conf.schema import (
     CheckpointConfig, ClusterConfig, DataConfig, DeviceKind, DType, LoggingConfig,
-    ModelConfig, OptimConfig, ParallelConfig, Precision, PrecisionConfig, RecomputeConfig,
+    ModelConfig, MoeConfig, OptimConfig, ParallelConfig, Precision, PrecisionConfig, RecomputeConfig,
     RecomputeMode, RopeScaling, ScheduleConfig, TrainingConfig,
 )
 
@@ -127,16 +127,35 @@ class Llama3RopeScaling:
     original_max_seq_len: int
 
 
+@frozen_from(MoeConfig)
+class MoeSpec:
+    @property
+    def enabled(self) -> bool:
+        return self.num_experts > 0
+
+
 @frozen_from(ModelConfig)
 class ModelSpec:
     n_kv_heads: int
     """Resolved: never -1 (n_heads when the config said -1)."""
+    head_dim: int = 0
+    """Resolved: never 0 (dim // n_heads when the config said 0, or spec.json lacks it)."""
+    moe: MoeSpec = dataclasses.field(default_factory=MoeSpec)
     path: str
     """Resolved: absolute (or empty); the shape knobs are its config.json's."""
 
+    def __post_init__(self) -> None:
+        if self.head_dim == 0 and self.n_heads > 0:
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def expert_ffn_dim(self) -> int:
+        """Inner size of each expert (moe.expert_ffn_dim, or ffn_dim when that is 0)."""
+        return self.moe.expert_ffn_dim or self.ffn_dim
+
+    def is_moe_block(self, index: int) -> bool:
+        """Whether block `index` has a mixture-of-experts feed-forward."""
+        return self.moe.enabled and index >= self.moe.first_dense_layers
 
     @property
     def llama3_rope(self) -> Llama3RopeScaling | None:

@@ -28,7 +28,7 @@ from conf.data_contract.tokenizer_info import (TIKTOKEN_MODEL, TOKENIZER_FILE, T
 from parallel.cost.params import parameter_shapes
 from training.durable_files import fsync_path
 from training.models import family_of
-from training.models.hf_names import hf_name, meshrun_name
+from training.models.hf_names import hf_name, hf_tensors, meshrun_name
 
 __all__ = ["export_hf", "hf_name", "meshrun_name", "gather_full_state"]
 
@@ -49,7 +49,8 @@ def hf_state_dict(state_dict: dict[str, torch.Tensor], model: ModelSpec) -> dict
         # safetensors refuses tensors that share memory (tied or views of one buffer): copy those.
         tensor = tensor.clone() if storage in seen_storages else tensor.contiguous()
         seen_storages.add(storage)
-        renamed[hf_name(name, family)] = tensor
+        for hf, expert in hf_tensors(name, tuple(tensor.shape), family):
+            renamed[hf] = tensor if expert is None else tensor[expert].clone()
     return renamed
 
 

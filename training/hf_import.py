@@ -27,7 +27,7 @@ from conf.hf_model_config import is_hf_model_dir
 from conf.hf_weights import BadWeights, check_weights, weight_map
 from conf.spec import ModelSpec, RunSpec
 from training.models import family_of
-from training.models.hf_names import hf_name
+from training.models.hf_names import hf_tensors
 
 log = logging.getLogger("meshrun.hf_import")
 
@@ -98,15 +98,20 @@ def load_hf_weights(module: nn.Module, *, folder: str | Path) -> LoadRecord:
     with ExitStack() as stack:
         opened: dict[Path, object] = {}
         for name, param in module.named_parameters():
-            source = hf_name(name, family)
-            path = files[source]
-            if path not in opened:
-                opened[path] = stack.enter_context(_open(path))
             region = local_region(param)
-            value = _read(opened[path], source, region, path)
+            pieces, tensors = [], hf_tensors(name, tuple(param.shape), family)
+            for source, expert in tensors:
+                if expert is not None and not region[0].start <= expert < region[0].stop:
+                    continue  # another rank's expert
+                part = region if expert is None else region[1:]
+                path = files[source]
+                if path not in opened:
+                    opened[path] = stack.enter_context(_open(path))
+                pieces.append(_read(opened[path], source, part, path))
+                reads.append(TensorRead(path.name, source, tuple((r.start, r.stop) for r in part)))
+            value = pieces[0] if tensors[0][1] is None else torch.stack(pieces)
             local = param.to_local() if isinstance(param, DTensor) else param
             local.copy_(value.to(dtype=local.dtype, device=local.device))
-            reads.append(TensorRead(path.name, source, tuple((r.start, r.stop) for r in region)))
     _log_once(folder, count=count, opened=len(opened))
     return LoadRecord(opened=tuple(p.name for p in opened), reads=tuple(reads))
 

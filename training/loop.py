@@ -23,6 +23,8 @@ from training.rank_times import step_split, time_fields
 from training.optim import set_lr
 from training.preemption import requeue_job, restart_count, slurm_job_id
 from training.schedule import lr_at
+from training.router_losses import update_expert_biases
+from training.routing_metrics import routing_fields
 from training.step import clip_and_step, eval_loss_sum, forward_backward
 from training.summary_json import summarize, write_summary
 from training.train_state import TrainState, checkpoint_degrees
@@ -150,6 +152,7 @@ def train_step(tr: TrainState) -> dict:
     tr.heartbeat.enter("grad-norm all_reduce, optimizer step")
     grad_norm = clip_and_step(tr.model, tr.optimizers, grad_clip=o.grad_clip, scaler=tr.scaler,
                               loss_finite=math.isfinite(mean_loss))
+    update_expert_biases(tr.model.parts, group=tr.model.group("dp_cp"))
     tr.step += 1
     row = {"kind": "train", "step": tr.step, "loss": mean_loss, "grad_norm": grad_norm,
            "lr": lr, "tokens": loss.global_tokens}
@@ -161,7 +164,10 @@ def train_step(tr: TrainState) -> dict:
 def _after_step(tr: TrainState, row: dict, stop: int) -> None:
     t, c = tr.spec.training, tr.spec.checkpoint
     tr.run_dir_guard.check(before=f"writing step {tr.step}")
-    if tr.loggers is not None and (tr.step % t.log_every == 0 or tr.step == stop):
+    logged = tr.step % t.log_every == 0 or tr.step == stop
+    if logged and tr.spec.model.moe.enabled:
+        row.update(routing_fields(tr.model.parts, group=tr.model.group("dp_cp")))
+    if tr.loggers is not None and logged:
         tr.loggers.log(row)
     if t.eval_every and tr.step % t.eval_every == 0 and tr.step < t.steps:
         evaluate(tr)

@@ -14,6 +14,7 @@ from parallel.document_masking import document_ids_and_positions, own_document_t
 from parallel.grad_norm import clip_grads
 from training.parallel_model import ParallelModel
 from training.loss import IGNORE_INDEX, token_cross_entropy_sum
+from training.router_losses import with_router_losses
 
 __all__ = ["IGNORE_INDEX", "StepLoss", "clip_and_step", "eval_loss_sum", "forward_backward",
            "token_loss_sum"]
@@ -128,7 +129,7 @@ def _micro_batch(model: ParallelModel, inputs: torch.Tensor, targets: torch.Tens
     with loss_context(model):
         loss_sum = token_loss_sum(model.parts[0], inputs, targets, autocast, documents,
                                   loss_chunks=model.loss_chunks)
-        scaled = loss_sum * scale
+        scaled = with_router_losses(model.parts[0], loss_sum, targets) * scale
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
     return _whole(loss_sum).detach()
 

@@ -14,11 +14,11 @@ def check_model(m: ModelSpec, problems: ProblemList) -> None:
     check_positive(problems, "model", m, ("n_layers", "dim", "n_heads", "n_kv_heads",
                                           "ffn_dim", "vocab_size", "max_seq_len", "rope_theta",
                                           "norm_eps", "init_std"))
-    if m.dim > 0 and m.n_heads > 0 and m.dim % m.n_heads:
+    if m.dim > 0 and m.n_heads > 0 and m.dim % m.n_heads and m.head_dim == m.dim // m.n_heads:
         valid = ", ".join(map(str, divisors(m.dim)[:12]))
         problems.add("model.n_heads", m.n_heads, f"must divide model.dim={m.dim}",
                      f"pick a divisor of {m.dim} (e.g. {valid})")
-    elif m.n_heads > 0 and m.head_dim % 2:
+    elif m.n_heads > 0 and m.head_dim % 2 and m.head_dim == m.dim // m.n_heads:
         problems.add("model.dim", m.dim,
                      f"head dim dim/n_heads={m.head_dim} must be even for RoPE",
                      "change model.dim or model.n_heads")

@@ -51,7 +51,7 @@ def plan_json(spec: RunSpec, plan: Plan, suggestions: list) -> dict:
         "tokens_per_step": plan.tokens_per_step, "total_tokens": plan.total_tokens,
         "steps": spec.training.steps,
         "params": {"total": plan.params.total, "non_embedding": plan.params.non_embedding,
-                   "embedding": plan.params.embedding},
+                   "embedding": plan.params.embedding, "active": plan.params.active},
         "flops": {"per_token": plan.flops_per_token, "per_step": plan.flops_per_step,
                   "convention": plan.flops_convention,
                   "attention": plan.flops_attention},

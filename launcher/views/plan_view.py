@@ -43,7 +43,9 @@ def plan_table(spec: RunSpec, plan: Plan) -> Table:
         ("tokens per step", f"{plan.tokens_per_step:,}"),
         ("tokens in run", f"{plan.total_tokens:,} ({t.steps} steps)"),
         ("parameters", f"{plan.params.total:,} total, {plan.params.non_embedding:,} "
-                       f"without embeddings"),
+                       f"without embeddings" + (f", {plan.params.active:,} active per token"
+                                                if plan.params.active != plan.params.total
+                                                else "")),
         ("FLOPs per token", f"{human(plan.flops_per_token)}  [{plan.flops_convention}]"),
         ("FLOPs per step", human(plan.flops_per_step)),
     ]

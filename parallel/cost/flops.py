@@ -24,11 +24,12 @@ DOCUMENT_MASK_CONVENTION = (
 
 
 def matmul_params(model: ModelSpec) -> int:
-    """N of 6N: every parameter but the token embedding (a lookup, no matmul), plus the output
-    head's vocab x dim matmul, which runs whether or not its weight is the embedding's."""
+    """N of 6N: every parameter a token uses but the token embedding (a lookup, no matmul),
+    plus the output head's vocab x dim matmul, which runs whether or not its weight is the
+    embedding's. With experts: the active parameters (MOE_CONVENTION)."""
     counts = param_counts(model)
     head = model.vocab_size * model.dim if model.tie_embeddings else 0
-    return counts.non_embedding + head
+    return counts.active - counts.embedding + head
 
 
 def flops_per_token(model: ModelSpec, seq_len: int, *, attention: str = "full") -> int:
@@ -48,11 +49,19 @@ def attention_share(model: ModelSpec, seq_len: int, *, attention: str = "full") 
     return term / flops_per_token(model, seq_len, attention=attention)
 
 
+MOE_CONVENTION = ("; mixture of experts: N counts the active parameters, each routed expert "
+                  "weight x top_k/num_experts (MFU on active parameters; capacity drops and "
+                  "router scores not counted)")
+"""Appended to the convention of a model with experts (`run_flops_convention`)."""
+
+
 def run_flops_convention(spec: RunSpec, attention: str = "full") -> str:
     """The convention of `spec`'s FLOPs per token (plan, MFU log, summary.json): under
     data.document_mask, `flops_per_token` is unchanged (the window's dense causal count) and
     the convention says so, with the most it can overstate (DOCUMENT_MASK_CONVENTION)."""
     convention = flops_convention(attention)
+    if spec.model.moe.enabled:
+        convention += MOE_CONVENTION
     if not spec.data.document_mask:
         return convention
     share = attention_share(spec.model, spec.training.seq_len, attention=attention)

@@ -22,7 +22,7 @@ from conf.spec import ModelSpec, RunSpec
 from parallel.dims import pipeline_stage_ids
 from parallel.tp_plan import tp_split_dim
 from training.models import family_of
-from training.models.family import block_index
+from training.models.family import block_index, block_path
 
 
 def parameter_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
@@ -53,6 +53,9 @@ class ParamCounts:
     total: int
     embedding: int
     """Token-embedding parameters (the output head counts here too only when tied)."""
+    active: int
+    """Parameters one token uses (embedding and head included): equal to total for a dense
+    model; with experts, each routed expert weight counts top_k / num_experts of itself."""
 
     @property
     def non_embedding(self) -> int:
@@ -62,8 +65,11 @@ class ParamCounts:
 @lru_cache(maxsize=16)
 def param_counts(model: ModelSpec) -> ParamCounts:
     shapes, embedding = parameter_shapes(model), embedding_param(model)
+    share = family_of(model).active_share
+    active = sum(numel(shape) * share(model, block_path(name)) for name, shape in shapes)
     return ParamCounts(total=sum(numel(shape) for _, shape in shapes),
-                       embedding=sum(numel(shape) for name, shape in shapes if name == embedding))
+                       embedding=sum(numel(shape) for name, shape in shapes if name == embedding),
+                       active=round(active))
 
 
 def held_parameters(spec: RunSpec, pp_rank: int) -> list[tuple[str, tuple[int, ...]]]:

@@ -21,6 +21,8 @@ from training.models.family import ModelFamily
 
 FAMILIES = {
     "llama": "training.models.llama",  # Llama 3 and Qwen2 dense
+    "moe": "training.models.moe",  # mixture of experts: Qwen3-MoE, DeepSeek-V3-style
+    "mixtral": "training.models.moe.mixtral_family",  # the MoE module, Mixtral's names
 }
 """Family name -> import path of its torch-free module (which defines FAMILY)."""
 MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")

@@ -148,6 +148,9 @@ class ModelFamily:
     """(config.json, the run's tokenizer.json or None for a tiktoken file) -> the config.json
     under which transformers' AutoTokenizer loads that tokenizer as it is (some Hugging Face
     classes impose their own tokenizer pipeline; a family then writes an equal class)."""
+    active_share: Callable[[ModelSpec, str | None], float] = lambda model, path: 1.0
+    """(model, a parameter's block path or None) -> the share of it one token uses (a routed
+    expert weight: top_k / num_experts); the cost model's active parameters."""
     hf_zero_tensors: Callable[[ModelSpec, dict], Mapping[str, tuple[int, ...]]] = (
         lambda model, config: {})
     """(model, config.json) -> Hugging Face tensors config.json's class holds and our module

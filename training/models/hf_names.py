@@ -9,12 +9,35 @@ from functools import lru_cache
 from training.models.family import BLOCKS, ModelFamily, block_index, block_path
 
 
+EXPERT = "{e}"
+"""In a Hugging Face name, the expert index: our 3-D expert weight [E, ...] is E tensors there."""
+_EXPERT_INDEX = re.compile(r"\.(\d+)\.")
+
+
 def hf_name(name: str, family: ModelFamily) -> str:
-    """Map one of our state-dict keys to its Hugging Face name (KeyError if unknown)."""
+    """Map one of our state-dict keys to its Hugging Face name (KeyError if unknown); a
+    stacked expert weight's name keeps EXPERT in place of the expert index."""
     index = block_index(name)
     if index is None:
         return family.hf_names[name]
-    return family.hf_names[f"{BLOCKS}.{{i}}.{block_path(name)}"].format(i=index)
+    return family.hf_names[f"{BLOCKS}.{{i}}.{block_path(name)}"].replace("{i}", str(index))
+
+
+def hf_tensors(name: str, shape: tuple[int, ...], family: ModelFamily
+               ) -> list[tuple[str, int | None]]:
+    """The Hugging Face tensors parameter `name` of `shape` is: [(its name, None)], or for a
+    stacked expert weight one (name, expert index) per row of dim 0."""
+    template = hf_name(name, family)
+    if EXPERT not in template:
+        return [(template, None)]
+    return [(template.replace(EXPERT, str(e)), e) for e in range(shape[0])]
+
+
+def hf_shapes(name: str, shape: tuple[int, ...], family: ModelFamily
+              ) -> dict[str, tuple[int, ...]]:
+    """Hugging Face name -> shape of each tensor parameter `name` is stored as."""
+    return {hf: tuple(shape[1:]) if e is not None else tuple(shape)
+            for hf, e in hf_tensors(name, shape, family)}
 
 
 @lru_cache(maxsize=16)
@@ -35,4 +58,7 @@ def meshrun_name(name: str, family: ModelFamily) -> str | None:
         return names.get(name)
     index, rest = match.groups()
     ours = names.get(name[:match.start(1)] + "{i}." + rest)
-    return ours.format(i=index) if ours is not None else None
+    if ours is None:  # one expert's tensor: our stacked weight
+        ours = names.get(name[:match.start(1)] + "{i}." + _EXPERT_INDEX.sub(
+            f".{EXPERT}.", rest, count=1))
+    return ours.replace("{i}", index) if ours is not None else None

@@ -23,7 +23,10 @@ from training.models.llama.shapes import (ATTENTION, ATTENTION_OUT, DOWN, EMBEDD
 
 
 def _check(model, problems) -> None:
-    """Every ModelConfig knob is computed by this family: nothing to refuse."""
+    """Refuse the knobs of other families (q/k norms and experts: model.family=moe)."""
+    if model.qk_norm:
+        problems.add("model.qk_norm", True, "is not computed by model.family=llama",
+                     "use model.family=moe (Qwen3 attention), or model.qk_norm=false")
 
 
 FAMILY = ModelFamily(

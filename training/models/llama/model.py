@@ -104,6 +104,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(model.dim, model.n_kv_heads * model.head_dim, bias=bias)
         self.wv = nn.Linear(model.dim, model.n_kv_heads * model.head_dim, bias=bias)
         self.wo = nn.Linear(model.n_heads * model.head_dim, model.dim, bias=False)
+        # Qwen3: an RMSNorm over each query and key head, before RoPE
+        self.q_norm = RMSNorm(self.head_dim, eps=model.norm_eps) if model.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps=model.norm_eps) if model.qk_norm else None
         self.context = None
         """Context parallel: a callable (q, k, v) -> out over the cp group, or None."""
 
@@ -116,6 +119,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope_rows(cos, seq=seq), rope_rows(sin, seq=seq)
         q = apply_rope(q, cos=cos.to(q.dtype), sin=sin.to(q.dtype)).transpose(1, 2)
         k = apply_rope(k, cos=cos.to(k.dtype), sin=sin.to(k.dtype)).transpose(1, 2)

@@ -1,0 +1,111 @@
+"""Rules on the mixture-of-experts knobs (model.moe) and the attention head knobs MoE shapes
+use (head_dim, qk_norm); the resolved MoeSpec."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from conf.errors import ProblemList
+from conf.schema import MoeConfig, RouterScore
+from conf.schema import CheckpointConfig
+from conf.spec import ModelSpec, MoeSpec, ParallelSpec, spec_from_config
+from training.models import UnknownFamily, family_of
+
+MOE_FAMILIES = ("moe", "mixtral")
+"""The families that compute model.moe (training/models/moe)."""
+
+
+def moe_config(config: MoeConfig, knobs: dict) -> MoeConfig:
+    """`config` with the knobs a Hugging Face config.json gave (score as a name)."""
+    if "score" in knobs:
+        knobs = {**knobs, "score": RouterScore(knobs["score"])}
+    return replace(config, **knobs)
+
+
+def moe_spec(config: MoeConfig) -> MoeSpec:
+    return spec_from_config(MoeSpec, config)
+
+
+def check_moe(model: ModelSpec, *, parallel: ParallelSpec, checkpoint: CheckpointConfig,
+              problems: ProblemList) -> None:
+    """Every impossible model.moe combination, each with its fix."""
+    moe = model.moe
+    if model.head_dim % 2 and model.head_dim != model.dim // max(model.n_heads, 1):
+        problems.add("model.head_dim", model.head_dim, "must be even for RoPE",
+                     "e.g. 64 or 128")
+    if moe.num_experts < 0:
+        problems.add("model.moe.num_experts", moe.num_experts, "must be >= 0",
+                     "0 = dense, else the number of routed experts")
+    if not moe.enabled:
+        return
+    if model.family not in MOE_FAMILIES:
+        problems.add("model.moe.num_experts", moe.num_experts,
+                     f"model.family={model.family} has no mixture-of-experts blocks",
+                     f"use model.family=moe (or mixtral), or model.moe.num_experts=0")
+    if parallel.tp > 1:
+        problems.add("parallel.tp", parallel.tp, "does not split routers and experts yet",
+                     "use parallel.tp=1 with MoE models")
+    _check_routing(model, problems)
+    _check_losses(model, parallel, problems)
+    if checkpoint.export_safetensors:
+        _check_export(model, problems)
+
+
+def _check_routing(model: ModelSpec, problems: ProblemList) -> None:
+    moe = model.moe
+    if not 1 <= moe.top_k <= moe.num_experts:
+        problems.add("model.moe.top_k", moe.top_k,
+                     f"must be from 1 to model.moe.num_experts={moe.num_experts}",
+                     f"use model.moe.top_k<={moe.num_experts}, or more experts")
+    for name in ("num_shared_experts", "expert_ffn_dim"):
+        if getattr(moe, name) < 0:
+            problems.add(f"model.moe.{name}", getattr(moe, name), "must be >= 0", "e.g. 0")
+    if not 0 <= moe.first_dense_layers < model.n_layers:
+        problems.add("model.moe.first_dense_layers", moe.first_dense_layers,
+                     f"must be from 0 to model.n_layers-1={model.n_layers - 1} (else no "
+                     "block has experts)", "e.g. 0 (Mixtral, Qwen3) or 3 (DeepSeek-V3)")
+    if moe.capacity_factor is not None and moe.capacity_factor <= 0:
+        problems.add("model.moe.capacity_factor", moe.capacity_factor,
+                     "must be positive (or null: dropless)", "e.g. 1.25, or null")
+    if moe.route_scale <= 0:
+        problems.add("model.moe.route_scale", moe.route_scale, "must be positive", "e.g. 1")
+    if moe.bias_update_rate < 0:
+        problems.add("model.moe.bias_update_rate", moe.bias_update_rate, "must be >= 0",
+                     "e.g. 0.001, or 0 for no balancing bias")
+    if moe.score is RouterScore.softmax and moe.top_k == 1 and moe.renormalize:
+        problems.add("model.moe.renormalize", True,
+                     "with top_k=1 every token's one weight becomes 1: the router gets no "
+                     "gradient from the language loss",
+                     "set model.moe.renormalize=false (Switch), or top_k>=2")
+
+
+def _check_losses(model: ModelSpec, parallel: ParallelSpec, problems: ProblemList) -> None:
+    moe = model.moe
+    for name in ("aux_loss_coef", "z_loss_coef"):
+        value = getattr(moe, name)
+        if value < 0:
+            problems.add(f"model.moe.{name}", value, "must be >= 0", "e.g. 0.001, or 0 (off)")
+        elif value > 0 and parallel.pp > 1:
+            problems.add(f"model.moe.{name}", value,
+                         "router losses are added on the loss path of the last pipeline "
+                         f"stage; with parallel.pp={parallel.pp} earlier stages' would be lost",
+                         f"set model.moe.{name}=0 (score=sigmoid balances without a loss), "
+                         "or parallel.pp=1")
+    if moe.seq_aux_loss and moe.aux_loss_coef == 0:
+        problems.add("model.moe.seq_aux_loss", True, "needs model.moe.aux_loss_coef > 0",
+                     "set model.moe.aux_loss_coef (e.g. 0.0001)")
+
+
+def _check_export(model: ModelSpec, problems: ProblemList) -> None:
+    """The export writes a Hugging Face class that computes this model, or refuses up front."""
+    try:
+        family = family_of(model)
+    except UnknownFamily:
+        return  # family_rules names it
+    from training.models.moe.moe_hf import export_refusals
+
+    if family.name not in MOE_FAMILIES:
+        return
+    for key, value, rule in export_refusals(model, family=family.name):
+        problems.add(key, value, f"{rule}: the safetensors export would not load as "
+                     f"{family.hf_architectures[0]}", "set checkpoint.export_safetensors=false, "
+                     "or a model Hugging Face computes")

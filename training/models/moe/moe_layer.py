@@ -1,0 +1,156 @@
+"""One mixture-of-experts feed-forward (`layers.{i}.moe`): router, grouped experts, shared
+experts, the router losses and the routing statistics.
+
+Forward: route (scores of every expert, the top-k per token, under a capacity the copies
+that fit) -> sort the token copies by expert -> `experts(x_sorted, counts)` -> unsort ->
+the k outputs weighted by their scores and summed -> + the shared experts. The balancing
+loss and z-loss of the last forward stay on the module (`router_losses`) for the model to
+add to the training loss; the loads since the last read accumulate in buffers (no host
+sync) for the metrics and the sigmoid router's bias update.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conf.choices import RouterScore
+from conf.spec import ModelSpec
+from training.models.llama.model import FeedForward
+from training.models.moe.grouped_experts import GroupedExperts
+
+
+class SharedExperts(FeedForward):
+    """The always-on experts: one SwiGLU of num_shared_experts x expert_ffn_dim."""
+
+    def __init__(self, *, dim: int, ffn_dim: int):
+        nn.Module.__init__(self)
+        self.w1 = nn.Linear(dim, ffn_dim, bias=False)
+        self.w3 = nn.Linear(dim, ffn_dim, bias=False)
+        self.w2 = nn.Linear(ffn_dim, dim, bias=False)
+
+
+class MoE(nn.Module):
+    def __init__(self, model: ModelSpec):
+        super().__init__()
+        moe = model.moe
+        self.moe = moe
+        self.num_experts, self.top_k = moe.num_experts, moe.top_k
+        self.router = nn.Linear(model.dim, moe.num_experts, bias=False)
+        self.experts = GroupedExperts(num_experts=moe.num_experts, dim=model.dim,
+                                      ffn_dim=model.expert_ffn_dim)
+        self.shared_experts = (SharedExperts(dim=model.dim,
+                                             ffn_dim=moe.num_shared_experts * model.expert_ffn_dim)
+                               if moe.num_shared_experts else None)
+        if moe.score is RouterScore.sigmoid:
+            self.register_buffer("expert_bias", torch.zeros(moe.num_experts))
+        else:
+            self.expert_bias = None
+        for name in ("load_since_read", "load_since_step"):
+            self.register_buffer(name, torch.zeros(moe.num_experts), persistent=False)
+        # dropped copies, balancing loss, z-loss, forwards: summed since the last read
+        self.register_buffer("stats_since_read", torch.zeros(4), persistent=False)
+        self.router_losses: torch.Tensor | None = None
+        """aux_loss_coef x balancing loss + z_loss_coef x z-loss of the last forward."""
+
+    @torch.no_grad()
+    def reset_stats(self) -> None:
+        """Zero the statistics buffers (after materialising; they are not checkpointed)."""
+        self.load_since_read.zero_()
+        self.load_since_step.zero_()
+        self.stats_since_read.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        tokens = x.reshape(-1, dim)
+        logits = self.router(tokens).float()
+        probs, weights, chosen = self.route(logits)
+        order, counts, kept = sort_by_expert(chosen, num_experts=self.num_experts,
+                                             capacity=self.capacity(tokens.shape[0]))
+        rows = order[:kept] // self.top_k
+        out_sorted = self.experts(tokens[rows], counts)
+        copies = out_sorted.new_zeros(tokens.shape[0] * self.top_k, dim)
+        copies = copies.index_copy(0, order[:kept], out_sorted)
+        out = (copies.view(-1, self.top_k, dim) * weights.unsqueeze(-1).to(copies.dtype)).sum(1)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(tokens)
+        self._losses_and_stats(logits, probs, chosen, counts, batch=batch)
+        return out.view(batch, seq, dim)
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """logits [N, E] (fp32) -> (per-expert probabilities [N, E] for the balancing loss,
+        the top-k weights [N, k], the top-k experts [N, k])."""
+        moe = self.moe
+        if moe.score is RouterScore.sigmoid:
+            scores = torch.sigmoid(logits)
+            biased = scores + self.expert_bias if moe.bias_update_rate > 0 else scores
+            chosen = torch.topk(biased, self.top_k, dim=-1).indices
+            weights = scores.gather(-1, chosen)
+            probs = scores / scores.sum(-1, keepdim=True)
+        else:
+            probs = torch.softmax(logits, dim=-1)
+            weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if moe.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return probs, weights * moe.route_scale, chosen
+
+    def capacity(self, tokens: int) -> int | None:
+        """Token copies one expert takes from this forward's `tokens`; None = dropless."""
+        factor = self.moe.capacity_factor
+        if factor is None:
+            return None
+        return expert_capacity(factor, tokens=tokens, top_k=self.top_k,
+                               num_experts=self.num_experts)
+
+    def _losses_and_stats(self, logits, probs, chosen, counts, *, batch: int) -> None:
+        moe = self.moe
+        load = torch.bincount(chosen.reshape(-1), minlength=self.num_experts).float()
+        balance = (balancing_loss(probs, chosen, num_experts=self.num_experts, batch=batch)
+                   if moe.seq_aux_loss else
+                   self.num_experts * (load / probs.shape[0] * probs.mean(0)).sum())
+        z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+        self.router_losses = moe.aux_loss_coef * balance + moe.z_loss_coef * z
+        with torch.no_grad():
+            self.load_since_read += load
+            self.load_since_step += load
+            dropped = load.sum() - counts.sum()
+            self.stats_since_read += torch.stack([dropped, balance.detach(), z.detach(),
+                                                  torch.ones_like(z)])
+
+
+def expert_capacity(factor: float, *, tokens: int, top_k: int, num_experts: int) -> int:
+    """ceil(factor x tokens x top_k / num_experts): the copies one expert keeps."""
+    import math
+
+    return math.ceil(factor * tokens * top_k / num_experts)
+
+
+def sort_by_expert(chosen: torch.Tensor, *, num_experts: int, capacity: int | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """chosen [N, k] -> (copy indices (token * k + slot) ordered by expert, the kept copies
+    first; kept copies per expert [E]; the number kept). Under a capacity an expert keeps its
+    first `capacity` copies in token order (then slot order); dropless keeps all N*k (known
+    without a host sync)."""
+    flat = chosen.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    if capacity is None:
+        return order, counts, flat.numel()
+    starts = torch.cumsum(counts, 0) - counts
+    rank_in_expert = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
+    fits = rank_in_expert < capacity
+    order = torch.cat([order[fits], order[~fits]])
+    kept_counts = counts.clamp(max=capacity)
+    return order, kept_counts, int(kept_counts.sum())
+
+
+def balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, *, num_experts: int,
+                   batch: int) -> torch.Tensor:
+    """The balancing loss per sequence, averaged over the batch: E x sum_i f_i P_i with f_i
+    the share of the sequence's tokens routed to expert i and P_i its mean probability."""
+    seq_probs = probs.view(batch, -1, num_experts)
+    seq_chosen = chosen.view(batch, -1)
+    load = torch.zeros(batch, num_experts, device=probs.device).scatter_add_(
+        1, seq_chosen, torch.ones_like(seq_chosen, dtype=torch.float32))
+    f = load / seq_probs.shape[1]
+    return num_experts * (f * seq_probs.mean(1)).sum(-1).mean()
