@@ -3,13 +3,15 @@
 global batch (two micro-batches), the loss, every gradient (the router's, which the z-loss
 reaches, and every expert's, gathered from its ep rank) and every parameter equal the
 single-process reference (fp32, atol 5e-6, rtol 1e-4), and each rank holds the bytes the
-plan says. The model is the test-only MoE family (tests/support/toy_moe_family: 4 experts,
-top-2). One spawn per world size."""
+plan says. Models: the test-only MoE family (tests/support/toy_moe_family: 4 experts, top-2,
+the z-loss in the loss) and the shipped tiny_moe (training/models/moe). One spawn per world
+size."""
 from __future__ import annotations
 
 import pytest
 
 from conf.run_dir.spec_io import spec_to_dict
+from parallel.cost.params import parameter_shapes
 from tests.support.layout_parity import parity_rank
 from tests.support.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
@@ -20,6 +22,10 @@ pytestmark = pytest.mark.distributed
 BASE = ("model=tiny", f"model.family={TOY_MOE}", "model.n_kv_heads=-1", "model.n_layers=2",
         "data=synthetic", "training.seq_len=32", "optim.lr=1e-4",
         "training.micro_batch_size=2", "training.grad_accum_steps=2")
+SHIPPED = ("model=tiny_moe", *BASE[4:])
+"""The shipped MoE family's tiny model (block 0 dense, z-loss on). Its balancing loss is
+computed over each rank's micro-batch, so no data-parallel layout (zero3 as well as ep)
+equals one process with it on: the parity check turns it off; the checkpoint check keeps it."""
 FOUR_RANKS = {
     "ep2_zero3": ["parallel=ep"],  # dp_shard 4: each expert's FSDP over 2 ranks
     "ep2_tp2": ["parallel=ep", "parallel.tp=2", "parallel.sequence_parallel=false"],
@@ -34,12 +40,17 @@ def _run(tmp_path, layouts: dict[str, list[str]], world: int) -> None:
     _check(specs, results)
 
 
+def covered(rows: list[dict]) -> set[str]:
+    return set().union(*(row["names"] for row in rows))
+
+
 def _check(specs: list, results: list) -> None:
     for index, spec in enumerate(specs):
         rows = [rank_rows[index] for rank_rows in results]
         assert {row["layout"] for row in rows} == {spec.parallel.name}
         assert any(name.endswith("moe.experts.w2") for name in rows[0]["names"])
         assert any(name.endswith("moe.router.weight") for name in rows[0]["names"])
+        assert covered(rows) == {name for name, _ in parameter_shapes(spec.model)}
         assert len({round(row["loss"], 6) for row in rows}) == 1
 
 
@@ -56,8 +67,10 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
     """Parity of ep=2; then a checkpoint saved under ep=2 loads (by name, DCP resharding the
     expert DTensors and their AdamW moments) under ep=1 and the reverse, refused without
     allow_reshard, and the next step equals the saving layout's."""
-    specs = [cpu_spec(*BASE, "cluster.procs_per_node=2", "parallel.name=ep2", "parallel=ep")]
-    ckpt = [cpu_spec(*BASE, "cluster.procs_per_node=2", "training.global_batch_size=8",
+    specs = [cpu_spec(*BASE, "cluster.procs_per_node=2", "parallel.name=ep2", "parallel=ep"),
+             cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_tiny_moe",
+                      "parallel=ep", "model.moe.aux_loss_coef=0")]
+    ckpt = [cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "training.global_batch_size=8",
                      "training.grad_accum_steps=-1", *extra)
             for extra in (["parallel=ep"], ["parallel=zero3"])]
     pairs = [(spec_to_dict(ckpt[0]), spec_to_dict(ckpt[1])),
