@@ -5,7 +5,9 @@ reaches, and every expert's, gathered from its ep rank) and every parameter equa
 single-process reference (fp32, atol 5e-6, rtol 1e-4), and each rank holds the bytes the
 plan says. Models: the test-only MoE family (tests/support/toy_moe_family: 4 experts, top-2,
 the z-loss in the loss) and the shipped tiny_moe (training/models/moe). One spawn per world
-size."""
+size: 2 ranks (ep2 on both models, ep2 over the cp ranks, and a checkpoint ep2 <-> ep1),
+4 ranks (ep2 x zero3: each expert's FSDP over 2 ranks; ep2 x tp2 without sequence parallel;
+ep2 x pp2)."""
 from __future__ import annotations
 
 import pytest
@@ -30,11 +32,14 @@ FOUR_RANKS = {
     "ep2_zero3": ["parallel=ep"],  # dp_shard 4: each expert's FSDP over 2 ranks
     "ep2_tp2": ["parallel=ep", "parallel.tp=2", "parallel.sequence_parallel=false"],
 }
+PIPELINED = ("parallel=ep", "parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_layer_split=[2,1]",
+             "model.moe.aux_loss_coef=0", "model.moe.z_loss_coef=0")
+"""ep2 x pp2 (1F1B) on tiny_moe: router losses under a pipeline are refused (moe_rules)."""
 
 
-def _run(tmp_path, layouts: dict[str, list[str]], world: int) -> None:
+def _run(tmp_path, layouts: dict[str, list[str]], world: int, *more) -> None:
     specs = [cpu_spec(*BASE, f"cluster.procs_per_node={world}", f"parallel.name={name}", *extra)
-             for name, extra in layouts.items()]
+             for name, extra in layouts.items()] + list(more)
     results = run_on_ranks(parity_rank, world_size=world, workdir=tmp_path, timeout_s=400,
                            kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
     _check(specs, results)
@@ -69,7 +74,9 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
     allow_reshard, and the next step equals the saving layout's."""
     specs = [cpu_spec(*BASE, "cluster.procs_per_node=2", "parallel.name=ep2", "parallel=ep"),
              cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_tiny_moe",
-                      "parallel=ep", "model.moe.aux_loss_coef=0")]
+                      "parallel=ep", "model.moe.aux_loss_coef=0"),
+             cpu_spec(*BASE, "cluster.procs_per_node=2", "parallel.name=ep2_cp2", "parallel=ep",
+                      "parallel.dp_shard=1", "parallel.cp=2")]  # ep borrows the cp ranks
     ckpt = [cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "training.global_batch_size=8",
                      "training.grad_accum_steps=-1", *extra)
             for extra in (["parallel=ep"], ["parallel=zero3"])]
@@ -86,5 +93,6 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
     assert [row["pair"] for row in reshard[0]] == [("ep", "zero3"), ("zero3", "ep")]
 
 
-def test_ep2_with_zero3_and_with_tp_match_one_process(tmp_path):
-    _run(tmp_path, FOUR_RANKS, 4)
+def test_ep2_with_zero3_with_tp_and_with_pp_match_one_process(tmp_path):
+    _run(tmp_path, FOUR_RANKS, 4, cpu_spec(*SHIPPED, "cluster.procs_per_node=4",
+                                           "parallel.name=ep2_pp2", *PIPELINED))
