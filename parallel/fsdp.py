@@ -75,9 +75,14 @@ def shard_experts_units(model: nn.Module, experts: ExpertUnits, *,
                         mp_policy: MixedPrecisionPolicy, reshard: bool) -> None:
     from parallel.expert_parallel import experts_modules
 
+    flattened = False
     for module in experts_modules(model, path=experts.path):
         fully_shard(module, mesh=experts.mesh, mp_policy=mp_policy,
                     reshard_after_forward=reshard)
+        mesh = next(module.parameters()).device_mesh  # (efsdp, ep), FSDP's 2-D mesh
+        if not flattened and mesh.ndim > 1:  # one all-reduce for the gradient norm, not two
+            mesh._flatten(mesh_dim_name="efsdp_ep")
+            flattened = True
         module.set_gradient_divide_factor(float(experts.divide_by))
         if experts.mesh.size() > 1:  # a plain sum, then the division (gloo has no PREMUL_SUM);
             module.set_force_sum_reduction_for_comms(True)  # alone, torch 2.13 divides twice
