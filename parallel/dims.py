@@ -84,6 +84,13 @@ class ParallelDims:
         return sorted(self.rank_of({**base, **dict(zip(axes, values))})
                       for values in product(*ranges))
 
+    def ep_peers(self, rank: int) -> list[int]:
+        """The ranks holding the other experts of `rank`'s ep group: the innermost ep of its
+        dp x cp ranks (parallel/mesh.py `expert_meshes`); [rank] without EP."""
+        group = self.peers(rank, ("dp_replicate", "dp_shard", "cp"))  # rank order = dp_cp order
+        start = group.index(rank) // self.ep * self.ep
+        return group[start:start + self.ep]
+
     def dp_rank(self, rank: int) -> int:
         """Index of `rank`'s data shard among the dp ranks."""
         c = self.coordinates(rank)
