@@ -39,6 +39,7 @@ def test_ep_rules_name_the_knob_and_the_fix():
     assert "borrows its ranks from dp_shard x cp = 1 x 1 = 1" in both
     assert "need FSDP (parallel.zero 2 or 3), not zero=0" in both
     assert "(2 problems)" in both
+    assert "at least 1.0" in _problems(*MOE, "parallel=ep", "parallel.ep_imbalance=0.5")
     sp = _problems(*MOE, "parallel=ep", "parallel.tp=2", "cluster.procs_per_node=4")
     assert "set parallel.sequence_parallel=false" in sp
 
