@@ -27,6 +27,7 @@ from conf.rules.cluster_rules import (check_cluster, check_launch,
                                       slurm_resources)
 from conf.rules.compile_rules import check_compile
 from conf.rules.eval_rules import resolve_eval
+from conf.rules.expert_rules import check_expert_parallel
 from conf.rules.data_rules import data_files
 from conf.rules.document_rules import resolve_document_eos
 from conf.rules.field_rules import finite_floats, int64_ints, typed_lists
@@ -72,6 +73,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     check_model(model, problems)
     check_model_family(model, cfg.recompute, problems)
     check_moe(model, parallel=parallel, checkpoint=cfg.checkpoint, problems=problems)
+    check_expert_parallel(parallel, model=model, problems=problems)
     check_training(training, model, problems)
     check_profile(cfg.training, world_size=cfg.cluster.nodes * procs, device=device,
                   problems=problems)

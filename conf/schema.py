@@ -159,6 +159,13 @@ class ParallelConfig:
     """Blocks per stage, in stage order (sums to model.n_layers); empty = as even as possible."""
     cp_balanced: bool = True
     """cp > 1: give each rank one early and one late chunk so causal work is balanced."""
+    ep: int = 1
+    """Expert-parallel degree (MoE models): each rank holds E/ep routed experts, tokens go to
+    them by all-to-all. Borrows its ranks from dp_shard x cp (must divide it; adds none to the
+    world size); the experts' FSDP shards over the other dp x cp / ep ranks. Needs zero 2/3."""
+    ep_imbalance: float = 1.0
+    """ep > 1, for the plan: tokens the busiest ep rank receives over the mean (1.0 = perfectly
+    balanced routing); scales the all-to-all volume in the step time."""
 
 
 @dataclass

@@ -214,6 +214,12 @@ class ParallelSpec:
         same weights (the mesh's dp_shard_cp axis)."""
         return self.dp_shard * self.cp
 
+    @property
+    def expert_fsdp_shards(self) -> int:
+        """Ranks the routed experts' FSDP splits them over: the dp x cp ranks that hold the
+        same experts (dp_cp / ep; the mesh's efsdp axis)."""
+        return self.dp_cp // self.ep
+
     def cp_share(self, tokens: int) -> int:
         """Tokens of `tokens` (a micro-batch's, a sequence's) that one context-parallel rank
         holds: tokens // cp."""

@@ -15,11 +15,14 @@ from conf.degrees import DEGREES, MESH_AXES
 from conf.schema import ParallelConfig
 from conf.spec import ParallelSpec, spec_from_config
 
-CHECKPOINT_LAYOUT_KEYS = (*DEGREES, "zero", "pp_virtual_stages")
+CHECKPOINT_LAYOUT_KEYS = (*DEGREES, "zero", "pp_virtual_stages", "ep")
 """Besides the world size, what a checkpoint's layout must match for an exact resume."""
+LAYOUT_DEFAULTS = {"ep": 1}
+"""A layout key a checkpoint may predate, and the value it was saved under then."""
 
 
-SPEC_SIZES = ("zero", "dp", "dp_cp", "fsdp_shards", "world_size", "uses_fsdp", "uses_ddp")
+SPEC_SIZES = ("zero", "dp", "dp_cp", "fsdp_shards", "world_size", "uses_fsdp", "uses_ddp", "ep",
+              "expert_fsdp_shards")
 """Besides the degrees, what ParallelDims reads through from its ParallelSpec."""
 
 
@@ -80,6 +83,13 @@ class ParallelDims:
         ranges = [range(getattr(self, axis)) for axis in axes]
         return sorted(self.rank_of({**base, **dict(zip(axes, values))})
                       for values in product(*ranges))
+
+    def ep_peers(self, rank: int) -> list[int]:
+        """The ranks holding the other experts of `rank`'s ep group: the innermost ep of its
+        dp x cp ranks (parallel/mesh.py `expert_meshes`); [rank] without EP."""
+        group = self.peers(rank, ("dp_replicate", "dp_shard", "cp"))  # rank order = dp_cp order
+        start = group.index(rank) // self.ep * self.ep
+        return group[start:start + self.ep]
 
     def dp_rank(self, rank: int) -> int:
         """Index of `rank`'s data shard among the dp ranks."""

@@ -32,7 +32,7 @@ from training.models.family import BLOCKS
 
 
 def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, zero: int,
-               mp_policy: MixedPrecisionPolicy) -> None:
+               mp_policy: MixedPrecisionPolicy, experts: ExpertUnits | None = None) -> None:
     """Shard `model` (a model or one pipeline stage) in place; compute and reduce in the
     dtypes of `mp_policy` (training/precision.py builds it from the precision section).
 
@@ -47,6 +47,8 @@ def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, zero: int,
         fully_shard(modules, mesh=mesh, mp_policy=mp_policy,
                     reshard_after_forward=reshard_after_forward)
 
+    if experts is not None:
+        shard_experts_units(model, experts, mp_policy=mp_policy, reshard=reshard)
     resharded, gathered = _edge_units(model)
     for module in resharded:
         shard(module, reshard_after_forward=reshard)
@@ -55,6 +57,35 @@ def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, zero: int,
     if gathered:
         shard(gathered, reshard_after_forward=False)
     shard(model, reshard_after_forward=reshard)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertUnits:
+    """Expert parallelism's FSDP units: each block's experts module (`path`, ep-sharded
+    DTensors) sharded alone over `mesh` (the efsdp axis: the ranks holding the same experts),
+    before its block; their gradients are averaged over all `divide_by` (dp x cp) ranks, as
+    every other gradient is, though they are reduced over fewer ranks (torchtitan's rule)."""
+
+    mesh: DeviceMesh
+    path: str
+    divide_by: int
+
+
+def shard_experts_units(model: nn.Module, experts: ExpertUnits, *,
+                        mp_policy: MixedPrecisionPolicy, reshard: bool) -> None:
+    from parallel.expert_parallel import experts_modules
+
+    flattened = False
+    for module in experts_modules(model, path=experts.path):
+        fully_shard(module, mesh=experts.mesh, mp_policy=mp_policy,
+                    reshard_after_forward=reshard)
+        mesh = next(module.parameters()).device_mesh  # (efsdp, ep), FSDP's 2-D mesh
+        if not flattened and mesh.ndim > 1:  # one all-reduce for the gradient norm, not two
+            mesh._flatten(mesh_dim_name="efsdp_ep")
+            flattened = True
+        module.set_gradient_divide_factor(float(experts.divide_by))
+        if experts.mesh.size() > 1:  # a plain sum, then the division (gloo has no PREMUL_SUM);
+            module.set_force_sum_reduction_for_comms(True)  # alone, torch 2.13 divides twice
 
 
 def _edge_units(model: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:

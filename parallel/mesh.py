@@ -13,6 +13,10 @@ axis of size > 1 is that axis:
   dp           = dp_replicate x dp_shard       ranks reading different data
   dp_shard_cp  = dp_shard x cp                 FSDP's shard axis (cp ranks hold the same weights)
   dp_cp        = dp_replicate x dp_shard x cp  gradient averaging and token counts
+With expert parallelism (parallel.ep > 1) dp_cp is also unflattened into (efsdp, ep): ep the
+innermost ep ranks of dp_cp (inside one dp_shard x cp group, as ep divides dp_shard x cp),
+which hold different experts; efsdp the dp_cp / ep ranks that hold the same experts, over
+which the experts' FSDP shards them (parallel/expert_parallel.py).
 """
 from __future__ import annotations
 
@@ -59,7 +63,16 @@ def build_mesh(dims: ParallelDims, *, device: torch.device) -> Meshes:
             flattened[name] = root[present]._flatten(mesh_dim_name=name)
         elif present:
             flattened[name] = root[present[0]]
+    if dims.ep > 1:
+        flattened.update(expert_meshes(flattened["dp_cp"], dims))
     return Meshes(root=root, flattened=flattened)
+
+
+def expert_meshes(dp_cp: DeviceMesh, dims: ParallelDims) -> dict[str, DeviceMesh]:
+    """The ep axis (ranks holding different experts) and the efsdp axis (ranks holding the
+    same experts), from the dp_cp ranks (see the module docstring)."""
+    split = dp_cp._unflatten(0, (dims.expert_fsdp_shards, dims.ep), ("efsdp", "ep"))
+    return {"ep": split["ep"], "efsdp": split["efsdp"]}
 
 
 def mesh_axes(dims: ParallelDims) -> tuple[str, ...]:

@@ -85,4 +85,13 @@ PARALLELISMS = (
         rules=("conf.rules.split_rules:check_sequence_split",
                "conf.rules.compile_rules:check_compile"),
         cost=("parallel.cost.comm:_context_parallel", "parallel.cost.activations:ActivationSplit")),
+    Parallelism(
+        name="ep", degrees=("dp_shard", "cp"),
+        when="parallel.ep > 1 (MoE models; borrows its ranks from dp_shard x cp); "
+             "parallel.ep_imbalance for the plan",
+        passes=("parallel.expert_parallel:apply_ep", "parallel.mesh:expert_meshes",
+                "parallel.fsdp:shard_experts_units"),
+        rules=("conf.rules.expert_rules:check_expert_parallel",),
+        cost=("parallel.cost.comm:_expert_parallel", "parallel.cost.comm:all_to_all_bytes",
+              "parallel.cost.params:sharded_numel", "parallel.cost.search_space:ep_degrees")),
 )

@@ -34,6 +34,7 @@ from conf.run_dir.checkpoint_dirs import (META_FILENAME, checkpoints_beyond_newe
                                           step_dir, tmp_step_dir)
 from conf.run_dir.disk_space import disk_full_line, is_disk_full
 from conf.run_dir.checkpoint_verify import MANIFEST_KEY, checkpoint_problems, describe
+from parallel.dims import LAYOUT_DEFAULTS
 from training.checkpoint_digests import add_unclaimed_digests, gather_digests, own_digests
 from training.durable_files import fsync_path, fsynced_write
 from training.rng_state import capture_rng_state, restore_rng_state
@@ -428,7 +429,8 @@ def load_checkpoint(path: Path, *, model, optimizer, degrees: dict | None = None
     rank, world_size = _rank_and_world_size()
     current = dict(degrees or {"world_size": world_size})
     saved = {"world_size": meta["world_size"],
-             **{k: meta["metadata"].get("layout", {}).get(k) for k in current if k != "world_size"}}
+             **{k: meta["metadata"].get("layout", {}).get(k, LAYOUT_DEFAULTS.get(k))
+                for k in current if k != "world_size"}}
     same_layout = _check_layout(path, saved=saved, current=current, allow_reshard=allow_reshard)
 
     verify_checkpoint(path)  # before anything is touched: a caller may fall back to another

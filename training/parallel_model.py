@@ -20,7 +20,7 @@ from parallel.compile import apply_compile
 from parallel.context_parallel import apply_context_parallel, shard_positions, shard_sequence
 from parallel.data_parallel import apply_ddp, unwrap
 from parallel.dims import ParallelDims
-from parallel.fsdp import apply_fsdp
+from parallel.fsdp import ExpertUnits, apply_fsdp
 from parallel.mesh import Meshes, build_mesh, fsdp_mesh
 from parallel.recompute import apply_recompute
 from parallel.tensor_parallel import apply_tp, keep_embedding_grad_sharded
@@ -148,17 +148,29 @@ def _parallelize_part(part: nn.Module, spec: RunSpec, layout: ParallelModel,
                                     cp_rank=layout.coords["cp"], balanced=p.cp_balanced)
         layout.cp_positions = torch.tensor(positions, dtype=torch.long, device=device)
         apply_context_parallel(part, group=layout.group("cp"), positions=layout.cp_positions)
+    experts = _apply_ep(part, spec, layout)
     apply_recompute(part, recompute=spec.recompute)
     if spec.training.compile:
         apply_compile(part, backend=spec.training.compile_backend)
     if layout.dims.uses_fsdp:
         apply_fsdp(part, mesh=fsdp_mesh(layout.mesh, layout.dims), zero=layout.dims.zero,
-                   mp_policy=mixed_precision_policy(spec.precision))
+                   mp_policy=mixed_precision_policy(spec.precision), experts=experts)
     materialize(part, model=spec.model, device=device, seed=spec.training.seed,
                 hf_dir=hf_start_dir(spec))
     if layout.dims.tp > 1:
         keep_embedding_grad_sharded(part)
     _apply_ddp(part, layout, device)
+
+
+def _apply_ep(part: nn.Module, spec: RunSpec, layout: ParallelModel) -> ExpertUnits | None:
+    """Expert parallelism (parallel.ep > 1): the experts sharded over ep, and their FSDP units."""
+    if layout.dims.ep == 1:
+        return None
+    from parallel.expert_parallel import apply_ep
+
+    path = family_of(spec.model).experts
+    apply_ep(part, ep_mesh=layout.mesh["ep"], path=path)
+    return ExpertUnits(mesh=layout.mesh["efsdp"], path=path, divide_by=layout.dims.dp_cp)
 
 
 def _apply_ddp(part: nn.Module, layout: ParallelModel, device: torch.device) -> None:

@@ -157,7 +157,7 @@ def point_overrides(c: Candidate) -> list[str]:
     """The overrides that select candidate `c` (one sweep point)."""
     p = c.parallel
     lines = [f"parallel.{name}={getattr(p, name)}" for name in DEGREES]
-    lines += [f"parallel.zero={p.zero}",
+    lines += [f"parallel.zero={p.zero}", f"parallel.ep={p.ep}",
               f"parallel.sequence_parallel={str(p.sequence_parallel).lower()}",
               f"parallel.loss_parallel={str(p.loss_parallel).lower()}",
               f"parallel.pp_schedule={p.pp_schedule}",

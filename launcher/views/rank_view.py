@@ -28,6 +28,9 @@ def layout_line(spec: RunSpec) -> str:
                      f"{p.pp_virtual_stages} stage(s) per rank")
     if p.cp > 1:
         parts.append(f"cp sharding {'balanced (2 chunks per rank)' if p.cp_balanced else 'contiguous'}")
+    if p.ep > 1:
+        parts.append(f"experts over ep {p.ep} (borrowed from dp_shard x cp), their FSDP over "
+                     f"{p.expert_fsdp_shards} rank(s)")
     return "; ".join(parts)
 
 
@@ -45,13 +48,15 @@ def rank_table(spec: RunSpec) -> Table:
     # coordinates and sizes stay whole (rich shrinks wrappable columns first)
     table.add_column("rank", justify="right", no_wrap=True)
     table.add_column("pp,dp,cp,tp", no_wrap=True)
-    for axis in GROUP_AXES:
+    experts = dims.ep > 1
+    for axis in (*GROUP_AXES, *(["ep"] if experts else [])):
         table.add_column(f"{axis} with", overflow="fold")
     for column in ("state", "activ."):
         table.add_column(column, no_wrap=True)
     for rank in range(shown):
         c, m = dims.coordinates(rank), estimate_memory(spec, rank=rank)
         groups = [_ranks(dims.peers(rank, axes)) for axes in GROUP_AXES.values()]
+        groups += [_ranks(dims.ep_peers(rank))] if experts else []
         coords = f"{c['pp']},{dims.dp_rank(rank)},{c['cp']},{c['tp']}"
         table.add_row(str(rank), coords, *groups, _size(m.params + m.grads + m.optimizer),
                       _size(m.activations))

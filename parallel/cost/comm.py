@@ -43,6 +43,13 @@ Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a
 - PP: per pipeline micro-batch and virtual stage, one activation sent forward and one gradient
   sent back; with tied embeddings, once per step, the embedding's gradient (this rank's tp and
   FSDP shard of it) all-reduced between the first and the last stage;
+- EP (parallel.ep > 1), per MoE block, per micro-batch: the token copies sent to their
+  experts' ranks and back (dispatch and combine), forward and again in backward (their
+  gradients), each an all-to-all of tokens x top-k x dim activations of which (ep-1)/ep
+  cross, scaled by parallel.ep_imbalance (the busiest rank's share over the mean); a
+  full-recompute re-run adds the 2 forward ones; the split sizes (E integers) go first, bare.
+  The experts' FSDP gathers and reduce-scatters their ep shard over the dp x cp / ep ranks
+  holding the same experts (the efsdp axis), the dense rest over dp_shard x cp as without EP;
 - the step's bookkeeping (axis "step"): the target-token count all-reduced over dp x cp
   (training.step.count_global_tokens), and the gradient norm's partial sums all-reduced over
   each axis that splits the parameters (FSDP's shard axis, tp, pp: parallel.grad_norm), a
@@ -63,10 +70,11 @@ from conf.degrees import FLATTENED_AXES, MESH_AXES
 from conf.spec import RunSpec
 from parallel.cost.activations import DTYPE_BYTES
 from parallel.cost.optimizer_state import muon_matrices
-from parallel.cost.params import numel, param_counts, parameter_shapes
+from parallel.cost.params import expert_params, numel, param_counts, parameter_shapes
 from parallel.tp_plan import tp_split_dim
+from training.models import family_of
 
-RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
+RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "all_to_all": 1}
 """How many (n-1)/n passes over the buffer each ring collective makes."""
 
 FSDP_AXES = FLATTENED_AXES["dp_shard_cp"]
@@ -74,7 +82,7 @@ FSDP_AXES = FLATTENED_AXES["dp_shard_cp"]
 DP_CP_AXES = FLATTENED_AXES["dp_cp"]
 """The mesh axes DDP averages gradients over and the token count is summed over."""
 
-OVERLAPPED_AXES = ("fsdp", "ddp", "hsdp")
+OVERLAPPED_AXES = ("fsdp", "ddp", "hsdp", "efsdp")
 """Traffic the overlap rule lets compute hide (all but the first/last block's share)."""
 
 
@@ -156,6 +164,8 @@ def step_collectives(spec: RunSpec, *, ranks_per_node: int, intra: Link,
     out += _tensor_parallel(spec, shape, link("tp"))
     out += _context_parallel(spec, shape, link("cp"))
     out += _pipeline(spec, shape, link("pp"))
+    out += _expert_parallel(spec, shape, intra if ep_is_intra_node(p, ranks_per_node)
+                            else inter, link(*DP_CP_AXES))
     out += _bookkeeping(spec, link)
     out += _muon_gathers(spec, link)
     return [c for c in out if c.calls > 0 and (c.group > 1 or c.op == "p2p")]
@@ -186,13 +196,19 @@ class _Shape:
     tensors: int
     """Parameter tensors on one pipeline rank."""
 
+    expert_params: float = 0.0
+    """Routed-expert parameters one pipeline stage holds on one rank (its ep shard) under
+    ep > 1, sharded by their own FSDP; 0 without EP (then in stage_params)."""
+
     @classmethod
     def of(cls, spec: RunSpec) -> "_Shape":
         p, t, m = spec.parallel, spec.training, spec.model
         compute = spec.precision.compute_dtype.value
         low = DTYPE_BYTES.get(compute, 4)
         micro = t.grad_accum_steps
-        return cls(stage_params=param_counts(m).total / (p.pp * p.tp),
+        experts = expert_params(m)[0] if p.ep > 1 else 0
+        return cls(stage_params=(param_counts(m).total - experts) / (p.pp * p.tp),
+                   expert_params=experts / (p.pp * p.ep),
                    param_bytes=low if p.uses_fsdp else 4,
                    grad_bytes=DTYPE_BYTES.get(spec.precision.reduce_dtype.value, 4),
                    act_bytes=low if compute != "fp32" else 4, micro_batches=micro,
@@ -242,6 +258,52 @@ def _data_parallel(spec: RunSpec, s: _Shape, link) -> list[Collective]:
                               link=link(*DP_CP_AXES), bare=True,
                               why="updated parameters from their owners, back to back"))
     return out
+
+
+def ep_is_intra_node(p, ranks_per_node: int) -> bool:
+    """The ep ranks are the innermost ep of dp x cp (parallel/mesh.py), tp apart: a group
+    spans tp x ep consecutive ranks."""
+    block = p.tp * p.ep
+    return block <= ranks_per_node and ranks_per_node % block == 0
+
+
+def all_to_all_bytes(spec: RunSpec, tokens: float) -> float:
+    """One dispatch (or combine) buffer of a rank: its `tokens` x top-k copies x dim
+    activations, x parallel.ep_imbalance (the busiest rank's share over the mean)."""
+    top_k = family_of(spec.model).routed_per_token(spec.model)
+    act = DTYPE_BYTES.get(spec.precision.compute_dtype.value, 4)
+    return tokens * top_k * spec.model.dim * act * spec.parallel.ep_imbalance
+
+
+def _expert_parallel(spec: RunSpec, s: _Shape, link: Link, dp_link: Link) -> list[Collective]:
+    p = spec.parallel
+    if p.ep <= 1:
+        return []
+    moe_layers = max(1, expert_params(spec.model)[1] // p.pp)
+    per_block = 4 + (2 if spec.recompute.mode.value == "full" else 0)
+    calls = per_block * moe_layers * s.micro_batches
+    size = all_to_all_bytes(spec, s.tokens_per_micro_batch)
+    experts = routed_count(spec)
+    out = [Collective(axis="ep", op="all_to_all", group=p.ep, size_bytes=size, calls=calls,
+                      link=link, why=f"tokens to their experts and back: {per_block} per "
+                                     "MoE block"),
+           Collective(axis="ep", op="all_to_all", group=p.ep, size_bytes=8 * experts,
+                      calls=calls // 2, link=link, bare=True,
+                      why="split sizes before each dispatch")]
+    if p.uses_fsdp:
+        gathers = 2 * moe_layers if p.zero == 3 else moe_layers
+        unit = s.expert_params / moe_layers
+        out += [Collective(axis="efsdp", op="all_gather", group=p.expert_fsdp_shards,
+                           size_bytes=unit * s.param_bytes, calls=gathers * s.micro_batches,
+                           link=dp_link, why="each block's experts (their ep shard)"),
+                Collective(axis="efsdp", op="reduce_scatter", group=p.expert_fsdp_shards,
+                           size_bytes=unit * s.grad_bytes, calls=moe_layers, link=dp_link,
+                           why="each block's expert gradients, once a step")]
+    return out
+
+
+def routed_count(spec: RunSpec) -> int:
+    return family_of(spec.model).routed_experts(spec.model)
 
 
 def _tensor_parallel(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:

@@ -34,9 +34,9 @@ from parallel.cost.memory_views import CACHE, Holds, Place, Sharding, Stages
 from parallel.cost.params import (
     _stage_parameters,
     embedding_param,
-    fsdp_local_numel,
     numel,
     parameter_shapes,
+    sharded_numel,
     tp_local_shape,
 )
 from parallel.cost.optimizer_state import STEP_BYTES, muon_matrix, optimizer_state_bytes  # noqa: F401
@@ -118,11 +118,13 @@ def static_of(*, model: ModelSpec, holds: Holds, sharding: Sharding, moment_byte
         muon_elements, muon_tensors = zero1_shares(sizes, sharding.owners,
                                                    counted=flags)[place.owner]
     else:
-        def size(shape: Shape) -> int:
-            return fsdp_local_numel(shape, shards=sharding.shards, index=place.shard)
+        def size(name: str, shape: Shape) -> int:
+            return sharded_numel(name, shape, family=model.family, shards=sharding.shards,
+                                 index=place.shard, ep=sharding.ep,
+                                 expert_shards=sharding.expert_shards)
         blocks = len(held.layers)
-        elements = (sum(size(local) for _, _, local in held.root)
-                    + blocks * sum(size(local) for _, _, local in held.block))
+        elements = (sum(size(n, local) for n, _, local in held.root)
+                    + blocks * sum(size(n, local) for n, _, local in held.block))
         optimized, tensors = elements, len(held.root) + blocks * len(held.block)
         each = held.block
         if held.blocks is not None:  # blocks differ: each one's own tensors

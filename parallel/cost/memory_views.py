@@ -81,6 +81,10 @@ class Sharding(_HashedOnce):
     """FSDP shards (dp_shard x cp), 1 without FSDP."""
     owners: int
     """ZeRO-1 owners of the optimizer state (dp_shard), 1 without ZeRO-1."""
+    ep: int = 1
+    """Expert parallelism: the routed experts split over ep ranks (dim 0)."""
+    expert_shards: int = 1
+    """The routed experts' FSDP shards (dp x cp / ep) under ep > 1."""
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     @property
@@ -154,7 +158,7 @@ def _layout_views(*, n_layers: int, parallel: ParallelSpec, precision: Precision
                     _holds(p.pp, p.pp_virtual_stages, tuple(stage_split(p, n_layers))))
     fsdp, zero1 = p.uses_fsdp, p.zero == 1 and p.uses_ddp
     sharding = Sharding(p.tp, fsdp, p.zero, p.uses_ddp, p.dp_shard * p.cp if fsdp else 1,
-                        p.dp_shard if zero1 else 1)
+                        p.dp_shard if zero1 else 1, p.ep, p.expert_fsdp_shards if fsdp else 1)
     phase_split = ActivationSplit.of(p, loss_chunks=loss_chunks, compiled=compiled)
     kept_split = ActivationSplit.of(p, document_mask=True, loss_chunks=loss_chunks,
                                     compiled=compiled) \

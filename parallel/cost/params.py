@@ -130,3 +130,31 @@ def fsdp_local_numel(shape: tuple[int, ...], *, shards: int, index: int) -> int:
     rows, rest = shape[0], numel(shape[1:])
     chunk = -(-rows // shards)
     return max(0, min(rows, (index + 1) * chunk) - index * chunk) * rest
+
+
+def sharded_numel(name: str, local: tuple[int, ...], *, family: str, shards: int, index: int,
+                  ep: int = 1, expert_shards: int = 1) -> int:
+    """Elements a rank holds of parameter `name` (tp-local shape `local`): FSDP's shard
+    `index` of `shards`; a routed expert weight (ModelFamily.is_expert_param) under ep > 1
+    is first split over ep on dim 0 (E/ep experts each), then FSDP-sharded over the
+    `expert_shards` ranks holding the same experts (parallel/expert_parallel.py)."""
+    if ep > 1 and family_of_name(family).is_expert_param(name):
+        return fsdp_local_numel((local[0] // ep, *local[1:]), shards=expert_shards,
+                                index=index % expert_shards)
+    return fsdp_local_numel(local, shards=shards, index=index)
+
+
+def family_of_name(family: str):
+    from training.models import model_family
+
+    return model_family(family)
+
+
+@lru_cache(maxsize=16)
+def expert_params(model: ModelSpec) -> tuple[int, int]:
+    """(routed-expert parameters of the whole model, blocks that have routed experts)."""
+    family = family_of(model)
+    experts = [(name, shape) for name, shape in _parameter_shapes(model)
+               if family.is_expert_param(name)]
+    return (sum(numel(shape) for _, shape in experts),
+            len({block_index(name) for name, _ in experts}))

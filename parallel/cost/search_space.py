@@ -10,6 +10,8 @@ each asked as soon as its inputs are known (degrees, then schedule, then batch),
 candidate is dropped at the first rule it breaks; what each rule dropped is counted by its
 key. tests/unit/test_plan_search.py checks the result against resolve() itself, point by point. The domains tried:
 - degrees: every ordered factorisation of the world size into dp_replicate, dp_shard, tp, pp, cp;
+- ep (parallel.ep) for a mixture-of-experts model: every divisor of dp_shard x cp that
+  conf.rules.expert_rules.check_expert_parallel accepts (sequence parallel off with it);
 - zero 0-3; sequence_parallel on when tp > 1 (off keeps more activations for the same
   communication volume, so it is never the better layout; the base config's value at tp=1);
   loss_parallel on when tp > 1 for the same reason (the logits and their gradient stay split
@@ -36,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from conf.errors import ProblemList
+from conf.rules.expert_rules import check_expert_parallel
 from conf.rules.parallel_rules import PP_SCHEDULES, check_pipeline_options, check_zero
 from conf.rules.field_rules import divisors
 from conf.rules.training_rules import resolve_batch
@@ -43,6 +46,7 @@ from conf.schema import RecomputeConfig, RunConfig
 from conf.degrees import DEGREES
 from conf.spec import ParallelSpec, RecomputeSpec, RunSpec, TrainingSpec, spec_from_config
 from conf.rules.split_rules import check_model_split, check_pipeline_split, check_recompute
+from training.models import family_of
 
 MIN_CP_TOKENS = 2048
 """Context parallel below this many tokens per rank spends more on the K/V ring than it saves."""
@@ -134,13 +138,32 @@ def enumerate_candidates(cfg: RunConfig, base: RunSpec, *, global_batch_size: in
             check_zero(zero, given, problems)
             if not _count(problems, rejected):
                 continue
-            for schedule, virtual in shapes[given["pp"]]:
-                yield from _batch_choices(
-                    replace(base.parallel, **given, zero=zero, pp_schedule=schedule,
-                            sequence_parallel=given["tp"] > 1 or cfg.parallel.sequence_parallel,
-                            loss_parallel=given["tp"] > 1 or cfg.parallel.loss_parallel,
-                            pp_virtual_stages=virtual, pp_layer_split=()),
-                    cfg, base, global_batch_size, recompute, rejected)
+            for ep in ep_degrees(replace(base.parallel, **given, zero=zero), base, rejected):
+                for schedule, virtual in shapes[given["pp"]]:
+                    sp = ((given["tp"] > 1 or cfg.parallel.sequence_parallel)
+                          and not (ep > 1 and given["tp"] > 1))
+                    yield from _batch_choices(
+                        replace(base.parallel, **given, zero=zero, pp_schedule=schedule,
+                                sequence_parallel=sp, ep=ep,
+                                loss_parallel=given["tp"] > 1 or cfg.parallel.loss_parallel,
+                                pp_virtual_stages=virtual, pp_layer_split=()),
+                        cfg, base, global_batch_size, recompute, rejected)
+
+
+def ep_degrees(layout: ParallelSpec, base: RunSpec, rejected: Counter) -> list[int]:
+    """The expert-parallel degrees to try: 1, and for a mixture-of-experts model every divisor
+    of dp_shard x cp > 1 that check_expert_parallel accepts (with sequence parallel off when
+    tp > 1, as that rule asks)."""
+    if not family_of(base.model).routed_experts(base.model):
+        return [1]
+    kept = [1]
+    for ep in divisors(layout.dp_shard * layout.cp)[1:]:
+        problems = ProblemList()
+        check_expert_parallel(replace(layout, ep=ep, sequence_parallel=False), model=base.model,
+                              problems=problems)
+        if _count(problems, rejected):
+            kept.append(ep)
+    return kept
 
 
 def _degrees_pass(given: dict[str, int], cfg: RunConfig, base: RunSpec,

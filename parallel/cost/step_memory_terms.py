@@ -18,7 +18,7 @@ from parallel.cost.memory_static import fsdp_copy_bytes, holding, stage_elements
 from parallel.cost.memory_views import (
     CACHE, Holds, Place, Regime, Sharding, Stages, rank_place, spec_views,
 )
-from parallel.cost.params import fsdp_local_numel, tp_local_shape
+from parallel.cost.params import fsdp_local_numel, sharded_numel, tp_local_shape
 from parallel.dims import pipeline_stage_ids, zero1_owners
 
 GRAD_BYTES = 4
@@ -143,8 +143,11 @@ def _adamw_peak(*, model: ModelSpec, holds: Holds, sharding: Sharding, place: Pl
     """The rank steps only what it owns under ZeRO-1 (parallel.dims.zero1_owners over the
     held tensors' tp-local sizes, as memory_static.zero1_shares)."""
     held = holding(model=model, holds=holds, tp=sharding.tp, pp_rank=place.pp_rank).tensors
-    sizes = [(len(shape), fsdp_local_numel(tp_local_shape(name, shape, sharding.tp, model.family),
-                                           shards=sharding.shards, index=place.shard))
+    sizes = [(len(shape), sharded_numel(name, tp_local_shape(name, shape, sharding.tp,
+                                                             model.family),
+                                        family=model.family, shards=sharding.shards,
+                                        index=place.shard, ep=sharding.ep,
+                                        expert_shards=sharding.expert_shards))
              for name, shape in held]
     owner = zero1_owners([size for _, size in sizes], sharding.owners)
     sizes = [entry for entry, rank in zip(sizes, owner) if rank == place.owner]

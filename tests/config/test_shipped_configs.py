@@ -199,6 +199,8 @@ def test_every_group_option_composes(group: str, option: str, tmp_path):
         overrides += ["cluster.rdzv_host=10.0.0.1"]  # required: node 0's address
     if group == "parallel" and option in PRESET_WORLD:
         overrides += [f"cluster.procs_per_node={PRESET_WORLD[option][0]}"]
+    if group == "parallel":
+        overrides += PRESET_MODEL.get(option, [])
     spec = resolve(compose_config(overrides), host=host)
     assert _chosen(spec, group) == option
     if (group, option) == ("data", "files"):
@@ -216,15 +218,17 @@ PRESET_WORLD = {
 TWO_RANK_PRESETS = {
     "zero1": dict(dp_shard=2, zero=1), "zero2": dict(dp_shard=2, zero=2),
     "zero3": dict(dp_shard=2, zero=3), "fsdp": dict(dp_shard=2, zero=3),
-    "tp": dict(tp=2), "pp": dict(pp=2), "cp": dict(cp=2),
+    "tp": dict(tp=2), "pp": dict(pp=2), "cp": dict(cp=2), "ep": dict(dp_shard=2, zero=3, ep=2),
 }
+PRESET_MODEL = {"ep": ["model=tiny_moe"]}
+"""Layout presets for one kind of model (expert parallelism: a mixture-of-experts model)."""
 
 
 @pytest.mark.parametrize("preset", [*TWO_RANK_PRESETS, *PRESET_WORLD])
 def test_layout_presets_give_the_degrees_they_claim(preset: str):
     world, degrees = PRESET_WORLD.get(preset, (2, TWO_RANK_PRESETS.get(preset)))
-    spec = resolve(compose_config([f"parallel={preset}", f"cluster.procs_per_node={world}"]),
-                   host=CPU)
+    spec = resolve(compose_config([f"parallel={preset}", f"cluster.procs_per_node={world}",
+                                   *PRESET_MODEL.get(preset, [])]), host=CPU)
     got = {k: getattr(spec.parallel, k) for k in degrees}
     assert got == degrees
     assert spec.parallel.world_size == spec.world_size == world

@@ -139,6 +139,9 @@ def check_groups(layout) -> None:
         group = layout.group(name)
         ranks = dist.get_process_group_ranks(group) if group is not None else [layout.rank]
         assert sorted(ranks) == layout.dims.peers(layout.rank, dims_axes), (name, ranks)
+    if layout.dims.ep > 1:  # the experts' all-to-all group is the one the dry run shows
+        ranks = dist.get_process_group_ranks(layout.group("ep"))
+        assert sorted(ranks) == layout.dims.ep_peers(layout.rank), ("ep", ranks)
 
 
 def check_memory(spec: RunSpec, rank: int, held: dict[str, int]) -> None:

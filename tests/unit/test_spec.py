@@ -72,7 +72,7 @@ def test_stage_count_and_checkpoint_layout_come_from_the_parallel_spec():
     assert (dims.pp, dims.dp, dims.world_size, dims.parallel) == (2, 1, 2, p)
     assert dims.checkpoint_degrees() == {
         "world_size": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 1, "pp": 2, "cp": 1,
-        "zero": 0, "pp_virtual_stages": 2}
+        "zero": 0, "pp_virtual_stages": 2, "ep": 1}
     single = ParallelDims.single()
     assert single.world_size == 1 and single.shape == (1, 1, 1, 1, 1)
 

@@ -157,6 +157,21 @@ class ModelFamily:
     does not (e.g. a zero o_proj bias): the export writes them as zeros; on import they must
     be all zero and are not loaded."""
 
+    experts: str = ""
+    """The block submodule of the routed experts, a GroupedExperts (3-D weights w1, w2, w3,
+    the expert on dim 0, called as `experts(x_sorted, counts)`), that expert parallelism
+    shards over the ep ranks (parallel/expert_parallel.py); "" = a dense family."""
+    routed_experts: Callable[[ModelSpec], int] = lambda model: 0
+    """Routed experts in each MoE block of `model` (0 = dense): parallel.ep must divide it."""
+    routed_per_token: Callable[[ModelSpec], int] = lambda model: 0
+    """Routed experts each token is sent to (top-k; 0 = dense): the copies expert
+    parallelism's all-to-all moves (parallel/cost/comm.py)."""
+
+    def is_expert_param(self, param_name: str) -> bool:
+        """Whether `param_name` is a routed-expert weight (sharded over ep)."""
+        path = block_path(param_name)
+        return bool(self.experts) and path is not None and path.startswith(f"{self.experts}.")
+
     def stage_holds(self, module: str, *, first: bool, last: bool, tied: bool) -> bool:
         """Whether a pipeline stage holds top-level module `module` (outside the blocks): the
         first stage the `first_stage` modules, the last the `last_stage` ones, and with tied

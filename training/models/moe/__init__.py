@@ -59,6 +59,9 @@ def moe_family(*, name: str, architecture: str, hf_names: dict, read, write) -> 
         read_hf_config=read,
         hf_key=moe_hf.hf_key,
         write_hf_config=write,
+        experts="moe.experts",
+        routed_experts=lambda model: model.moe.num_experts,
+        routed_per_token=lambda model: model.moe.top_k if model.moe.num_experts else 0,
     )
 
 
