@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launcher.backends.choose import backend_for
 from conf.errors import ConfigError
 from conf.spec import HostSpec, RunSpec
 from sweeps.point_process import INTERRUPTED, LAUNCH, run_point, start_point_process
@@ -109,7 +110,7 @@ class WarmAgents:
     """The warm torchrun agent of each point in turn: taking point i's starts point i+1's."""
 
     def __init__(self, specs: list[RunSpec]) -> None:
-        self.local = [spec.cluster.kind.value == "local" for spec in specs]
+        self.local = [backend_for(spec.cluster).on_this_machine for spec in specs]
         self.next = self._start(0)
 
     def _start(self, i: int):

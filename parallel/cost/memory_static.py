@@ -129,11 +129,12 @@ def static_of(*, model: ModelSpec, holds: Holds, sharding: Sharding, moment_byte
         each = held.block
         if held.blocks is not None:  # blocks differ: each one's own tensors
             blocks, each = 1, held.blocks
-            elements = (sum(size(local) for _, _, local in held.root)
-                        + sum(size(local) for _, _, local in each))
+            elements = (sum(size(n, local) for n, _, local in held.root)
+                        + sum(size(n, local) for n, _, local in each))
             optimized, tensors = elements, len(held.root) + len(each)
-        matrices = [local for name, shape, local in each if muon and muon_matrix(name, shape)]
-        muon_elements = blocks * sum(size(local) for local in matrices)
+        matrices = [(name, local) for name, shape, local in each
+                    if muon and muon_matrix(name, shape)]
+        muon_elements = blocks * sum(size(name, local) for name, local in matrices)
         muon_tensors = blocks * len(matrices)
     params = PARAM_BYTES * elements
     return StaticBytes(params=params, grads=params, optimizer=optimizer_state_bytes(
