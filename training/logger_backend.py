@@ -15,8 +15,11 @@ from typing import Any, Callable, Protocol
 
 log = logging.getLogger("meshrun.loggers")
 
+START_WAIT_S = 300.0
+"""How long the end of a leg waits for a tracker still starting (importing mlflow takes 3-30 s
+on a busy CPU host; a store that hangs fails within MLflow's HTTP timeouts, ~100 s)."""
 FINISH_WAIT_S = 60.0
-"""How long the end of a leg waits for a queued tracker to write what it was given."""
+"""Then how long it waits for the tracker to write what it was given."""
 
 
 class LoggerBackend(Protocol):
@@ -57,7 +60,8 @@ class QueuedBackend:
     """A tracker started and fed in a worker thread: `log`/`event` only enqueue, so a slow
     or unreachable store never holds a step. The first error (at start or at any call) is
     named once in the log and the tracker is off for the rest of the leg; training goes on.
-    `finish` waits at most `finish_wait_s` for what is queued to be written."""
+    `finish` waits for the start (at most START_WAIT_S), then at most `finish_wait_s` for what
+    is queued to be written."""
 
     def __init__(self, name: str, start: Callable[[], LoggerBackend], *,
                  finish_wait_s: float = FINISH_WAIT_S) -> None:
@@ -65,6 +69,7 @@ class QueuedBackend:
         self.failed = False
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._finish_wait_s = finish_wait_s
+        self._started = threading.Event()
         self._thread = threading.Thread(target=self._work, args=(start,), daemon=True,
                                         name=f"meshrun-{name.lower()}")
         self._thread.start()
@@ -79,15 +84,17 @@ class QueuedBackend:
 
     def finish(self, summary: dict[str, Any], *, exit_code: int) -> None:
         self._queue.put(("finish", (summary,), {"exit_code": exit_code}))
+        self._started.wait(START_WAIT_S)
         self._thread.join(self._finish_wait_s)
         if self._thread.is_alive() and not self.failed:
             self.failed = True
-            log.warning("%s did not finish writing within %.0f s (about %d calls left "
+            log.warning("%s did not finish writing within %g s (about %d calls left "
                         "unwritten); the run goes on without it", self.name,
                         self._finish_wait_s, self._queue.qsize())
 
     def _work(self, start: Callable[[], LoggerBackend]) -> None:
         backend = self._call(start)
+        self._started.set()
         while True:
             method, args, kwargs = self._queue.get()
             if backend is not None and not self.failed:
