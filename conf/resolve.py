@@ -20,7 +20,7 @@ from conf.errors import ProblemList
 from conf.rules.family_rules import check_model_family
 from conf.hf_model_config import (apply_explicit, check_hf_load_from, check_start_weights,
                                   is_hf_model_dir, read_hf_model_config)
-from conf.rules import name_rules
+from conf.rules import logging_rules, name_rules
 from conf.rules.checkpoint_rules import check_checkpoint
 from conf.rules.checkpoint_shape import check_checkpoint_shape
 from conf.rules.cluster_rules import (check_cluster, check_launch,
@@ -89,6 +89,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     if check_paths and cfg.checkpoint.load_from:
         check_checkpoint_shape(cfg.checkpoint.load_from, model, problems)
     name_rules.check_wandb(cfg.logging, problems)
+    logging_rules.check_logging(cfg.logging, problems)
     name_rules.check_paths(cfg, problems, check_paths=check_paths)
     data = _resolve_data(cfg, model, problems, check_paths=check_paths)
     precision = _resolve_precision(cfg, host, device, problems)

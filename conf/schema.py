@@ -497,6 +497,20 @@ class LoggingConfig:
     wandb_console: bool = True
     """W&B Logs tab: rank 0's stdout/stderr also go to the run (files/output.log); false = not
     captured (the launcher's own log still has them)."""
+    tensorboard: bool = False
+    """TensorBoard event files in <run_dir>/tensorboard (rank 0): every metric W&B gets (per-rank
+    series too), the config as hparams and text, events and the summary as text; a resumed leg
+    continues the same folder. View: `tensorboard --logdir <runs_dir>`."""
+    mlflow: bool = False
+    """MLflow run (rank 0): the metrics W&B gets, the config as params, events as tags, the
+    summary; a resumed leg continues the same run (its id is kept in <run_dir>/mlflow_run.json).
+    Needs the mlflow package (pip install 'meshrun[mlflow]')."""
+    mlflow_tracking_uri: str = ""
+    """MLflow store: empty = a SQLite file in the run dir (<run_dir>/mlflow/mlflow.db), else a
+    tracking server (http://host:5000) or a database URI (sqlite:////abs/path.db, postgresql://...).
+    A store that fails is named once in the log; training goes on."""
+    mlflow_experiment: str = "meshrun"
+    """MLflow experiment the run is filed under (created if missing)."""
     progress: bool = True
     """Show a live progress bar in the launching terminal."""
 

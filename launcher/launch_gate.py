@@ -1,11 +1,14 @@
 """What must hold before anything is launched or queued, beyond resolve()'s rules: the plan
-fits where the ranks will run (unless --force), and W&B online has a key to log in with.
+fits where the ranks will run (unless --force), W&B online has a key to log in with, and the
+TensorBoard / MLflow packages are installed when turned on.
 
 `meshrun run` (its dry run too), `meshrun resume`, `meshrun sweep` (every point, before any is
 submitted) and so Slurm submission ask `check_launchable`; a refusal is one ConfigError
 (exit 2), printed with the re-planned suggestions of launcher.plan.fit_advice.
 """
 from __future__ import annotations
+
+import importlib.util
 
 from conf.errors import ProblemList
 from conf.spec import RunSpec
@@ -37,7 +40,7 @@ def launch_plan(spec: RunSpec) -> Plan:
 def check_launchable(spec: RunSpec, overrides: list[str], *, force: bool,
                      plan: Plan | None = None, advice: list[Suggestion] | None = None) -> None:
     """Raise one ConfigError when the run may not launch: it does not fit (unless `force`),
-    or W&B online has no key. `plan`/`advice`: already computed by the caller's printout."""
+    W&B online has no key, or a logger's package is missing. `plan`/`advice`: already computed by the caller's printout."""
     problems = ProblemList()
     if not force:
         plan = plan or launch_plan(spec)
@@ -46,6 +49,7 @@ def check_launchable(spec: RunSpec, overrides: list[str], *, force: bool,
                 advice = suggestions(spec, overrides, device_bytes=device_memory(spec))
             add_fit_problem(plan, advice, problems)
     add_wandb_problem(spec, problems)
+    add_logger_package_problems(spec, problems)
     problems.raise_if_any(TITLE)
 
 
@@ -79,3 +83,18 @@ def add_wandb_problem(spec: RunSpec, problems: ProblemList) -> None:
                  "would fail at wandb.init, after the queue",
                  "run `wandb login` (or export WANDB_API_KEY=...), or use logging=offline "
                  "and `wandb sync` the run later")
+
+
+LOGGER_PACKAGES = {"tensorboard": ("tensorboard", "pip install tensorboard"),
+                   "mlflow": ("mlflow", "pip install 'meshrun[mlflow]'")}
+"""logging.<knob> -> the package rank 0 imports for it, and how to install it."""
+
+
+def add_logger_package_problems(spec: RunSpec, problems: ProblemList,
+                                packages: dict[str, tuple[str, str]] = LOGGER_PACKAGES) -> None:
+    """A logger turned on needs its package where the launch starts (the ranks share its
+    environment); without it rank 0 could only name the failure after the launch."""
+    for knob, (package, install) in packages.items():
+        if getattr(spec.logging, knob) and importlib.util.find_spec(package) is None:
+            problems.add(f"logging.{knob}", "true", f"needs the {package} package, which is "
+                         "not installed here", f"{install}, or logging.{knob}=false")

@@ -1,4 +1,5 @@
-"""Where metrics go: metrics.jsonl (always), W&B (rank 0, unless disabled)."""
+"""Where metrics go: metrics.jsonl (always), then every tracker behind the one interface of
+training/logger_backend.py: W&B (unless disabled), TensorBoard and MLflow (when turned on)."""
 from __future__ import annotations
 
 import json
@@ -134,11 +135,56 @@ class BackgroundWandb:
             self._logger.finish(exit_code=1)
 
 
+class WandbBackend:
+    """W&B behind the LoggerBackend interface (events stay in metrics.jsonl)."""
+
+    name = "W&B"
+
+    def __init__(self, wandb) -> None:
+        self.wandb = wandb
+
+    def log(self, values: dict[str, float], *, step: int, tokens_seen: int) -> None:
+        self.wandb.log(values, step=step, tokens_seen=tokens_seen)
+
+    def event(self, row: dict) -> None:
+        pass
+
+    def finish(self, summary: dict, *, exit_code: int) -> None:
+        self.wandb.summary(summary)
+        self.wandb.finish(exit_code=exit_code)
+
+
+def start_trackers(spec: RunSpec, run_dir: Path, *, resume_step: int | None) -> list:
+    """TensorBoard and MLflow as turned on, each started in a thread of its own
+    (logger_backend.QueuedBackend): a tracker that fails is named once, training goes on."""
+    from training.logger_backend import QueuedBackend
+
+    lg, config, trackers = spec.logging, spec_to_dict(spec), []
+    if lg.tensorboard:
+        from training.tensorboard_logger import TensorBoardLogger
+
+        trackers.append(QueuedBackend("TensorBoard", lambda: TensorBoardLogger(
+            RunDir(run_dir).tensorboard_dir, config=config, resume_step=resume_step)))
+    if lg.mlflow:
+        from training.mlflow_logger import MlflowLogger
+
+        tags = {"meshrun.run_dir": str(run_dir), "meshrun.group": lg.wandb_group,
+                "meshrun.tags": ", ".join(lg.wandb_tags)}
+        where = lg.mlflow_tracking_uri or "the run dir's store"
+        trackers.append(QueuedBackend(f"MLflow ({where})", lambda: MlflowLogger(
+            run_dir=run_dir, tracking_uri=lg.mlflow_tracking_uri,
+            experiment=lg.mlflow_experiment, config=config,
+            tags={k: v for k, v in tags.items() if v})))
+    return trackers
+
+
 class RunLoggers:
-    """Fan-out used by rank 0: every row to metrics.jsonl and W&B; summary to both.
+    """Fan-out used by rank 0: every row to metrics.jsonl, then to each tracker (W&B,
+    TensorBoard, MLflow: training.logger_backend.LoggerBackend); events and the summary too.
 
     W&B is started here, or taken from a BackgroundWandb started earlier (training.main), whose
-    start is waited for at the first W&B call only."""
+    start is waited for at the first W&B call only; its failure to start raises. TensorBoard and
+    MLflow start here, in threads of their own; their failures are only named in the log."""
 
     def __init__(self, spec: RunSpec, run_dir: Path, *, resume_step: int | None,
                  wandb: BackgroundWandb | None = None) -> None:
@@ -146,6 +192,7 @@ class RunLoggers:
         self.tokens_per_step = spec.training.tokens_per_step
         self._pending = wandb
         self._wandb = None if wandb is not None else start_wandb(spec, run_dir)
+        self.trackers = start_trackers(spec, run_dir, resume_step=resume_step)
 
     @property
     def wandb(self):
@@ -153,18 +200,28 @@ class RunLoggers:
             self._wandb, self._pending = self._pending.logger(), None
         return self._wandb
 
+    def backends(self) -> list:
+        """Every tracker; W&B first (its failed start raises here)."""
+        return [WandbBackend(self.wandb), *self.trackers]
+
     def log(self, row: dict) -> None:
-        wandb = self.wandb  # a failed W&B start raises before the row is written anywhere
+        backends = self.backends()  # a failed W&B start raises before the row is written
         self.metrics.write(row)
-        wandb.log(wandb_values(row), step=row["step"],
-                  tokens_seen=row["step"] * self.tokens_per_step)
+        values = wandb_values(row)
+        for backend in backends:
+            backend.log(values, step=row["step"],
+                        tokens_seen=row["step"] * self.tokens_per_step)
 
     def event(self, row: dict) -> None:
         self.metrics.write(row)
+        for backend in self.trackers:
+            backend.event(row)
 
     def finish(self, summary: dict, *, exit_code: int = 0) -> None:
+        known = {k: v for k, v in summary.items() if v is not None}
         try:
-            self.wandb.summary(wandb_summary(summary))
-            self.wandb.finish(exit_code=exit_code)
+            WandbBackend(self.wandb).finish(wandb_summary(summary), exit_code=exit_code)
         finally:
+            for backend in self.trackers:
+                backend.finish(known, exit_code=exit_code)
             self.metrics.close()

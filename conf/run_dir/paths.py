@@ -10,6 +10,9 @@ files through this module, so its layout is written down once::
               command.txt        the launch command
               env.json           Python/torch versions, host, git state
               wandb_id.txt       the W&B run id (one W&B run across resumes and requeues)
+              mlflow_run.json    the MLflow store and run id (logging.mlflow: one run across legs)
+              mlflow/            the default MLflow store (mlflow.db, artifacts/)
+              tensorboard/       TensorBoard event files (logging.tensorboard), one per leg
               resumes.jsonl      one line per `meshrun resume` leg: time, the overrides it
                                  was given, the effective overrides it composed from; and
                                  per automatic restart (conf/run_dir/restart_legs.py)
@@ -44,6 +47,9 @@ OVERRIDES_FILE = "overrides.json"
 COMMAND_FILE = "command.txt"
 ENV_FILE = "env.json"
 WANDB_ID_FILE = "wandb_id.txt"
+MLFLOW_RUN_FILE = "mlflow_run.json"
+MLFLOW_DIR = "mlflow"
+TENSORBOARD_DIR = "tensorboard"
 RESUMES_FILE = "resumes.jsonl"
 LOCK_FILE = "launcher.lock"
 LOGS_DIR = "logs"
@@ -93,6 +99,9 @@ class RunDir:
     command_file = property(lambda self: self.path / COMMAND_FILE)
     env_file = property(lambda self: self.path / ENV_FILE)
     wandb_id_file = property(lambda self: self.path / WANDB_ID_FILE)
+    mlflow_run_file = property(lambda self: self.path / MLFLOW_RUN_FILE)
+    mlflow_dir = property(lambda self: self.path / MLFLOW_DIR)
+    tensorboard_dir = property(lambda self: self.path / TENSORBOARD_DIR)
     resumes_file = property(lambda self: self.path / RESUMES_FILE)
     lock_file = property(lambda self: self.path / LOCK_FILE)
     logs_dir = property(lambda self: self.path / LOGS_DIR)
