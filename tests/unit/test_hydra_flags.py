@@ -100,5 +100,5 @@ def test_bash_completion_offers_options_from_the_files(user_dir, tmp_path):
 
     assert complete("meshrun ru") == ["run"]
     assert complete("meshrun run model=my") == ["my1b"]
-    assert complete("meshrun run +experiment=sm") == ["smoke"]
+    assert complete("meshrun run +experiment=sm") == ["smoke", "smoke_moe"]
     assert complete("meshrun run --dry") == ["--dry-run"]
