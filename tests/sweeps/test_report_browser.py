@@ -14,7 +14,6 @@ import html
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from sweeps.compare import collect_runs, differing_keys
 from sweeps.report import write_report
 from sweeps.report_plots import LOSS_PLOT_ID, plotly_bundle
 from tests.support.sweep_dirs import POINTS, write_sweep
+from tests.support.tracker_uis import chromium_or_skip
 
 CATCH_ERRORS = """<script>window.meshrunErrors = [];
 window.addEventListener("error", function (e) { window.meshrunErrors.push(String(e.message)); });
@@ -78,7 +78,6 @@ DRIVER = """<script>
 })();
 </script>"""
 
-INSTALL = "apt-get install -y --no-install-recommends chromium"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--host-resolver-rules=MAP * ~NOTFOUND",  # nothing resolves: the page must need nothing
@@ -88,12 +87,7 @@ SCRIPT_ERROR = re.compile(r"Uncaught|ERROR:CONSOLE")  # chromium logs page error
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    if os.environ.get("CI"):
-        pytest.fail(f"chromium is missing; install it as root: {INSTALL}")
-    pytest.skip(f"chromium is missing ({INSTALL})")
+    return chromium_or_skip()
 
 
 def open_page(chromium: str, url: str, *, profile: Path, screenshot: Path | None = None
