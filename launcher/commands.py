@@ -90,7 +90,7 @@ def _run(overrides: list[str], *, dry_run: bool, console: Console, wait: bool,
     command = launch_command(spec)
     if dry_run:
         console.rule("resolved config")
-        console.print(yaml_text, markup=False, highlight=False)
+        console.print(yaml_text, markup=False, highlight=False, soft_wrap=True)  # valid YAML
         the_plan = launch_plan(spec)
         advice = (suggestions(spec, overrides, device_bytes=device_memory(spec))
                   if the_plan.verdict.fits is False else [])

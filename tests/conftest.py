@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 
 import pytest
 
@@ -49,3 +50,12 @@ def one_rank_group():
     finally:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def pytest_configure(config) -> None:
+    """pytest-xdist starts its workers with SIGINT ignored, and a process started with SIGINT
+    ignored passes that on: a `meshrun run` a test starts would then never see the Ctrl-C the
+    test sends it (test_run_lifetime: the second-Ctrl-C test timed out in CI under two
+    workers). Put the default KeyboardInterrupt handler back, so children start with it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -213,7 +213,11 @@ class RunLoggers:
                         tokens_seen=row["step"] * self.tokens_per_step)
 
     def event(self, row: dict) -> None:
+        """A row for metrics.jsonl; the trackers get it when it names an event (the run's
+        peak and note rows are metrics.jsonl's alone: they have no "event")."""
         self.metrics.write(row)
+        if "event" not in row:
+            return
         for backend in self.trackers:
             backend.event(row)
 

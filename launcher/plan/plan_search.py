@@ -94,7 +94,8 @@ def plan_search(overrides: list[str], *, console: Console, top: int = 10,
         if ranked is not None:
             console.print(ranked.line, markup=False, highlight=False)
         if write_sweep is not None:
-            console.print(f"sweep file: {write_sweep}  (run: meshrun sweep -f {write_sweep})")
+            console.print(f"sweep file: {write_sweep}  (run: meshrun sweep -f {write_sweep})",
+                          soft_wrap=True, markup=False, highlight=False)  # paths stay whole
     return 0
 
 
