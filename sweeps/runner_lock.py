@@ -14,6 +14,7 @@ and retry look at for the point.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from conf.errors import ConfigError, Problem
@@ -49,7 +50,7 @@ def acquire_sweep_lock(sweep_dir: Path, *, action: str = "sweep") -> SweepLock:
     path = sweep_dir / RUNNER_LOCK_FILE
     fd, holder = try_flock(path)
     if fd is None:
-        holder = holder or {}
+        holder = _holder_record(path, holder)
         raise ConfigError([Problem(
             "sweep_dir", str(sweep_dir),
             f"is in use by a running sweep (pid {holder.get('pid', '?')} on "
@@ -58,6 +59,22 @@ def acquire_sweep_lock(sweep_dir: Path, *, action: str = "sweep") -> SweepLock:
             f"Cannot {action}") from None
     write_lock_record(fd, command=sys.argv)
     return SweepLock(path, fd)
+
+
+HOLDER_RECORD_WAIT_S = 2.0
+"""A runner writes its record just after it takes the lock: a refusal waits this long for it
+(two `sweep retry` started together: the loser read an empty record, "pid ? on ?")."""
+
+
+def _holder_record(path: Path, holder: dict | None) -> dict:
+    """The lock holder's record, waiting briefly for a holder that has not written it yet."""
+    deadline = time.monotonic() + HOLDER_RECORD_WAIT_S
+    while not (holder or {}).get("pid") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        holder = flock_holder(path)
+        if holder is None:  # released meanwhile: nothing more to learn
+            break
+    return holder or {}
 
 
 def sweep_runner(sweep_dir: Path) -> dict | None:
