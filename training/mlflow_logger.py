@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conf.run_dir.heartbeats import write_atomically
 from conf.run_dir.paths import RunDir
 from training.logger_backend import flat_config, numbers
 
@@ -95,9 +96,9 @@ class MlflowLogger:
     def _create_run(self, experiment: str, tags: dict[str, str], *, local: bool) -> str:
         experiment_id = self._experiment_id(experiment, local=local)
         run = self.client.create_run(experiment_id, run_name=self.run_dir.name, tags=tags)
-        RunDir(self.run_dir).mlflow_run_file.write_text(json.dumps(
+        write_atomically(RunDir(self.run_dir).mlflow_run_file, json.dumps(
             {"tracking_uri": self.tracking_uri, "experiment_id": experiment_id,
-             "run_id": run.info.run_id}) + "\n")
+             "run_id": run.info.run_id}) + "\n")  # a kill mid-write leaves the old file
         return run.info.run_id
 
     def _experiment_id(self, name: str, *, local: bool) -> str:
