@@ -17,6 +17,7 @@ from pathlib import Path
 
 from conf.degrees import DEGREES
 from conf.errors import ProblemList
+from conf.gpu_generations import known_compute_capability
 from conf.rules.family_rules import check_model_family
 from conf.hf_model_config import (apply_explicit, check_hf_load_from, check_start_weights,
                                   is_hf_model_dir, read_hf_model_config)
@@ -122,9 +123,9 @@ def target_host(cluster: ClusterConfig, *, local: HostSpec) -> HostSpec:
     """The machine the ranks run on: this one (local), or what the cluster config describes."""
     if cluster.kind == ClusterKind.local or cluster.gpus_per_node == -1:
         return local
+    capability = cluster.gpu_compute_capability or known_compute_capability(cluster.gpu_name)
     return HostSpec(gpu_name=cluster.gpu_name, gpu_count=cluster.gpus_per_node,
-                    compute_capability=cluster.gpu_compute_capability,
-                    cpu_count=max(cluster.cpus_per_task, 1))
+                    compute_capability=capability, cpu_count=max(cluster.cpus_per_task, 1))
 
 
 def _resolve_device(cfg: RunConfig, host: HostSpec, problems: ProblemList) -> DeviceKind:

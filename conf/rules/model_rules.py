@@ -45,6 +45,8 @@ def _check_llama3_rope(m: ModelSpec, problems: ProblemList) -> None:
 def check_precision(name: Precision, device: DeviceKind, host: HostSpec,
                     problems: ProblemList) -> None:
     cuda = device is DeviceKind.cuda
+    if cuda and host.gpu_count and not host.compute_capability:
+        return  # a GPU model nobody described (cluster.gpu_compute_capability=0): no judgement
     if name is Precision.fp8 and (not cuda or host.compute_capability < FP8_MIN_CC):
         if not cuda or host.gpu_count == 0:
             where = "CPU" if not cuda else "a machine with no CUDA GPU"

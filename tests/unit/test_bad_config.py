@@ -12,6 +12,7 @@ import pytest
 
 from conf.compose import compose_config
 from conf.errors import ConfigError
+from conf.gpu_generations import known_compute_capability
 from conf.resolve import resolve
 from conf.spec import HostSpec
 
@@ -228,6 +229,11 @@ CASES = [
     case("fp8-on-a100", "precision=fp8",
          "precision=fp8", "compute capability >= 8.9", "A100", "cc 8.0", "precision=bf16",
          host=A100),
+    case("fp8-on-a100-slurm-cluster", "cluster=slurm cluster.gpu_name=A100 precision=fp8",
+         "precision=fp8", "compute capability >= 8.9", "A100", "cc 8.0", "precision=bf16"),
+    case("ops-alternate-with-experts", "model=tiny_moe recompute=selective_alternate",
+         "recompute.ops_matmuls=alternate", "model.family=moe routes tokens",
+         "recompute.ops_matmuls=all"),
     case("bf16-on-v100", "precision=bf16",
          "precision=bf16", "compute capability >= 8.0", "V100", "7.0", "precision=fp16",
          host=V100),
@@ -463,3 +469,18 @@ def test_fp8_with_cuda_on_a_gpu_less_host_names_no_empty_gpu():
     err = _error_for(["precision=fp8", "training.device=cuda"], CPU)
     assert " on  (cc 0.0)" not in str(err)
     assert "no CUDA GPU" in str(err)
+
+
+def test_a_cluster_gpu_model_gives_its_compute_capability():
+    """cluster.gpu_compute_capability=0 (slurm's default) takes the named model's, so the
+    precision rules judge the GPUs the job will get; an unknown model is not judged."""
+    assert known_compute_capability("A100 80GB") == 8.0
+    assert known_compute_capability("NVIDIA H100 80GB HBM3") == 9.0
+    assert known_compute_capability("MI300X") == 0.0
+    spec = resolve(compose_config(["cluster=slurm", "cluster.gpu_name=MI300X",
+                                   "precision=bf16"]), host=CPU)
+    assert spec.host.compute_capability == 0.0
+    explicit = resolve(compose_config(["cluster=slurm", "cluster.gpu_name=A100",
+                                       "cluster.gpu_compute_capability=9.0",
+                                       "precision=fp8"]), host=CPU)
+    assert explicit.host.compute_capability == 9.0
