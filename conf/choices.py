@@ -39,6 +39,12 @@ class RecomputeTarget(StrEnum):
     block = "block"
 
 
+class OpsMatmuls(StrEnum):
+    """Which matmul outputs the selective `ops` policy keeps (`recompute.ops_matmuls`)."""
+    all = "all"
+    alternate = "alternate"
+
+
 class ScheduleKind(StrEnum):
     constant = "constant"
     linear = "linear"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from conf.choices import (  # noqa: F401 -- re-exported: the schema's field types
     ClusterKind, CompileBackend, CpuPeakMode, DataKind, DecayShape, DeviceKind, DType,
-    MuonLrScale, NonFinite, Precision, RecomputeMode, RecomputeTarget, RopeScaling, RouterScore,
-    ScheduleKind, WandbMode,
+    MuonLrScale, NonFinite, OpsMatmuls, Precision, RecomputeMode, RecomputeTarget, RopeScaling,
+    RouterScore, ScheduleKind, WandbMode,
 )
 
 
@@ -179,6 +179,10 @@ class RecomputeConfig:
     """selective: what to re-compute in backward. ops (keep matmul and attention outputs,
     re-compute element-wise work), swiglu, norm, attention (the softmax(QK^T)V core), ffn
     (the whole MLP), block (the whole block)."""
+    ops_matmuls: OpsMatmuls = OpsMatmuls.all
+    """selective ops: which matmul outputs to keep. all (none re-run); alternate (the 1st,
+    3rd, 5th ... of each block in call order, re-running the others: torchtitan's op SAC,
+    dense families only)."""
 
 
 @dataclass
@@ -384,7 +388,8 @@ class ClusterConfig:
     gpu_name: str = ""
     """slurm/nodes: the GPU model of the compute nodes (e.g. H100), for MFU peaks and checks."""
     gpu_compute_capability: float = 0.0
-    """slurm/nodes: compute capability of those GPUs (e.g. 9.0); 0 = unknown."""
+    """slurm/nodes: compute capability of those GPUs (e.g. 9.0); 0 = gpu_name's model's
+    (conf/gpu_generations.py), or unknown."""
     partition: str = ""
     """slurm: partition (empty = the cluster's default)."""
     account: str = ""

@@ -40,7 +40,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from conf.schema import RecomputeMode, RecomputeTarget
+from conf.schema import OpsMatmuls, RecomputeMode, RecomputeTarget
 from conf.spec import RecomputeSpec
 from training.models import family_of
 from training.models.family import BLOCKS, ModelFamily
@@ -58,7 +58,8 @@ def apply_recompute(model: nn.Module, *, recompute: RecomputeSpec) -> None:
     family = family_of(model.spec)
     for index, block in _indexed_blocks(model):
         if recompute.applies_to(index):
-            _apply_to_block(block, targets=targets, family=family)
+            _apply_to_block(block, targets=targets, family=family,
+                            alternate=recompute.ops_matmuls == OpsMatmuls.alternate)
 
 
 def block_targets(*, mode: RecomputeMode,
@@ -86,32 +87,38 @@ def block_targets(*, mode: RecomputeMode,
     return frozenset(chosen)
 
 
-def save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """Selective policy: keep matmul/attention/TP-collective outputs, recompute the rest."""
-    return CheckpointPolicy.MUST_SAVE if op in _saved_ops() else CheckpointPolicy.PREFER_RECOMPUTE
+def matmul_policy(*, alternate: bool, keep_attention: bool):
+    """The ops policy: keep matmul, attention and TP-collective outputs, re-compute the rest.
+    `alternate`: keep only the 1st, 3rd, 5th ... matmul of each checkpointed call (counted
+    apart in forward and in its re-run, which see the same calls) and re-compute the others,
+    as torchtitan's op SAC. `keep_attention`=False re-computes the attention core too."""
+    counts = {False: 0, True: 0}
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        if alternate and op in _matmul_ops():
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        if op in _saved_ops() and (keep_attention or op not in _attention_ops()):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
 
 
-def save_matmuls_not_attention_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """As `save_matmuls_policy`, but re-compute the attention core (ops + attention)."""
-    if op in _saved_ops() and op not in _attention_ops():
-        return CheckpointPolicy.MUST_SAVE
-    return CheckpointPolicy.PREFER_RECOMPUTE
+@functools.cache
+def selective_context_fn(*, alternate: bool = False, keep_attention: bool = True):
+    """A checkpoint `context_fn` giving each checkpointed call fresh (forward, recompute)
+    contexts under `matmul_policy` (one per setting: the same object for every block)."""
+    return lambda: create_selective_checkpoint_contexts(
+        matmul_policy(alternate=alternate, keep_attention=keep_attention))
 
 
-def selective_context_fn():
-    """Fresh (forward, recompute) contexts for one checkpointed call, using the policy above."""
-    return create_selective_checkpoint_contexts(save_matmuls_policy)
-
-
-def selective_not_attention_context_fn():
-    """Contexts for `save_matmuls_not_attention_policy`."""
-    return create_selective_checkpoint_contexts(save_matmuls_not_attention_policy)
-
-
-def _apply_to_block(block: nn.Module, *, targets: frozenset[str], family: ModelFamily) -> None:
+def _apply_to_block(block: nn.Module, *, targets: frozenset[str], family: ModelFamily,
+                    alternate: bool) -> None:
     if RecomputeTarget.ops in targets:
-        _swap(block, _SelectiveNotAttentionForward if RecomputeTarget.attention in targets
-              else _SelectiveForward)
+        _swap(block, _selective_forward(alternate=alternate,
+                                        keep_attention=RecomputeTarget.attention not in targets))
         return
     if OFFLOAD in targets:
         _swap(block, _OffloadForward)
@@ -136,21 +143,20 @@ class _CheckpointForward(_Swapped):
         return checkpoint(super().forward, *args, use_reentrant=False, **kwargs)
 
 
-class _SelectiveForward(_Swapped):
-    """The forward under checkpoint with the `save_matmuls_policy` op policy."""
+@functools.cache
+def _selective_forward(*, alternate: bool, keep_attention: bool) -> type:
+    """A mixin running the forward under checkpoint with the ops policy (`matmul_policy`)."""
+    context_fn = selective_context_fn(alternate=alternate, keep_attention=keep_attention)
 
     def forward(self, *args, **kwargs):
         # context_fn only when needed: torch.compile rejects an explicit noop_context_fn.
-        return checkpoint(super().forward, *args, use_reentrant=False,
-                          context_fn=selective_context_fn, **kwargs)
+        return checkpoint(super(mixin, self).forward, *args, use_reentrant=False,
+                          context_fn=context_fn, **kwargs)
 
-
-class _SelectiveNotAttentionForward(_Swapped):
-    """The forward under checkpoint with `save_matmuls_not_attention_policy`."""
-
-    def forward(self, *args, **kwargs):
-        return checkpoint(super().forward, *args, use_reentrant=False,
-                          context_fn=selective_not_attention_context_fn, **kwargs)
+    name = "_Selective" + ("Alternate" if alternate else "") + ("" if keep_attention
+                                                                else "NotAttention")
+    mixin = type(name, (_Swapped,), {"forward": forward})
+    return mixin
 
 
 @functools.cache
@@ -223,6 +229,12 @@ def _swapped_class(mixin: type, module_class: type) -> type:
 @functools.cache
 def _attention_ops() -> frozenset:
     return frozenset(op for op in _saved_ops() if "scaled_dot_product" in str(op))
+
+
+@functools.cache
+def _matmul_ops() -> frozenset:
+    return frozenset(op for op in _saved_ops() if op not in _attention_ops()
+                     and "reduce_scatter" not in str(op))
 
 
 @functools.cache

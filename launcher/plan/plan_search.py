@@ -38,7 +38,7 @@ from conf.compose import compose_config
 from conf.hf_model_config import explicit_model_keys
 from conf.errors import ConfigError, Problem
 from conf.resolve import resolve
-from conf.schema import RecomputeConfig, RecomputeMode, RunConfig
+from conf.schema import OpsMatmuls, RecomputeConfig, RecomputeMode, RunConfig
 from conf.search_path import option_sources
 from conf.degrees import DEGREES
 from launcher.hardware import probe_host
@@ -150,6 +150,8 @@ def recompute_policies() -> dict[str, RecomputeConfig]:
             continue  # not a plain recompute section: not searched
         if "mode" in data:
             data["mode"] = RecomputeMode(data["mode"])
+        if "ops_matmuls" in data:
+            data["ops_matmuls"] = OpsMatmuls(data["ops_matmuls"])
         policies[name] = RecomputeConfig(**data)
     return policies
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from conf.schema import RecomputeMode, RecomputeTarget
+from conf.schema import OpsMatmuls, RecomputeMode, RecomputeTarget
 from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, RecomputeSpec
+from parallel.cost.matmul_rate import block_gemms, ops_policy_split
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 FP32 = 4
@@ -126,7 +127,8 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
         under balanced cp on CUDA, `runs_copy`); SwiGLU 4f; all head- or ffn-split ÷ tp.
       full / block: the block input (residual dtype, ÷ tp with SP).
       ops: block input, the matmul outputs (row-parallel ones whole before their reduction,
-        plus the reduce-scattered share with SP), attention output + lse.
+        plus the reduce-scattered share with SP; ops_matmuls=alternate: the 1st, 3rd, ... in
+        call order, `ops_policy_split`), attention output + lse.
       module targets: none minus what they re-compute (ffn also keeps its input once).
     """
     mode = RecomputeMode(recompute.mode)
@@ -141,10 +143,10 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
     if mode is RecomputeMode.full or RecomputeTarget.block in targets:
         return block_input
     if RecomputeTarget.ops in targets:
-        row_outputs = 2 * c * d + (2 * Fraction(c * d, tp) if tp > 1 and split.sequence_parallel
-                                   else 0)
-        kept = (block_input + Fraction(c * (dq + 2 * kv) + 2 * c * f, tp) + row_outputs
-                + attention_out)
+        kept_gemms, _ = ops_policy_split(block_gemms(model, tokens=1, tp=tp, fp8=False),
+                                         alternate=recompute.ops_matmuls == OpsMatmuls.alternate)
+        reduce_scattered = 2 * Fraction(c * d, tp) if tp > 1 and split.sequence_parallel else 0
+        kept = block_input + c * sum(g.n for g in kept_gemms) + reduce_scattered + attention_out
         return kept - (attention_out if RecomputeTarget.attention in targets else 0)
     gathered_kv = split.cp if RecomputeTarget.attention not in targets else 1
     none = (2 * Fraction(_norm_core(model, dtypes), seq_share)

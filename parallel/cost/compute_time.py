@@ -35,7 +35,7 @@ from conf.spec import RunSpec
 from parallel.cost import elementwise as ew
 from parallel.cost.activations import DTYPE_BYTES
 from parallel.cost.matmul_rate import (
-    Gemm, MatmulRate, attention_projections, block_gemms, head_gemm, mlp_gemms,
+    Gemm, MatmulRate, attention_projections, block_gemms, head_gemm, mlp_gemms, ops_policy_split,
 )
 
 ATTENTION_FACTOR = (("H100", 0.45), ("H200", 0.45), ("H800", 0.45), ("GH200", 0.45),
@@ -209,6 +209,9 @@ def _recompute(spec: RunSpec, *, tokens: int, split: _Split, attn_fwd: float, fp
         gemms = block_gemms(m, tokens=tokens, tp=p.tp, fp8=fp8)
     elif "ffn" in targets:
         gemms = mlp_gemms(m, tokens=tokens, tp=p.tp, fp8=fp8)
+    elif "ops" in targets:
+        _, gemms = ops_policy_split(block_gemms(m, tokens=tokens, tp=p.tp, fp8=fp8),
+                                    alternate=r.ops_matmuls == "alternate")
     scaled, fixed = split.forward(gemms)
     scaled += attn_fwd if whole or (mode == "selective" and "attention" in targets) else 0.0
     moved = 0.0

@@ -114,6 +114,13 @@ def block_gemms(model: ModelSpec, *, tokens: int, tp: int, fp8: bool) -> tuple:
         mlp_gemms(model, tokens=tokens, tp=tp, fp8=fp8)
 
 
+def ops_policy_split(gemms: tuple, *, alternate: bool) -> tuple[tuple, tuple]:
+    """(kept, re-run): the matmuls of one block pass (`block_gemms`, in call order) whose
+    outputs the selective ops policy keeps, and those it re-runs in backward. alternate
+    (recompute.ops_matmuls, torchtitan's op SAC) keeps the 1st, 3rd, 5th ... of them."""
+    return (gemms[0::2], gemms[1::2]) if alternate else (gemms, ())
+
+
 def efficiency_of(gemm: Gemm, rate: MatmulRate, *, peak: float, operand_bytes: int) -> float:
     """Fraction of `peak` the GEMM (forward + backward) reaches under `rate`."""
     return 3 * gemm.flops / rate.seconds(gemm, operand_bytes=operand_bytes) / peak

@@ -39,12 +39,14 @@ from typing import Iterator
 
 from conf.errors import ProblemList
 from conf.rules.expert_rules import check_expert_parallel
+from conf.rules.family_rules import check_alternate_matmuls
 from conf.rules.parallel_rules import PP_SCHEDULES, check_pipeline_options, check_zero
 from conf.rules.field_rules import divisors
 from conf.rules.training_rules import resolve_batch
 from conf.schema import RecomputeConfig, RunConfig
 from conf.degrees import DEGREES
-from conf.spec import ParallelSpec, RecomputeSpec, RunSpec, TrainingSpec, spec_from_config
+from conf.spec import (ModelSpec, ParallelSpec, RecomputeSpec, RunSpec, TrainingSpec,
+                       spec_from_config)
 from conf.rules.split_rules import check_model_split, check_pipeline_split, check_recompute
 from training.models import family_of
 
@@ -107,13 +109,15 @@ def pipeline_shapes(pp: int, base_schedule: str) -> list[tuple[str, int]]:
             for v in (VIRTUAL_STAGES if interleaved else (1,))]
 
 
-def valid_policies(policies: dict[str, RecomputeConfig],
-                   rejected: Counter) -> dict[str, RecomputeSpec]:
-    """The recompute policies check_recompute accepts, as specs."""
+def valid_policies(policies: dict[str, RecomputeConfig], rejected: Counter, *,
+                   model: ModelSpec) -> dict[str, RecomputeSpec]:
+    """The recompute policies check_recompute (and the family's matmul order) accept, as
+    specs."""
     kept = {}
     for name, policy in policies.items():
         problems = ProblemList()
         check_recompute(policy, problems)
+        check_alternate_matmuls(model, policy, problems)
         if _count(problems, rejected):
             kept[name] = spec_from_config(RecomputeSpec, policy)
     return kept
@@ -125,7 +129,7 @@ def enumerate_candidates(cfg: RunConfig, base: RunSpec, *, global_batch_size: in
     """Every candidate resolve() accepts for `cfg` (composed) whose other sections resolved
     into `base`, at `global_batch_size` sequences per step; `rejected` counts, by rule key,
     the combinations the rules dropped (each rule is asked as soon as its inputs are known)."""
-    recompute = valid_policies(policies, rejected)
+    recompute = valid_policies(policies, rejected, model=base.model)
     shapes: dict[int, list[tuple[str, int]]] = {}
     for degrees in factorizations(base.world_size, len(DEGREES)):
         given = dict(zip(DEGREES, degrees))

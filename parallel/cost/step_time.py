@@ -48,7 +48,7 @@ from parallel.cost.compute_time import ComputeParts, attention_factor, compute_p
 from parallel.cost.devices import (
     CPU_KEY, DEVICES, PeakFlops, device_facts, gpu_fp8_peak, gpu_peak,
 )
-from parallel.cost.matmul_rate import DEFAULT_KNEE_US, MatmulRate
+from parallel.cost.matmul_rate import DEFAULT_KNEE_US, MatmulRate, block_gemms, ops_policy_split
 from parallel.cost.flops import ATTENTION_TERMS
 from parallel.cost.offload import offload_s
 from parallel.cost.optimizer_state import muon_seconds
@@ -279,7 +279,8 @@ def recompute_flops_per_token(spec: RunSpec, *, attention: str = "full") -> floa
     """FLOPs per token the recompute policy re-runs in backward: full (or selective block) the
     forward of each recomputed block (2 x its matmul parameters + the attention core);
     selective attention the attention core's forward; selective ffn the MLP's forward;
-    ops/swiglu/norm re-run element-wise work only (no matmul FLOPs)."""
+    ops/swiglu/norm re-run element-wise work only (no matmul FLOPs), but ops with
+    ops_matmuls=alternate also every second matmul of the block."""
     r, m, t = spec.recompute, spec.model, spec.training
     mode = r.mode.value
     if mode in ("none", "offload"):
@@ -293,6 +294,10 @@ def recompute_flops_per_token(spec: RunSpec, *, attention: str = "full") -> floa
         per_layer = attn_proj_fwd + attention_fwd + ffn_fwd
     else:
         per_layer = ("attention" in targets) * attention_fwd + ("ffn" in targets) * ffn_fwd
+    if mode == "selective" and "ops" in targets and "block" not in targets:
+        _, rerun = ops_policy_split(block_gemms(m, tokens=1, tp=1, fp8=False),
+                                    alternate=r.ops_matmuls == "alternate")
+        per_layer += sum(g.flops for g in rerun)
     recomputed = len(range(0, m.n_layers, max(1, r.every_n_layers)))
     return per_layer * recomputed
 

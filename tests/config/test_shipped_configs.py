@@ -174,6 +174,8 @@ def _recompute_option(spec: RunSpec) -> str:
         return f"{r.mode.value}_every{r.every_n_layers}"
     if r.mode.value == "selective" and r.targets != ("ops",):
         return f"selective_{'_'.join(r.targets)}"
+    if r.mode.value == "selective" and r.ops_matmuls.value != "all":
+        return f"selective_{r.ops_matmuls.value}"
     return r.mode.value
 
 

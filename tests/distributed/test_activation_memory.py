@@ -55,6 +55,10 @@ POLICIES = ["none", "full_every2", "selective", "selective_attention"]
 """full_every2 re-computes block 0 whole and keeps block 1 whole; offload keeps what none keeps
 on a CPU device (tests/unit/test_recompute.py)."""
 PRECISIONS = ["fp32", "bf16"]
+ALTERNATE_TWO_RANKS = {name: TWO_RANKS[name] for name in ("tp_sp", "tp_no_sp", "zero3",
+                                                         "cp_balanced")}
+"""torchtitan's op SAC (every second matmul kept) where the matmuls are DTensor ops (tp, with
+and without SP's reduce-scatter), gathered by FSDP, and under cp's attention."""
 
 PIPELINES_TWO_RANKS = {  # name: (overrides, recompute policies)
     "pp_1f1b": (PARITY_TWO_RANKS["pp_1f1b"], ["none", "full"]),
@@ -178,7 +182,8 @@ def _check(results: list[list[dict]]) -> None:
 
 
 def test_two_rank_activations_equal_the_plan(tmp_path):
-    specs = _specs(TWO_RANKS, 2, POLICIES) + _pipeline_specs(PIPELINES_TWO_RANKS, 2)
+    specs = (_specs(TWO_RANKS, 2, POLICIES) + _pipeline_specs(PIPELINES_TWO_RANKS, 2)
+             + _specs(ALTERNATE_TWO_RANKS, 2, ["selective_alternate"]))
     _check(run_on_ranks(activation_rank, world_size=2, workdir=tmp_path, timeout_s=600,
                         kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]}))
 

@@ -16,7 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from conf.schema import RecomputeMode
+from conf.schema import OpsMatmuls, RecomputeMode
 from conf.spec import RecomputeSpec
 from parallel.recompute import apply_recompute
 from tests.support.specs import tiny_model_spec
@@ -27,9 +27,10 @@ BATCH, SEQ = 4, 64
 BYTES_FP32 = 4
 
 
-def selective(*targets: str, every_n_layers: int = 1) -> RecomputeSpec:
+def selective(*targets: str, every_n_layers: int = 1,
+              ops_matmuls: OpsMatmuls = OpsMatmuls.all) -> RecomputeSpec:
     return RecomputeSpec(mode=RecomputeMode.selective, targets=targets,
-                         every_n_layers=every_n_layers)
+                         every_n_layers=every_n_layers, ops_matmuls=ops_matmuls)
 
 
 POLICIES = {
@@ -38,6 +39,8 @@ POLICIES = {
     "full_every2": RecomputeSpec(mode=RecomputeMode.full, every_n_layers=2),
     "ops": selective("ops"),
     "ops_attention": selective("ops", "attention"),
+    "ops_alternate": selective("ops", ops_matmuls=OpsMatmuls.alternate),
+    "ops_alternate_attention": selective("ops", "attention", ops_matmuls=OpsMatmuls.alternate),
     "swiglu": selective("swiglu"),
     "norm": selective("norm"),
     "attention": selective("attention"),

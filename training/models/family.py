@@ -166,6 +166,10 @@ class ModelFamily:
     routed_per_token: Callable[[ModelSpec], int] = lambda model: 0
     """Routed experts each token is sent to (top-k; 0 = dense): the copies expert
     parallelism's all-to-all moves (parallel/cost/comm.py)."""
+    fixed_matmul_order: bool = False
+    """Each block runs the same matmuls in the same order every step: q, k, v, out, gate,
+    up, down (parallel/cost/matmul_rate.py `block_gemms`), so recompute.ops_matmuls=alternate
+    keeps a known half. False where routing decides the calls (experts)."""
 
     def is_expert_param(self, param_name: str) -> bool:
         """Whether `param_name` is a routed-expert weight (sharded over ep)."""

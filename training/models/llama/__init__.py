@@ -63,4 +63,5 @@ FAMILY = ModelFamily(
     write_hf_config=hf.write_hf_config,
     hf_config_for_tokenizer=hf.config_for_tokenizer,
     hf_zero_tensors=hf.zero_tensors,
+    fixed_matmul_order=True,
 )
