@@ -163,9 +163,10 @@ class ParallelConfig:
     """Expert-parallel degree (MoE models): each rank holds E/ep routed experts, tokens go to
     them by all-to-all. Borrows its ranks from dp_shard x cp (must divide it; adds none to the
     world size); the experts' FSDP shards over the other dp x cp / ep ranks. Needs zero 2/3."""
-    ep_imbalance: float = 1.0
+    ep_imbalance: float = 0.0
     """ep > 1, for the plan: tokens the busiest ep rank receives over the mean (1.0 = perfectly
-    balanced routing); scales the all-to-all volume in the step time."""
+    balanced routing); scales the all-to-all volume in the step time. 0 = auto: the value
+    `meshrun plan --calibrate` fitted to this device's MoE runs, else 1.0; a value set wins."""
 
 
 @dataclass

@@ -88,10 +88,11 @@ PARALLELISMS = (
     Parallelism(
         name="ep", degrees=("dp_shard", "cp"),
         when="parallel.ep > 1 (MoE models; borrows its ranks from dp_shard x cp); "
-             "parallel.ep_imbalance for the plan",
+             "parallel.ep_imbalance for the plan (0: fitted by plan --calibrate)",
         passes=("parallel.expert_parallel:apply_ep", "parallel.mesh:expert_meshes",
                 "parallel.fsdp:shard_experts_units"),
         rules=("conf.rules.expert_rules:check_expert_parallel",),
         cost=("parallel.cost.comm:_expert_parallel", "parallel.cost.comm:all_to_all_bytes",
-              "parallel.cost.params:sharded_numel", "parallel.cost.search_space:ep_degrees")),
+              "parallel.cost.params:sharded_numel", "parallel.cost.search_space:ep_degrees",
+              "parallel.cost.routing_fit:fit_imbalance")),
 )

@@ -13,10 +13,11 @@ def check_expert_parallel(parallel: ParallelSpec, *, model: ModelSpec,
                           problems: ProblemList) -> None:
     """ep borrows dp_shard x cp ranks, needs FSDP, and splits a MoE model's routed experts."""
     ep = parallel.ep
-    if not parallel.ep_imbalance >= 1.0:
+    if not (parallel.ep_imbalance == 0 or parallel.ep_imbalance >= 1.0):
         problems.add("parallel.ep_imbalance", parallel.ep_imbalance,
-                     "is the busiest ep rank's token share over the mean, so at least 1.0",
-                     "give 1.0 (balanced) or more, e.g. 1.3")
+                     "is the busiest ep rank's token share over the mean, so at least 1.0 "
+                     "(or 0: the calibrated value)",
+                     "give 1.0 (balanced) or more, e.g. 1.3, or 0 (auto)")
     if ep < 1:
         problems.add("parallel.ep", ep, "must be >= 1", "give 1 (off) or a divisor of the experts")
         return

@@ -5,7 +5,10 @@ Each RUN_DIR contributes its preflight.json bandwidth table (the link its ranks 
 when it has train rows in metrics.jsonl, its median step time. Runs are grouped by device
 (one calibration entry each); a device's links are fitted first, then its compute (the
 large-matmul efficiency, the per-block and per-collective overheads, the GEMM knee
-matmul_knee_us).
+matmul_knee_us). A MoE run's routing metrics give its device's ep_imbalance (the max of the
+busiest expert's load over the mean past warm-up: parallel.cost.routing_fit says why), which
+the compute fit and later plans of the device use unless parallel.ep_imbalance is set; dense
+runs fit none and keep what is stored. Every run is read before anything is stored.
 """
 from __future__ import annotations
 
@@ -20,19 +23,22 @@ from conf.run_dir.paths import RunDir
 from launcher.output_file import check_output_file
 from parallel.cost.calibrate import COMPUTE_CONSTANTS, Sample, calibrate, read_run
 from parallel.cost.calibrate_store import default_path, device_key, read_file, store_entry
+from parallel.cost.routing_fit import FITTED_KEY, read_imbalance
 
 KEY = "--calibrate"
 
 
 def run_calibrate(paths: list[Path], *, out: Path | None, console: Console) -> int:
     """Fit, print and store; a path that gives nothing to fit raises ConfigError (exit 2)."""
-    samples, preflights = _read(paths)
+    samples, preflights, imbalances = _read(paths)
     target = out or default_path()
     check_output_file("--out" if out else "calibration file", target, make_folder=True)
     devices = sorted({device_key(s.spec) for s in samples} | set(preflights))
     for device in devices:
         mine = [s for s in samples if device_key(s.spec) == device]
         base = _stored_links(target, device)
+        if device in imbalances:
+            base[FITTED_KEY] = imbalances[device]
         try:
             result = calibrate(mine, preflights=preflights.get(device, []), base=base,
                                device=device)
@@ -46,8 +52,10 @@ def run_calibrate(paths: list[Path], *, out: Path | None, console: Console) -> i
     return 0
 
 
-def _read(paths: list[Path]) -> tuple[list[Sample], dict[str, list[dict]]]:
-    samples, preflights, problems = [], {}, []
+def _read(paths: list[Path]) -> tuple[list[Sample], dict[str, list[dict]], dict[str, float]]:
+    """The runs' samples, preflight tables by device and fitted ep_imbalance by device (the
+    max over the device's MoE runs); every problem of every path in one ConfigError."""
+    samples, preflights, imbalances, problems = [], {}, {}, []
     for path in paths:
         rd = RunDir(path)
         if not Path(path).is_dir() or not rd.spec_file.exists():
@@ -67,13 +75,31 @@ def _read(paths: list[Path]) -> tuple[list[Sample], dict[str, list[dict]]]:
             found = True
         except ValueError as error:
             why = str(error).removeprefix(f"{path}: ")
+        else:
+            _read_routing(path, samples[-1], imbalances, problems)
         if not found:
             problems.append(Problem(KEY, path, f"has no step times to fit ({why}) and no "
                                     "preflight bandwidth table of 2+ ranks",
                                     "let the run take a few steps, or run `meshrun preflight`"))
     if problems:
         raise ConfigError(problems, title="Cannot calibrate")
-    return samples, preflights
+    return samples, preflights, imbalances
+
+
+def _read_routing(path: Path, sample: Sample, imbalances: dict[str, float],
+                  problems: list[Problem]) -> None:
+    """A MoE run's fitted imbalance into `imbalances` (max per device); a problem when its
+    routing metrics are missing or not finite; nothing for a dense run."""
+    try:
+        value = read_imbalance(path)
+    except ValueError as error:
+        problems.append(Problem(KEY, path, str(error).removeprefix(f"{path}: "),
+                                "give MoE runs that logged routing metrics (training.log_every "
+                                "> 0, a few steps past warm-up)"))
+        return
+    if value is not None:
+        device = device_key(sample.spec)
+        imbalances[device] = max(value, imbalances.get(device, value))
 
 
 def _preflight_report(rd: RunDir) -> dict | None:

@@ -46,7 +46,8 @@ Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a
 - EP (parallel.ep > 1), per MoE block, per micro-batch: the token copies sent to their
   experts' ranks and back (dispatch and combine), forward and again in backward (their
   gradients), each an all-to-all of tokens x top-k x dim activations of which (ep-1)/ep
-  cross, scaled by parallel.ep_imbalance (the busiest rank's share over the mean); a
+  cross, scaled by the ep imbalance (the busiest rank's share over the mean: the knob
+  parallel.ep_imbalance, else the calibration's, else 1; step_time.hardware_of); a
   full-recompute re-run adds the 2 forward ones; the split sizes (E integers) go first, bare.
   The experts' FSDP gathers and reduce-scatters their ep shard over the dp x cp / ep ranks
   holding the same experts (the efsdp axis), the dense rest over dp_shard x cp as without EP;
@@ -149,9 +150,11 @@ def axis_is_intra_node(degrees: dict[str, int], axes: tuple[str, ...], ranks_per
     return block <= ranks_per_node and ranks_per_node % block == 0
 
 
-def step_collectives(spec: RunSpec, *, ranks_per_node: int, intra: Link,
-                     inter: Link) -> list[Collective]:
-    """Every collective one rank takes part in during a step (module docstring)."""
+def step_collectives(spec: RunSpec, *, ranks_per_node: int, intra: Link, inter: Link,
+                     ep_imbalance: float = 1.0) -> list[Collective]:
+    """Every collective one rank takes part in during a step (module docstring);
+    `ep_imbalance`: the busiest ep rank's tokens over the mean (step_time.Hardware's: the
+    knob, else the calibration, else 1.0)."""
     p = spec.parallel
     degrees = tuple(getattr(p, axis) for axis in MESH_AXES)
 
@@ -165,7 +168,7 @@ def step_collectives(spec: RunSpec, *, ranks_per_node: int, intra: Link,
     out += _context_parallel(spec, shape, link("cp"))
     out += _pipeline(spec, shape, link("pp"))
     out += _expert_parallel(spec, shape, intra if ep_is_intra_node(p, ranks_per_node)
-                            else inter, link(*DP_CP_AXES))
+                            else inter, link(*DP_CP_AXES), imbalance=ep_imbalance)
     out += _bookkeeping(spec, link)
     out += _muon_gathers(spec, link)
     return [c for c in out if c.calls > 0 and (c.group > 1 or c.op == "p2p")]
@@ -267,22 +270,23 @@ def ep_is_intra_node(p, ranks_per_node: int) -> bool:
     return block <= ranks_per_node and ranks_per_node % block == 0
 
 
-def all_to_all_bytes(spec: RunSpec, tokens: float) -> float:
+def all_to_all_bytes(spec: RunSpec, tokens: float, *, imbalance: float) -> float:
     """One dispatch (or combine) buffer of a rank: its `tokens` x top-k copies x dim
-    activations, x parallel.ep_imbalance (the busiest rank's share over the mean)."""
+    activations, x `imbalance` (the busiest rank's share over the mean)."""
     top_k = family_of(spec.model).routed_per_token(spec.model)
     act = DTYPE_BYTES.get(spec.precision.compute_dtype.value, 4)
-    return tokens * top_k * spec.model.dim * act * spec.parallel.ep_imbalance
+    return tokens * top_k * spec.model.dim * act * imbalance
 
 
-def _expert_parallel(spec: RunSpec, s: _Shape, link: Link, dp_link: Link) -> list[Collective]:
+def _expert_parallel(spec: RunSpec, s: _Shape, link: Link, dp_link: Link, *,
+                     imbalance: float) -> list[Collective]:
     p = spec.parallel
     if p.ep <= 1:
         return []
     moe_layers = max(1, expert_params(spec.model)[1] // p.pp)
     per_block = 4 + (2 if spec.recompute.mode.value == "full" else 0)
     calls = per_block * moe_layers * s.micro_batches
-    size = all_to_all_bytes(spec, s.tokens_per_micro_batch)
+    size = all_to_all_bytes(spec, s.tokens_per_micro_batch, imbalance=imbalance)
     experts = routed_count(spec)
     out = [Collective(axis="ep", op="all_to_all", group=p.ep, size_bytes=size, calls=calls,
                       link=link, why=f"tokens to their experts and back: {per_block} per "

@@ -35,7 +35,9 @@ waits and the framework's code around each call run on the same cores) grow by N
 
 Every constant comes from, in order: a `cluster.*` knob that is not 0, the calibration
 (`meshrun plan --calibrate`, parallel.cost.calibrate_store), the device catalogue
-(parallel.cost.devices); matmul_efficiency falls back to DEFAULT_MATMUL_EFFICIENCY.
+(parallel.cost.devices); matmul_efficiency falls back to DEFAULT_MATMUL_EFFICIENCY. The
+ep all-to-all's imbalance likewise: `parallel.ep_imbalance` when not 0 (a value the user set
+wins), else the calibration's (fitted to MoE runs' routing metrics), else 1.0 (balanced).
 """
 from __future__ import annotations
 
@@ -113,8 +115,10 @@ class Hardware:
     """Fraction of a device one rank gets: 1 on a GPU; on CPU min(1, cores / ranks per node)."""
     overlaps_comm: bool
     """Can collectives run under compute (GPU: yes; CPU: gloo shares the cores, no)?"""
+    ep_imbalance: float = 1.0
+    """Tokens the busiest ep rank receives over the mean (scales the ep all-to-all)."""
     sources: dict[str, str] = field(default_factory=dict)
-    """Constant -> "cluster", "calibration", "catalogue" or "default"."""
+    """Constant -> "cluster" (or "parallel"), "calibration", "catalogue" or "default"."""
 
     @property
     def gpu(self) -> bool:
@@ -236,7 +240,7 @@ def step_floor_s(spec: RunSpec, plan: Plan, hw: Hardware) -> float:
 
 def collectives_of(spec: RunSpec, hw: Hardware) -> list[Collective]:
     return step_collectives(spec, ranks_per_node=hw.ranks_per_node, intra=hw.intra,
-                            inter=hw.inter)
+                            inter=hw.inter, ep_imbalance=hw.ep_imbalance)
 
 
 def bubble_factor(spec: RunSpec) -> float:
@@ -317,8 +321,9 @@ def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware |
         device_facts(spec.host.gpu_name)
     sources: dict[str, str] = {}
 
-    def pick(name: str, catalogue: float | None, default: float | None = None) -> float | None:
-        for source, value in (("cluster", getattr(c, name) or None),
+    def pick(name: str, catalogue: float | None, default: float | None = None, *,
+             section=c, section_name: str = "cluster") -> float | None:
+        for source, value in ((section_name, getattr(section, name) or None),
                               ("calibration", calibration.get(name)),
                               ("catalogue", catalogue), ("default", default)):
             if value is not None:
@@ -362,6 +367,8 @@ def hardware_of(spec: RunSpec, *, calibration: dict | None = None) -> Hardware |
                                DEFAULT_UPDATE_OVERHEAD_US["cpu" if cpu else "gpu"]) * 1e-6,
         knee_s=pick("matmul_knee_us", None, DEFAULT_KNEE_US["cpu" if cpu else "gpu"]) * 1e-6,
         fp8_flops=fp8,
+        ep_imbalance=pick("ep_imbalance", None, 1.0, section=spec.parallel,
+                          section_name="parallel"),
         hbm_gbps=pick("hbm_gbps", get("hbm_gbps"), 1000.0),
         host_gbps=pick("host_link_gbps", get("host_link_gbps"), DEFAULT_HOST_LINK_GBPS),
         intra=intra, inter=inter,

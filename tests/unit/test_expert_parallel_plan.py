@@ -14,6 +14,7 @@ from parallel.cost.comm import Link, all_to_all_bytes, collective_s, step_collec
 from parallel.cost.memory import static_bytes
 from parallel.cost.params import expert_params
 from parallel.cost.search_space import ep_degrees
+from parallel.cost.step_time import collectives_of, hardware_of
 from tests.support.specs import cpu_spec
 from tests.support.toy_moe_family import NAME as TOY_MOE, TOP_K
 
@@ -66,8 +67,11 @@ def test_all_to_all_volume_is_tokens_topk_dim_bytes_times_imbalance():
     assert dispatch.calls == 4 * ep2.model.n_layers * ep2.training.grad_accum_steps
     assert collective_s("all_to_all", n=2, size_bytes=2e9, link=LINK) == pytest.approx(
         1e-5 + 0.5 * 2e9 / 100e9)  # (ep-1)/ep of the buffer crosses
+    assert all_to_all_bytes(ep2, tokens, imbalance=1.5) == 1.5 * dispatch.size_bytes
     skewed = spec(*MOE, "cluster.procs_per_node=2", "parallel=ep", "parallel.ep_imbalance=1.5")
-    assert all_to_all_bytes(skewed, tokens) == 1.5 * all_to_all_bytes(ep2, tokens)
+    hw = hardware_of(skewed, calibration={})
+    (skew,) = [c for c in collectives_of(skewed, hw) if c.axis == "ep" and not c.bare]
+    assert hw.ep_imbalance == 1.5 and skew.size_bytes == 1.5 * dispatch.size_bytes
     dense = spec(*MOE, "cluster.procs_per_node=2", "parallel=zero3")
     assert not [c for c in step_collectives(dense, ranks_per_node=2, intra=LINK, inter=LINK)
                 if c.axis in ("ep", "efsdp")]
