@@ -10,6 +10,8 @@ What the plan needs: the tokens the busiest ep rank receives over the mean. A ra
 experts and receives the sum of their loads, and a sum's max/mean is at most its busiest
 member's max/mean, so the per-expert ratio bounds the per-rank one for every ep degree (equal
 at ep = E): the factor fitted from an ep=1 run is safe for the ep plans of the same model.
+The loads are the router's choices before model.moe.capacity_factor drops copies, so with a
+capacity the bound can exceed what crosses (never fall short of it).
 
 The statistic: the MAX over the run's train rows past warm-up and over its MoE blocks (and over
 the device's runs). The plan times the step by the busiest rank, and every MoE block and every
