@@ -115,6 +115,9 @@ def time_rows(e) -> list[tuple[str, str]]:
     """The step-time model's lines (parallel.cost.step_time), one term each."""
     b, hw = e.breakdown, e.hardware
     axes = ", ".join(f"{axis} {s * 1e3:.1f}" for axis, s in b.comm_by_axis.items()) or "none"
+    if "ep" in b.comm_by_axis:
+        axes += (f"; ep all-to-all at {hw.ep_imbalance:.3g}x the mean tokens "
+                 f"({hw.sources.get('ep_imbalance')})")
     rows = [("est. step time", f"{e.step_s:.3f} s; {_rate(e.tokens_per_s_per_device)} tokens/s "
                                f"per device; MFU {e.mfu:.1%} of {e.peak.source}"),
             ("  compute", f"{b.compute_s * 1e3:.1f} ms at {hw.matmul_efficiency:.0%} matmul "

@@ -81,6 +81,9 @@ def test_calibrate_stores_and_prints_it_and_later_ep_plans_use_it(tmp_path, caps
     assert (explicit.ep_imbalance, explicit.sources["ep_imbalance"]) == (1.2, "parallel")
     none = hardware_of(spec(*MOE, "parallel=ep", "cluster.calibration=none"))
     assert (none.ep_imbalance, none.sources["ep_imbalance"]) == (1.0, "default")
+    assert main(["plan", *MOE, *ep]) == 0  # the plan says which factor it used, and whence
+    shown = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert f"ep all-to-all at {FITTED:.3g}x the mean tokens (calibration)" in shown
 
     # a dense run calibrates the same device: nothing fitted, the MoE runs' factor stays
     dense = _run_dir(tmp_path, "dense", spec("model=tiny", "data=synthetic"),
