@@ -35,8 +35,9 @@ from conf.spec import RunSpec
 from parallel.cost import elementwise as ew
 from parallel.cost.activations import DTYPE_BYTES
 from parallel.cost.matmul_rate import (
-    Gemm, MatmulRate, attention_projections, block_gemms, head_gemm, mlp_gemms, ops_policy_split,
+    Gemm, MatmulRate, attention_projections, head_gemm, ops_policy_split,
 )
+from parallel.cost.moe_gemms import block_kinds
 
 ATTENTION_FACTOR = (("H100", 0.45), ("H200", 0.45), ("H800", 0.45), ("GH200", 0.45),
                     ("B200", 0.45), ("GB200", 0.45), ("A100", 0.85), ("A800", 0.85))
@@ -102,18 +103,20 @@ def passes(spec: RunSpec) -> int:
 
 
 def compute_parts(spec: RunSpec, *, rate: MatmulRate, peak: float, attention_rate: float,
-                  gpu: bool) -> ComputeParts:
-    """The compute term (module docstring) of the busiest-average rank of `spec`."""
+                  gpu: bool, ep_imbalance: float = 1.0) -> ComputeParts:
+    """The compute term (module docstring) of the busiest-average rank of `spec`; a
+    mixture-of-experts block's feed-forward by parallel.cost.moe_gemms (its busiest ep rank
+    runs ep_imbalance x the mean token copies)."""
     m, p, t = spec.model, spec.parallel, spec.training
     tokens, layers = pass_tokens(spec), m.n_layers // p.pp
     fp8 = spec.precision.name.value == "fp8" and rate.fp8_flops > 0
     operand = DTYPE_BYTES[spec.precision.compute_dtype.value]
     if fp8:
         operand = 2  # fp8 runs keep bf16 for everything but the block GEMMs
-    gemms = block_gemms(m, tokens=tokens, tp=p.tp, fp8=fp8)
+    kinds = block_kinds(m, p, tokens=tokens, fp8=fp8, ep_imbalance=ep_imbalance)
     head = head_gemm(m, tokens=tokens, tp=p.tp)
     split = _Split(rate, operand, gpu)
-    block = split.full(gemms)
+    block = _mean_over_kinds(split.full, kinds)
     head_s = split.full((head,))
     q_local = m.n_heads * m.head_dim // p.tp
     masked = p.cp > 1 and spec.data.document_mask  # context_parallel.py (docstring)
@@ -121,19 +124,26 @@ def compute_parts(spec: RunSpec, *, rate: MatmulRate, peak: float, attention_rat
     attn_fwd = 4.0 * q_local * sequences * attention_pairs(spec, gpu=gpu) / (
         attention_rate * (MASKED_ATTENTION if masked and gpu else 1.0))
     attention = attn_fwd * (1 + BACKWARD_ATTENTION)
-    memory = tuple(b / rate.hbm_bytes_s for b in _memory_bytes(spec, tokens=tokens, fp8=fp8,
-                                                                gpu=gpu))
-    re_scaled, re_fixed, re_bytes = _recompute(spec, tokens=tokens, split=split,
+    memory = tuple(b / rate.hbm_bytes_s for b in _memory_bytes(spec, kinds, tokens=tokens,
+                                                                fp8=fp8, gpu=gpu))
+    re_scaled, re_fixed, re_bytes = _recompute(spec, kinds, tokens=tokens, split=split,
                                                attn_fwd=attn_fwd, fp8=fp8, gpu=gpu)
     n = passes(spec)
     scaled = n * (layers * (block[0] + attention + re_scaled) + head_s[0] / p.pp)
     fixed = n * (layers * (block[1] + memory[0] + re_fixed + re_bytes / rate.hbm_bytes_s)
                  + (head_s[1] + memory[1]) / p.pp)
     recompute = n * layers * (re_scaled + re_fixed + re_bytes / rate.hbm_bytes_s)
-    flops = 3 * (sum(g.flops for g in gemms) * layers + head.flops / p.pp)
+    flops = 3 * (_mean_over_kinds(lambda g: (sum(x.flops for x in g),), kinds)[0] * layers
+                 + head.flops / p.pp)
     gemm_s = layers * sum(block) + sum(head_s) / p.pp
     return ComputeParts(scaled_s=scaled, fixed_s=fixed, recompute_s=recompute,
                         gemm_efficiency=flops / gemm_s / peak if gemm_s > 0 else 0.0)
+
+
+def _mean_over_kinds(cost, kinds) -> tuple[float, ...]:
+    """cost(gemms) averaged over the kinds of block (moe_gemms.block_kinds), by their share."""
+    parts = [tuple(share * c for c in cost(gemms)) for gemms, share in kinds]
+    return tuple(sum(column) for column in zip(*parts))
 
 
 class _Split:
@@ -164,7 +174,8 @@ class _Split:
         return scaled, fixed
 
 
-def _memory_bytes(spec: RunSpec, *, tokens: int, fp8: bool, gpu: bool) -> tuple[float, float]:
+def _memory_bytes(spec: RunSpec, kinds, *, tokens: int, fp8: bool,
+                  gpu: bool) -> tuple[float, float]:
     """(a block's, the head+loss's) elementwise and cast bytes of one pass; 0 on CPU."""
     if not gpu:
         return 0.0, 0.0
@@ -179,7 +190,7 @@ def _memory_bytes(spec: RunSpec, *, tokens: int, fp8: bool, gpu: bool) -> tuple[
         (groups["norm"] + groups["residual"]) / seq_share
     block = tokens * per_token * (1 + ew.BACKWARD_TRAFFIC)
     if fp8:
-        x, dy, w = _linear_elements(m, tokens=tokens, tp=p.tp)
+        x, dy, w = _mean_over_kinds(_fp8_linear_elements, kinds)
         block += ew.fp8_cast_bytes(x_elements=x, dy_elements=dy, weight_elements=w,
                                    compiled=compiled)
     vocab_share = p.tp if p.tp > 1 else 1
@@ -187,15 +198,16 @@ def _memory_bytes(spec: RunSpec, *, tokens: int, fp8: bool, gpu: bool) -> tuple[
     return block, loss
 
 
-def _linear_elements(model, *, tokens: int, tp: int) -> tuple[float, float, float]:
-    """Elements of the block linears' inputs X, output gradients dY and weights, one pass."""
-    gemms = block_gemms(model, tokens=tokens, tp=tp, fp8=True)
-    return (sum(g.m * g.k for g in gemms), sum(g.m * g.n for g in gemms),
-            sum(g.n * g.k for g in gemms))
+def _fp8_linear_elements(gemms) -> tuple[float, float, float]:
+    """Elements of the fp8 block linears' inputs X, output gradients dY and weights, one
+    pass."""
+    fp8 = [g for g in gemms if g.fp8]
+    return (sum(g.m * g.k for g in fp8), sum(g.m * g.n for g in fp8),
+            sum(g.n * g.k for g in fp8))
 
 
-def _recompute(spec: RunSpec, *, tokens: int, split: _Split, attn_fwd: float, fp8: bool,
-               gpu: bool) -> tuple[float, float, float]:
+def _recompute(spec: RunSpec, kinds, *, tokens: int, split: _Split, attn_fwd: float,
+               fp8: bool, gpu: bool) -> tuple[float, float, float]:
     """(scaled s, fixed s, bytes) one block's re-run adds per pass, averaged over the blocks
     the policy covers (every_n_layers)."""
     r, m, p = spec.recompute, spec.model, spec.parallel
@@ -204,15 +216,20 @@ def _recompute(spec: RunSpec, *, tokens: int, split: _Split, attn_fwd: float, fp
         return 0.0, 0.0, 0.0
     share = len(range(0, m.n_layers, max(1, r.every_n_layers))) / m.n_layers
     whole = mode == "full" or "block" in targets
-    gemms: tuple[Gemm, ...] = ()
-    if whole:
-        gemms = block_gemms(m, tokens=tokens, tp=p.tp, fp8=fp8)
-    elif "ffn" in targets:
-        gemms = mlp_gemms(m, tokens=tokens, tp=p.tp, fp8=fp8)
-    elif "ops" in targets:
-        _, gemms = ops_policy_split(block_gemms(m, tokens=tokens, tp=p.tp, fp8=fp8),
-                                    alternate=r.ops_matmuls == "alternate")
-    scaled, fixed = split.forward(gemms)
+    alternate = r.ops_matmuls == "alternate"
+    n_attention = len(attention_projections(m, tokens=1, tp=1, fp8=False))
+
+    def rerun(gemms: tuple[Gemm, ...]) -> tuple[Gemm, ...]:
+        if whole:
+            return gemms
+        if "ffn" in targets:
+            return gemms[n_attention:]
+        if "ops" in targets:
+            return ops_policy_split(gemms, alternate=alternate)[1]
+        return ()
+
+    rerun_kinds = tuple((rerun(gemms), share) for gemms, share in kinds)
+    scaled, fixed = _mean_over_kinds(split.forward, rerun_kinds)
     scaled += attn_fwd if whole or (mode == "selective" and "attention" in targets) else 0.0
     moved = 0.0
     if gpu:
@@ -221,8 +238,9 @@ def _recompute(spec: RunSpec, *, tokens: int, split: _Split, attn_fwd: float, fp
         groups = ew.forward_bytes_per_token(m, compiled=spec.training.compile,
                                             residual_bytes=res, compute_bytes=c, tp=p.tp)
         moved = tokens * sum(groups[g] for g in ew.recomputed_groups(mode, targets))
-        if fp8 and gemms:
-            moved += ew.FP8_CAST_BYTES[spec.training.compile] * sum(g.m * g.k for g in gemms)
+        if fp8:
+            x = _mean_over_kinds(lambda g: _fp8_linear_elements(g)[:1], rerun_kinds)
+            moved += ew.FP8_CAST_BYTES[spec.training.compile] * (x[0] if x else 0.0)
     return scaled * share, fixed * share, moved * share
 
 

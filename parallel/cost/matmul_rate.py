@@ -51,10 +51,13 @@ class Gemm:
     k: int
     fp8: bool = False
     """Runs in fp8 under precision=fp8 (a block linear, not the head)."""
+    groups: int = 1
+    """Identical GEMMs run as one grouped call (a rank's experts: torch._grouped_mm): their
+    FLOPs and bytes add up, the knee is paid once."""
 
     @property
     def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k
+        return 2.0 * self.m * self.n * self.k * self.groups
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,18 +76,19 @@ class MatmulRate:
         fp8 = gemm.fp8 and self.fp8_flops > 0
         rate = self.fp8_flops if fp8 else self.flops
         b = 1 if fp8 else operand_bytes
-        m, n, k = gemm.m, gemm.n, gemm.k
+        m, n, k, g = gemm.m, gemm.n, gemm.k, gemm.groups
         moved = (b * (m * k + k * n) + OUTPUT_BYTES * m * n,   # forward: X W
                  b * (m * n + k * n) + OUTPUT_BYTES * m * k,   # input's gradient: dY W^T
                  b * (m * k + m * n) + OUTPUT_BYTES * k * n)   # weight's gradient: X^T dY
-        return sum(max(gemm.flops / rate, bytes_ / self.hbm_bytes_s) + self.knee_s
+        return sum(max(gemm.flops / rate, g * bytes_ / self.hbm_bytes_s) + self.knee_s
                    for bytes_ in moved)
 
     def forward_seconds(self, gemm: Gemm, *, operand_bytes: int) -> float:
         """The forward GEMM alone (what recompute re-runs)."""
         fp8 = gemm.fp8 and self.fp8_flops > 0
         b = 1 if fp8 else operand_bytes
-        moved = b * (gemm.m * gemm.k + gemm.k * gemm.n) + OUTPUT_BYTES * gemm.m * gemm.n
+        moved = gemm.groups * (b * (gemm.m * gemm.k + gemm.k * gemm.n)
+                               + OUTPUT_BYTES * gemm.m * gemm.n)
         return max(gemm.flops / (self.fp8_flops if fp8 else self.flops),
                    moved / self.hbm_bytes_s) + self.knee_s
 

@@ -47,6 +47,7 @@ from conf.spec import RunSpec
 from parallel.cost.calibrate_store import CONSTANTS, load_entry
 from parallel.cost.comm import Collective, Link, exposed_s, step_collectives
 from parallel.cost.compute_time import ComputeParts, attention_factor, compute_parts
+from parallel.cost.moe_gemms import ffn_forward_flops_per_token
 from parallel.cost.devices import (
     CPU_KEY, DEVICES, PeakFlops, device_facts, gpu_fp8_peak, gpu_peak,
 )
@@ -225,7 +226,8 @@ def compute_terms(spec: RunSpec, plan: Plan, hw: Hardware) -> ComputeParts:
     """The step's compute on one rank, recompute's re-run included (compute_time.py)."""
     factor = attention_factor(hw.device, gpu=hw.gpu)
     return compute_parts(spec, rate=hw.matmul_rate(), peak=hw.peak.flops,
-                         attention_rate=hw.rank_flops * factor, gpu=hw.gpu)
+                         attention_rate=hw.rank_flops * factor, gpu=hw.gpu,
+                         ep_imbalance=hw.ep_imbalance)
 
 
 def step_floor_s(spec: RunSpec, plan: Plan, hw: Hardware) -> float:
@@ -292,7 +294,7 @@ def recompute_flops_per_token(spec: RunSpec, *, attention: str = "full") -> floa
     targets = set(r.targets)
     q = m.n_heads * m.head_dim
     attention_fwd = ATTENTION_TERMS[attention] / 3 * q * t.seq_len
-    ffn_fwd = 2 * 3 * m.dim * m.ffn_dim
+    ffn_fwd = ffn_forward_flops_per_token(m)
     attn_proj_fwd = 2 * (2 * m.dim * q + 2 * m.dim * m.n_kv_heads * m.head_dim)
     if mode == "full" or "block" in targets:
         per_layer = attn_proj_fwd + attention_fwd + ffn_fwd
