@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from conf.schema import Precision
 from conf.spec import RunSpec
 from parallel.compile import apply_compile
 from parallel.context_parallel import apply_context_parallel, shard_positions, shard_sequence
@@ -142,7 +143,7 @@ def _parallelize_part(part: nn.Module, spec: RunSpec, layout: ParallelModel,
     apply_fp8(part, spec.precision)
     if dims.tp > 1:
         apply_tp(part, tp_mesh=layout.mesh["tp"], sequence_parallel=p.sequence_parallel,
-                 loss_parallel=p.loss_parallel)
+                 loss_parallel=p.loss_parallel, fp8=spec.precision.name is Precision.fp8)
     if dims.cp > 1:
         positions = shard_positions(seq_len=spec.training.seq_len, cp=dims.cp,
                                     cp_rank=layout.coords["cp"], balanced=p.cp_balanced)

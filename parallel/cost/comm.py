@@ -38,6 +38,9 @@ Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a
 - TP: per block, per micro-batch, 2 in forward and 2 in backward (attention and MLP): an
   all-reduce of the block's activations, or with sequence parallelism an all-gather plus a
   reduce-scatter (the same ring volume); a full-recompute re-run adds the 2 forward ones;
+  with fp8 the all-gathers move 1 byte an element (torchao's Float8 TP styles gather the
+  linears' inputs and, in backward, their output gradients already cast to fp8:
+  parallel/float8_tp.py), the reduce-scatters and all-reduces the activations' dtype;
 - CP: per block, per micro-batch, K and V all-gathered to the full sequence in forward and
   their gradients reduce-scattered in backward, K and V one call each;
 - PP: per pipeline micro-batch and virtual stage, one activation sent forward and one gradient
@@ -312,13 +315,24 @@ def _tensor_parallel(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
         return []
     per_block = 4 + (2 if spec.recompute.mode.value == "full" else 0)
     calls = per_block * s.layers * s.micro_batches
-    size = s.tokens_per_micro_batch * spec.model.dim * s.act_bytes
+    elements = s.tokens_per_micro_batch * spec.model.dim
     if p.sequence_parallel:
-        return [Collective(axis="tp", op=op, group=p.tp, size_bytes=size, calls=calls,
-                           link=link, why=f"sequence parallel: {per_block} per block")
-                for op in ("all_gather", "reduce_scatter")]
-    return [Collective(axis="tp", op="all_reduce", group=p.tp, size_bytes=size, calls=calls,
-                       link=link, why=f"{per_block} per block")]
+        gather = tp_gather_bytes(spec, s.act_bytes)
+        return [Collective(axis="tp", op=op, group=p.tp, size_bytes=elements * nbytes,
+                           calls=calls, link=link,
+                           why=f"sequence parallel: {per_block} per block{note}")
+                for op, nbytes, note in (
+                    ("all_gather", gather, ", in fp8" if gather == 1 else ""),
+                    ("reduce_scatter", s.act_bytes, ""))]
+    return [Collective(axis="tp", op="all_reduce", group=p.tp, size_bytes=elements * s.act_bytes,
+                       calls=calls, link=link, why=f"{per_block} per block")]
+
+
+def tp_gather_bytes(spec: RunSpec, act_bytes: int) -> int:
+    """Bytes an element of the tp all-gathers under sequence parallel: 1 with precision=fp8
+    (torchao's Float8 TP styles cast before they gather, forward and backward), else the
+    activations' `act_bytes`."""
+    return 1 if spec.precision.name.value == "fp8" else act_bytes
 
 
 def _context_parallel(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
