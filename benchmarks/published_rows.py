@@ -177,20 +177,16 @@ def _nemo() -> list[Row]:
             over += ["training.micro_batch_size=1", "training.grad_accum_steps=-1"]
         return tuple(over)
 
-    zero1_tp = ((ZERO1,), "the distributed optimizer (ZeRO-1) with tp > 1 is not expressible: "
-                "planned as ZeRO-2 (the same gradient traffic)", "parallel.zero=2")
     return [Row("nemo", "Llama3 8B 8 H100 FP8 CP2", (*L8B, *layout(8, 128, 8192, 1, 1, 2, 1),
                                                    "precision=fp8"), 12036),
             Row("nemo", "Llama3 70B 64 H100 FP8 TP4 PP4 CP2 VP5",
-                (*L70B, *layout(64, 128, 8192, 4, 4, 2, 5), "precision=fp8"), 1533,
-                approx=(zero1_tp,)),
+                (*L70B, *layout(64, 128, 8192, 4, 4, 2, 5), "precision=fp8"), 1533),
             Row("nemo", "Llama2 7B 8 H100 FP8", (*_llama2("7b"), *layout(8, 128, 4096, 1, 1, 1, 1),
                                                  "precision=fp8"), 16847),
             Row("nemo", "Llama2 13B 16 H100 FP8 PP4 VP10",
                 (*_llama2("13b"), *layout(16, 128, 4096, 1, 4, 1, 10), "precision=fp8"), 8646),
             Row("nemo", "Llama2 70B 64 H100 FP8 TP4 PP4 VP20",
-                (*_llama2("70b"), *layout(64, 128, 4096, 4, 4, 1, 20), "precision=fp8"), 1707,
-                approx=(zero1_tp,))]
+                (*_llama2("70b"), *layout(64, 128, 4096, 4, 4, 1, 20), "precision=fp8"), 1707)]
 
 
 # billions, heads, hidden, layers, tp, pp, GPUs, batch, achieved TFLOP/s per GPU
@@ -232,12 +228,8 @@ def _megatron() -> list[Row]:
                      f"parallel.pp_microbatches={per_rank}", "parallel.pp_schedule=1f1b"]
         else:
             over += ["training.micro_batch_size=1", "training.grad_accum_steps=-1"]
-        ddp = (f"parallel.dp_replicate={dp}", "parallel.dp_shard=1", DDP)
-        ddp_tp = (ddp, "DDP with tp > 1 is not expressible: planned as ZeRO-2 over the same "
-                  "ranks (the same gradient traffic)", "parallel.dp_replicate=1",
-                  f"parallel.dp_shard={dp}", "parallel.zero=2")
         rows.append(Row("megatron", f"GPT {size:g}B {gpus} A100 TP{tp} PP{pp}", tuple(over),
-                        megatron_tokens_per_s(tflops, layers, h), approx=(ddp_tp,),
+                        megatron_tokens_per_s(tflops, layers, h),
                         unmodelled=("GPT (GELU MLP, learned positions, tied embeddings) planned "
                                     "as a Llama shape of equal parameters",)))
     return rows

@@ -39,8 +39,10 @@ class Parallelism:
 PARALLELISMS = (
     Parallelism(
         name="ddp", degrees=("dp_replicate", "dp_shard", "cp"),
-        when="parallel.zero 0 or 1 with dp x cp > 1 (ParallelSpec.uses_ddp)",
-        passes=("parallel.data_parallel:apply_ddp", "parallel.data_parallel:gradient_sync"),
+        when="parallel.zero 0 or 1 with dp x cp > 1 (ParallelSpec.uses_ddp); under tp the "
+             "gradients' tp shards averaged without DDP",
+        passes=("parallel.data_parallel:apply_ddp", "parallel.data_parallel:gradient_sync",
+                "parallel.dp_tp_grads:ShardGradAverage"),
         rules=("conf.rules.parallel_rules:check_zero", "conf.rules.training_rules:resolve_batch"),
         cost=("parallel.cost.comm:_data_parallel", "parallel.cost.step_time:optimizer_params")),
     Parallelism(
