@@ -28,7 +28,8 @@ saved, and a DDP x tp run loading FSDP x tp's."""
 EXTRA = {"3d_small": ["parallel.pp=2", "parallel.tp=2", "parallel.dp_replicate=1", "parallel.zero=0"],
          # optim=muon: Muon's momentum buffers go from FSDP shards to tp shards
          "zero3_muon": ["parallel=zero3", "optim=muon"], "tp_muon": ["parallel=tp", "optim=muon"],
-         "zero1_tp": ["parallel=zero1", "parallel.tp=2"], "ddp_tp": ["parallel=ddp", "parallel.tp=2"]}
+         "zero1_tp": ["parallel=zero1", "parallel.tp=2"],
+         "ddp_tp": ["parallel=ddp", "parallel.tp=2"]}
 MOMENT_KEYS = ("exp_avg_sq", "momentum_buffer")
 """The state compared per parameter: AdamW's second moment, or Muon's momentum buffer."""
 

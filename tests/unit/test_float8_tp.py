@@ -53,7 +53,8 @@ def test_without_sequence_parallel_fp8_keeps_the_all_reduces_in_bf16():
     """Without SP nothing is gathered: the row outputs' and column inputs' gradients are
     all-reduced in high precision, as torchao's styles leave them."""
     off = ("parallel.sequence_parallel=false",)
-    bf16, fp8 = tp_collectives(gpu(*off, "precision=bf16")), tp_collectives(gpu(*off, "precision=fp8"))
+    bf16 = tp_collectives(gpu(*off, "precision=bf16"))
+    fp8 = tp_collectives(gpu(*off, "precision=fp8"))
     assert set(fp8) == {"all_reduce"}
     assert fp8["all_reduce"].size_bytes == bf16["all_reduce"].size_bytes
 
