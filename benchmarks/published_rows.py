@@ -55,8 +55,6 @@ L405B = ("model=llama3_70b", "model.name=llama3_405b", "model.n_layers=126", "mo
 SPLIT_126_8 = "parallel.pp_layer_split=[15,16,16,16,16,16,16,15]"
 SPLIT_126_16 = "parallel.pp_layer_split=[8,8,8,8,8,8,8,8,8,8,8,8,8,8,7,7]"
 COMPILE = ("training.compile=true", "torch.compile changes no estimate yet")
-FP8_TP = ("precision=fp8", "fp8 with tp > 1 (torchao Float8 TP styles) is not expressible: "
-          "planned in bf16", "precision=bf16")
 ZERO1 = "parallel.zero=1"
 PP_FSDP = "parallel.zero=2"
 """torchtitan's FSDP under pipeline parallelism: reshard_after_forward = not pp_enabled ("do
@@ -106,23 +104,23 @@ def _tt_3d() -> list[Row]:
     tp70 = (*L70B, *H100, *TT_GPU, "cluster.nodes=32", "parallel=fsdp_tp", "parallel.tp=8",
             "parallel.loss_parallel=true", "training.seq_len=8192",
             "training.micro_batch_size=16", "training.grad_accum_steps=1", "recompute=full",
-            FP8_TP[0], COMPILE[0])
+            "precision=fp8", COMPILE[0])
     pp405 = (*L405B, *H100, *TT_GPU, "cluster.nodes=64", "parallel.dp_shard=8",
              "parallel.dp_replicate=1",
              "parallel.tp=8", "parallel.pp=8", PP_FSDP, "parallel.loss_parallel=true",
              "training.seq_len=8192", "training.micro_batch_size=32",
              "training.grad_accum_steps=1", "parallel.pp_microbatches=32", "recompute=full",
-             FP8_TP[0], COMPILE[0])
+             "precision=fp8", COMPILE[0])
     rows = [Row("tt_h100", "70B 256 H100 FSDP 32 TP 8 (Table 4)", tp70, 829, 71.9,
-                approx=(FP8_TP, COMPILE)),
+                approx=(COMPILE,)),
             Row("tt_h100", "70B 256 H100 FSDP 32 TP 8 AsyncTP", tp70, 876, 67.6,
-                approx=(FP8_TP, COMPILE), unmodelled=("AsyncTP",)),
+                approx=(COMPILE,), unmodelled=("AsyncTP",)),
             Row("tt_h100", "405B 512 H100 FSDP8 TP8 PP8 1F1B (Table 5)",
                 (*pp405, "parallel.pp_schedule=1f1b", SPLIT_126_8), 100, 82.5,
-                approx=(FP8_TP, COMPILE), unmodelled=("AsyncTP",)),
+                approx=(COMPILE,), unmodelled=("AsyncTP",)),
             Row("tt_h100", "405B 512 H100 FSDP8 TP8 PP8 interleaved",
                 (*pp405, "parallel.pp_schedule=interleaved_1f1b", "parallel.pp_virtual_stages=2",
-                 SPLIT_126_16), 128, 72.7, approx=(FP8_TP, COMPILE), unmodelled=("AsyncTP",))]
+                 SPLIT_126_16), 128, 72.7, approx=(COMPILE,), unmodelled=("AsyncTP",))]
     for cp, seq, tps, mem in ((1, 32768, 76, 75.3), (2, 65536, 47, 75.9),
                               (4, 131072, 31, 77.1), (8, 262144, 16, 84.9)):
         over = [o for o in pp405 if not o.startswith(("parallel.dp_shard", "training.seq_len",
@@ -134,7 +132,7 @@ def _tt_3d() -> list[Row]:
                          f"training.seq_len={seq}", f"model.max_seq_len={max(seq, 131072)}",
                          "training.micro_batch_size=8", "parallel.pp_microbatches=8",
                          "parallel.pp_schedule=1f1b", SPLIT_126_8), tps, mem,
-                        approx=(FP8_TP, COMPILE), unmodelled=("AsyncTP",)))
+                        approx=(COMPILE,), unmodelled=("AsyncTP",)))
     return rows
 
 
@@ -179,22 +177,16 @@ def _nemo() -> list[Row]:
             over += ["training.micro_batch_size=1", "training.grad_accum_steps=-1"]
         return tuple(over)
 
-    fp8 = ("precision=fp8", "fp8 with tp > 1 is not expressible: planned in bf16",
-           "precision=bf16")
-    zero1_tp = ((ZERO1,), "the distributed optimizer (ZeRO-1) with tp > 1 is not expressible: "
-                "planned as ZeRO-2 (the same gradient traffic)", "parallel.zero=2")
     return [Row("nemo", "Llama3 8B 8 H100 FP8 CP2", (*L8B, *layout(8, 128, 8192, 1, 1, 2, 1),
                                                    "precision=fp8"), 12036),
             Row("nemo", "Llama3 70B 64 H100 FP8 TP4 PP4 CP2 VP5",
-                (*L70B, *layout(64, 128, 8192, 4, 4, 2, 5), fp8[0]), 1533,
-                approx=(fp8, zero1_tp)),
+                (*L70B, *layout(64, 128, 8192, 4, 4, 2, 5), "precision=fp8"), 1533),
             Row("nemo", "Llama2 7B 8 H100 FP8", (*_llama2("7b"), *layout(8, 128, 4096, 1, 1, 1, 1),
                                                  "precision=fp8"), 16847),
             Row("nemo", "Llama2 13B 16 H100 FP8 PP4 VP10",
                 (*_llama2("13b"), *layout(16, 128, 4096, 1, 4, 1, 10), "precision=fp8"), 8646),
             Row("nemo", "Llama2 70B 64 H100 FP8 TP4 PP4 VP20",
-                (*_llama2("70b"), *layout(64, 128, 4096, 4, 4, 1, 20), fp8[0]), 1707,
-                approx=(fp8, zero1_tp))]
+                (*_llama2("70b"), *layout(64, 128, 4096, 4, 4, 1, 20), "precision=fp8"), 1707)]
 
 
 # billions, heads, hidden, layers, tp, pp, GPUs, batch, achieved TFLOP/s per GPU
@@ -236,12 +228,8 @@ def _megatron() -> list[Row]:
                      f"parallel.pp_microbatches={per_rank}", "parallel.pp_schedule=1f1b"]
         else:
             over += ["training.micro_batch_size=1", "training.grad_accum_steps=-1"]
-        ddp = (f"parallel.dp_replicate={dp}", "parallel.dp_shard=1", DDP)
-        ddp_tp = (ddp, "DDP with tp > 1 is not expressible: planned as ZeRO-2 over the same "
-                  "ranks (the same gradient traffic)", "parallel.dp_replicate=1",
-                  f"parallel.dp_shard={dp}", "parallel.zero=2")
         rows.append(Row("megatron", f"GPT {size:g}B {gpus} A100 TP{tp} PP{pp}", tuple(over),
-                        megatron_tokens_per_s(tflops, layers, h), approx=(ddp_tp,),
+                        megatron_tokens_per_s(tflops, layers, h),
                         unmodelled=("GPT (GELU MLP, learned positions, tied embeddings) planned "
                                     "as a Llama shape of equal parameters",)))
     return rows

@@ -94,8 +94,7 @@ def resolve(cfg: RunConfig, *, host: HostSpec, check_paths: bool = True,
     name_rules.check_paths(cfg, problems, check_paths=check_paths)
     data = _resolve_data(cfg, model, problems, check_paths=check_paths)
     precision = _resolve_precision(cfg, host, device, problems)
-    check_model_split(parallel, model=model, training=training, precision=precision,
-                 problems=problems)
+    check_model_split(parallel, model=model, training=training, problems=problems)
     check_recompute(cfg.recompute, problems)
     check_compile(compile_=cfg.training.compile, parallel=parallel, recompute=cfg.recompute,
                   problems=problems)

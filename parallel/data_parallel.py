@@ -24,13 +24,24 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def gradient_sync(parts: list[torch.nn.Module], *, sync: bool):
+def gradient_sync(parts: list[torch.nn.Module], *, sync: bool, reducers: tuple = ()):
     """Reduce gradients only on the last micro-batch of a step: DDP's no_sync(), FSDP2's
-    set_requires_gradient_sync(); a no-op for a module that reduces nothing."""
+    set_requires_gradient_sync(); a no-op for a module that reduces nothing. `reducers`
+    (DDP under tp, parallel/dp_tp_grads.py) average the gradients once the block's backward
+    has run, when `sync`."""
     stack = contextlib.ExitStack()
     for part in parts:
         if isinstance(part, DistributedDataParallel) and not sync:
             stack.enter_context(part.no_sync())
         elif hasattr(part, "set_requires_gradient_sync"):
             part.set_requires_gradient_sync(sync)
+    if sync and reducers:
+        stack.enter_context(_reduce_after(reducers))
     return stack
+
+
+@contextlib.contextmanager
+def _reduce_after(reducers: tuple):
+    yield  # not on an exception: the step is failing, and its peers may not reach the reduce
+    for reducer in reducers:
+        reducer.all_reduce()

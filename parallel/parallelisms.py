@@ -39,8 +39,10 @@ class Parallelism:
 PARALLELISMS = (
     Parallelism(
         name="ddp", degrees=("dp_replicate", "dp_shard", "cp"),
-        when="parallel.zero 0 or 1 with dp x cp > 1 (ParallelSpec.uses_ddp)",
-        passes=("parallel.data_parallel:apply_ddp", "parallel.data_parallel:gradient_sync"),
+        when="parallel.zero 0 or 1 with dp x cp > 1 (ParallelSpec.uses_ddp); under tp the "
+             "gradients' tp shards averaged without DDP",
+        passes=("parallel.data_parallel:apply_ddp", "parallel.data_parallel:gradient_sync",
+                "parallel.dp_tp_grads:ShardGradAverage"),
         rules=("conf.rules.parallel_rules:check_zero", "conf.rules.training_rules:resolve_batch"),
         cost=("parallel.cost.comm:_data_parallel", "parallel.cost.step_time:optimizer_params")),
     Parallelism(
@@ -61,11 +63,12 @@ PARALLELISMS = (
         name="tp", degrees=("tp",),
         when="parallel.tp > 1; parallel.sequence_parallel, parallel.loss_parallel",
         passes=("parallel.tensor_parallel:apply_tp", "parallel.tp_plan:tp_split_dim", "training.models.family:TpPlan",
-                "parallel.tied_embeddings:TiedHeadParallel"),
+                "parallel.tied_embeddings:TiedHeadParallel", "parallel.float8_tp:float8_paths"),
         rules=("conf.rules.split_rules:check_tensor_parallel",
                "conf.rules.split_rules:check_sequence_split",
                "conf.rules.parallel_rules:check_zero"),
-        cost=("parallel.cost.comm:_tensor_parallel", "parallel.cost.params:tp_local_shape",
+        cost=("parallel.cost.comm:_tensor_parallel", "parallel.cost.comm:tp_gather_bytes",
+              "parallel.cost.params:tp_local_shape",
               "parallel.cost.activations:ActivationSplit")),
     Parallelism(
         name="pp", degrees=("pp",),

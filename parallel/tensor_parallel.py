@@ -10,7 +10,8 @@ parallel the residual
 stream, the norms and the dropout-free element-wise work between the TP regions are sharded
 over the sequence (dim 1): all-gather before the column-parallel inputs, reduce-scatter after the
 row-parallel outputs, instead of all-reduce. With loss parallel the logits stay sharded over
-the vocabulary and cross entropy runs under `loss_parallel()` (training/step.py).
+the vocabulary and cross entropy runs under `loss_parallel()` (training/step.py). With fp8 the
+linears fp8 converted get torchao's Float8 styles instead (parallel/float8_tp.py).
 
 Works on a model or a pipeline stage (modules a stage dropped are None and skipped).
 """
@@ -33,15 +34,28 @@ from training.models.family import BLOCKS, TpPlan
 
 
 def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool,
-             loss_parallel: bool) -> None:
-    """Shard `model` in place over `tp_mesh` (a 1-D mesh of the tp ranks)."""
+             loss_parallel: bool, fp8: bool = False) -> None:
+    """Shard `model` in place over `tp_mesh` (a 1-D mesh of the tp ranks); `fp8`: the model's
+    linears were converted to torchao's Float8Linear (precision=fp8)."""
     if tp_mesh.size() == 1:
         return
     tp = family_of(model.spec).tp
     parallelize_module(model, tp_mesh, _root_plan(model, tp, sequence_parallel=sequence_parallel,
                                                   loss_parallel=loss_parallel))
     for block in getattr(model, BLOCKS).values():
-        parallelize_module(block, tp_mesh, _block_plan(tp, sequence_parallel=sequence_parallel))
+        plan = block_plan(block, tp, sequence_parallel=sequence_parallel, fp8=fp8)
+        parallelize_module(block, tp_mesh, plan)
+
+
+def block_plan(block: nn.Module, tp: TpPlan, *, sequence_parallel: bool, fp8: bool) -> dict:
+    """One block's {module path: style}: the plain DTensor styles, or torchao's Float8 ones for
+    the modules fp8 converted."""
+    if not fp8:
+        return _block_plan(tp, sequence_parallel=sequence_parallel)
+    from parallel.float8_tp import float8_paths, float8_styles
+
+    return _block_plan(tp, sequence_parallel=sequence_parallel,
+                       float8=(float8_paths(block, tp), float8_styles()))
 
 
 def keep_embedding_grad_sharded(model: nn.Module) -> None:
@@ -77,14 +91,25 @@ def _root_plan(model: nn.Module, tp: TpPlan, *, sequence_parallel: bool,
     return plan
 
 
-def _block_plan(tp: TpPlan, *, sequence_parallel: bool) -> dict:
-    plan = {path: ColwiseParallel() for path in tp.column}
+PLAIN = (ColwiseParallel, RowwiseParallel, PrepareModuleInput)
+
+
+def _block_plan(tp: TpPlan, *, sequence_parallel: bool,
+                float8: tuple[frozenset[str], tuple[type, type, type]] = (frozenset(), PLAIN),
+                ) -> dict:
+    """`float8`: the paths that take the Float8 styles, and those (column, row, gather) styles."""
+    paths, styles = float8
+
+    def style(path: str) -> tuple[type, type, type]:
+        return styles if path in paths else PLAIN
+
+    plan = {path: style(path)[0]() for path in tp.column}
     if not sequence_parallel:
-        return {**plan, **{path: RowwiseParallel() for path in tp.row}}
-    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        return {**plan, **{path: style(path)[1]() for path in tp.row}}
     return {
         **plan,
         **{path: SequenceParallel() for path in tp.sequence_norms},
-        **{path: gather for path in tp.gathered_inputs},
-        **{path: RowwiseParallel(output_layouts=Shard(1)) for path in tp.row},
+        **{path: style(path)[2](input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+           for path in tp.gathered_inputs},
+        **{path: style(path)[1](output_layouts=Shard(1)) for path in tp.row},
     }

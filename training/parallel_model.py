@@ -2,6 +2,7 @@
 
   model on meta -> PP split -> fp8 -> TP/SP -> CP -> recompute -> compile -> FSDP
   -> materialise (training/init.py; or a Hugging Face model's weights) -> DDP -> pipeline schedule
+  (DDP under tp: a gradient average over the local shards, parallel/dp_tp_grads.py)
 
 Nothing has memory until each part is split and sharded: a rank allocates only its shards,
 filled with the single-process model's values (initialised by name). The pipeline split
@@ -15,11 +16,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from conf.schema import Precision
 from conf.spec import RunSpec
 from parallel.compile import apply_compile
 from parallel.context_parallel import apply_context_parallel, shard_positions, shard_sequence
 from parallel.data_parallel import apply_ddp, unwrap
 from parallel.dims import ParallelDims
+from parallel.dp_tp_grads import ShardGradAverage
 from parallel.fsdp import ExpertUnits, apply_fsdp
 from parallel.mesh import Meshes, build_mesh, fsdp_mesh
 from parallel.recompute import apply_recompute
@@ -49,6 +52,9 @@ class ParallelModel:
     pp_loss: object | None = None
     cp_positions: torch.Tensor | None = None
     zero1: Zero1Partition | None = None
+    grad_reducers: tuple = ()
+    """DDP under tp: the parts' gradient averages over dp x cp (parallel/dp_tp_grads.py),
+    in place of DistributedDataParallel, which cannot take DTensor parameters."""
     loss_parallel: bool = False
     """Logits stay sharded over the vocabulary (tp); cross entropy runs under loss_parallel."""
     loss_chunks: int = 1
@@ -142,7 +148,7 @@ def _parallelize_part(part: nn.Module, spec: RunSpec, layout: ParallelModel,
     apply_fp8(part, spec.precision)
     if dims.tp > 1:
         apply_tp(part, tp_mesh=layout.mesh["tp"], sequence_parallel=p.sequence_parallel,
-                 loss_parallel=p.loss_parallel)
+                 loss_parallel=p.loss_parallel, fp8=spec.precision.name is Precision.fp8)
     if dims.cp > 1:
         positions = shard_positions(seq_len=spec.training.seq_len, cp=dims.cp,
                                     cp_rank=layout.coords["cp"], balanced=p.cp_balanced)
@@ -175,7 +181,11 @@ def _apply_ep(part: nn.Module, spec: RunSpec, layout: ParallelModel) -> ExpertUn
 
 def _apply_ddp(part: nn.Module, layout: ParallelModel, device: torch.device) -> None:
     dims = layout.dims
-    if dims.uses_ddp:
+    if dims.uses_ddp and dims.tp > 1:
+        reducer = ShardGradAverage(list(part.parameters()), group=layout.group("dp_cp"),
+                                   group_size=dims.dp_cp)
+        layout.grad_reducers = (*layout.grad_reducers, reducer)
+    elif dims.uses_ddp:
         wrapped = apply_ddp(part, device=device, group=layout.group("dp_cp"))
         layout.parts[layout.parts.index(part)] = wrapped
 

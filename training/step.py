@@ -108,7 +108,7 @@ def forward_backward(model: ParallelModel, micro_batches: list, *, device: torch
         documents = document_inputs(model, inputs)
         inputs = model.shard_tokens(inputs)
         targets = model.shard_tokens(targets.to(device, non_blocking=True))
-        with gradient_sync(model.parts, sync=i == last):
+        with gradient_sync(model.parts, sync=i == last, reducers=model.grad_reducers):
             total += _micro_batch(model, inputs, targets, scale=scale, autocast=autocast,
                                   scaler=scaler, documents=documents)
     if model.tied is not None:

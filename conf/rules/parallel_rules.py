@@ -79,7 +79,7 @@ def check_zero(zero: int, degrees: dict[str, int], problems: ProblemList) -> Non
     if zero not in (0, 1, 2, 3):
         problems.add("parallel.zero", zero, "must be 0, 1, 2 or 3", "use parallel.zero=3 (FSDP)")
         return
-    shard, cp, tp = degrees["dp_shard"], degrees["cp"], degrees["tp"]
+    shard, cp = degrees["dp_shard"], degrees["cp"]
     dp, dp_cp = degrees["dp_replicate"] * shard, degrees["dp_replicate"] * shard * cp
     if shard > 1 and zero == 0:
         problems.add("parallel.dp_shard", shard,
@@ -92,11 +92,6 @@ def check_zero(zero: int, degrees: dict[str, int], problems: ProblemList) -> Non
         problems.add("parallel.zero", zero,
                      "shards over parallel.dp_shard (and cp), and both are 1: nothing to shard",
                      "set parallel.dp_shard=-1, or parallel.zero=0 for DDP")
-    if tp > 1 and zero in (0, 1) and dp_cp > 1:
-        problems.add("parallel.zero", zero,
-                     f"with parallel.tp={tp} the weights are DTensors, which DDP and ZeRO-1 "
-                     "(ZeroRedundancyOptimizer) cannot reduce; FSDP2 can",
-                     "use parallel.zero=2 or 3 with parallel.dp_shard=-1 (parallel=fsdp_tp)")
 
 
 def check_pipeline_options(cfg: ParallelConfig, spec: ParallelSpec, *, microbatches: int,

@@ -6,21 +6,18 @@ from __future__ import annotations
 
 from conf.errors import ProblemList
 from conf.rules.field_rules import divisors
-from conf.schema import Precision, RecomputeConfig, RecomputeMode, RecomputeTarget
-from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
+from conf.schema import RecomputeConfig, RecomputeMode, RecomputeTarget
+from conf.spec import ModelSpec, ParallelSpec, TrainingSpec
 
 RECOMPUTE_TARGETS = tuple(RecomputeTarget)
 
 
 def check_model_split(p: ParallelSpec, *, model: ModelSpec, training: TrainingSpec,
-                 precision: PrecisionSpec, problems: ProblemList) -> None:
+                      problems: ProblemList) -> None:
     check_tensor_parallel(p, model=model, problems=problems)
     check_pipeline_split(p, model=model, training=training, problems=problems)
     check_sequence_split(p, seq_len=training.seq_len, problems=problems)
     check_loss_chunks(p, training=training, problems=problems)
-    if p.tp > 1 and precision.name is Precision.fp8:
-        problems.add("precision", "fp8", "with parallel.tp>1 fp8 needs torchao's Float8 TP "
-                     "styles, which meshrun does not apply yet", "use precision=bf16 with tp")
 
 
 def check_tensor_parallel(p: ParallelSpec, *, model: ModelSpec, problems: ProblemList) -> None:

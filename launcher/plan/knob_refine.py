@@ -1,8 +1,8 @@
 """The knobs `plan --search` turns beyond the layout: on each of the top layouts, compile
-(training.compile=true) and fp8 (precision=fp8, where the device and the layout allow it),
-alone and together, each variant put through the rules resolve() applies to those keys
-(conf.rules: check_compile, check_model_split; fp8's device rule by resolving the base once
-with precision=fp8) and planned like any run. A variant a rule refuses, or one that changes
+(training.compile=true) and fp8 (precision=fp8, where the device allows it), alone and
+together, each variant put through the rules resolve() applies to those keys (conf.rules:
+check_compile; fp8's device rule by resolving the base once with precision=fp8; fp8 changes
+no split, with tp too) and planned like any run. A variant a rule refuses, or one that changes
 nothing the plan predicts (the cost model does not see every knob), is left out; then the top
 is re-ranked over layouts and variants together, each with `why` against the new #1.
 
@@ -19,7 +19,6 @@ from conf.errors import ConfigError, ProblemList
 from conf.hf_model_config import explicit_model_keys
 from conf.resolve import resolve
 from conf.rules.compile_rules import check_compile
-from conf.rules.split_rules import check_model_split
 from conf.schema import RecomputeConfig
 from conf.spec import PrecisionSpec, RunSpec
 from parallel.cost.plan import make_plan
@@ -61,9 +60,7 @@ def variant_spec(spec: RunSpec, knobs: tuple[str, ...], *, fp8: PrecisionSpec | 
     if FP8[0] in knobs:
         if fp8 is None:
             return None
-        precision = fp8
-        check_model_split(spec.parallel, model=spec.model, training=training,
-                          precision=precision, problems=problems)
+        precision = fp8  # any layout: fp8 changes no split (tp: parallel/float8_tp.py)
     return None if problems else replace(spec, training=training, precision=precision)
 
 

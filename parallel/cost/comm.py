@@ -30,14 +30,19 @@ Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a
   is paid L + 2 times; zero 3 gathers every unit again in backward but the head unit, which
   is never re-sharded after forward;
 - DDP (zero 0/1) over dp_replicate x dp_shard x cp: gradients all-reduced once per step (the
-  RoPE tables are buffers every rank computes alike: broadcast_buffers is off); zero 1
-  also all-gathers the updated parameters from their owners after the optimizer step, one
-  call per parameter tensor (each is broadcast by its owner);
+  RoPE tables are buffers every rank computes alike: broadcast_buffers is off); under tp
+  (axis "dp_tp", parallel/dp_tp_grads.py) the tp-local gradients are all-reduced after the
+  backward, in buckets (counted as one call), not overlapped; zero 1 also all-gathers the
+  updated parameters from their owners after the optimizer step, one call per parameter
+  tensor (each is broadcast by its owner);
 - HSDP: the replicate axis all-reduces the shard's gradients once per step (with the
   reduce-scatter);
 - TP: per block, per micro-batch, 2 in forward and 2 in backward (attention and MLP): an
   all-reduce of the block's activations, or with sequence parallelism an all-gather plus a
   reduce-scatter (the same ring volume); a full-recompute re-run adds the 2 forward ones;
+  with fp8 the all-gathers move 1 byte an element (torchao's Float8 TP styles gather the
+  linears' inputs and, in backward, their output gradients already cast to fp8:
+  parallel/float8_tp.py), the reduce-scatters and all-reduces the activations' dtype;
 - CP: per block, per micro-batch, K and V all-gathered to the full sequence in forward and
   their gradients reduce-scattered in backward, K and V one call each;
 - PP: per pipeline micro-batch and virtual stage, one activation sent forward and one gradient
@@ -59,7 +64,8 @@ Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a
 Overlap rule (`exposed_s`): data-parallel traffic (FSDP, DDP, HSDP) runs under the compute of
 the other blocks, so only the first block's gather and the last block's reduction (1/L of it)
 and whatever the compute cannot cover are exposed; zero 1's parameter gather after the
-optimizer step, TP, CP and PP traffic sit on the critical path and are exposed in full. Where
+optimizer step, DDP's under tp (dp_tp), TP, CP and PP traffic sit on the critical path and are
+exposed in full. Where
 the device cannot overlap (CPU: gloo uses the same cores as compute) all of it is exposed.
 """
 from __future__ import annotations
@@ -252,9 +258,10 @@ def _data_parallel(spec: RunSpec, s: _Shape, link) -> list[Collective]:
                                       "step, right after its reduce-scatter"))
         return out
     group = p.dp_cp
-    out = [Collective(axis="ddp", op="all_reduce", group=group,
+    out = [Collective(axis="ddp" if p.tp == 1 else "dp_tp", op="all_reduce", group=group,
                       size_bytes=s.stage_params * s.grad_bytes, calls=1,
-                      link=link(*DP_CP_AXES), why="gradients, once a step")]
+                      link=link(*DP_CP_AXES), why="gradients, once a step" if p.tp == 1 else
+                      "the tp-local gradients, once a step, after backward")]
     if p.zero == 1:
         out.append(Collective(axis="zero1", op="all_gather", group=group,
                               size_bytes=s.stage_params * 4 / s.tensors, calls=s.tensors,
@@ -316,13 +323,24 @@ def _tensor_parallel(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
         return []
     per_block = 4 + (2 if spec.recompute.mode.value == "full" else 0)
     calls = per_block * s.layers * s.micro_batches
-    size = s.tokens_per_micro_batch * spec.model.dim * s.act_bytes
+    elements = s.tokens_per_micro_batch * spec.model.dim
     if p.sequence_parallel:
-        return [Collective(axis="tp", op=op, group=p.tp, size_bytes=size, calls=calls,
-                           link=link, why=f"sequence parallel: {per_block} per block")
-                for op in ("all_gather", "reduce_scatter")]
-    return [Collective(axis="tp", op="all_reduce", group=p.tp, size_bytes=size, calls=calls,
-                       link=link, why=f"{per_block} per block")]
+        gather = tp_gather_bytes(spec, s.act_bytes)
+        return [Collective(axis="tp", op=op, group=p.tp, size_bytes=elements * nbytes,
+                           calls=calls, link=link,
+                           why=f"sequence parallel: {per_block} per block{note}")
+                for op, nbytes, note in (
+                    ("all_gather", gather, ", in fp8" if gather == 1 else ""),
+                    ("reduce_scatter", s.act_bytes, ""))]
+    return [Collective(axis="tp", op="all_reduce", group=p.tp, size_bytes=elements * s.act_bytes,
+                       calls=calls, link=link, why=f"{per_block} per block")]
+
+
+def tp_gather_bytes(spec: RunSpec, act_bytes: int) -> int:
+    """Bytes an element of the tp all-gathers under sequence parallel: 1 with precision=fp8
+    (torchao's Float8 TP styles cast before they gather, forward and backward), else the
+    activations' `act_bytes`."""
+    return 1 if spec.precision.name.value == "fp8" else act_bytes
 
 
 def _context_parallel(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:

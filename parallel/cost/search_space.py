@@ -186,7 +186,7 @@ def _degrees_pass(given: dict[str, int], cfg: RunConfig, base: RunSpec,
                     pp_layer_split=(),
                     sequence_parallel=given["tp"] > 1 or cfg.parallel.sequence_parallel)
     problems = ProblemList()
-    check_model_split(probe, model=base.model, precision=base.precision, problems=problems,
+    check_model_split(probe, model=base.model, problems=problems,
                       training=replace(base.training, micro_batch_size=given["pp"]))
     return _count(problems, rejected)
 

@@ -22,9 +22,14 @@ BASE = ("model=tiny", "model.n_layers=4", "data=synthetic", "training.seq_len=32
 PAIRS_2 = [("zero3", "tp"), ("tp", "zero1"), ("ddp", "zero2"), ("cp", "zero3"), ("pp", "zero3"),
            ("zero3", "pp"), ("zero3_muon", "tp_muon")]
 PAIRS_4 = [("fsdp_tp", "hsdp"), ("hsdp", "3d_small")]
+PAIRS_DP_TP = [("zero1_tp", "fsdp_tp"), ("fsdp_tp", "ddp_tp")]
+"""DDP and ZeRO-1 under tp (parallel/dp_tp_grads.py): ZeRO-1's owned moments of tp shards
+saved, and a DDP x tp run loading FSDP x tp's."""
 EXTRA = {"3d_small": ["parallel.pp=2", "parallel.tp=2", "parallel.dp_replicate=1", "parallel.zero=0"],
          # optim=muon: Muon's momentum buffers go from FSDP shards to tp shards
-         "zero3_muon": ["parallel=zero3", "optim=muon"], "tp_muon": ["parallel=tp", "optim=muon"]}
+         "zero3_muon": ["parallel=zero3", "optim=muon"], "tp_muon": ["parallel=tp", "optim=muon"],
+         "zero1_tp": ["parallel=zero1", "parallel.tp=2"],
+         "ddp_tp": ["parallel=ddp", "parallel.tp=2"]}
 MOMENT_KEYS = ("exp_avg_sq", "momentum_buffer")
 """The state compared per parameter: AdamW's second moment, or Muon's momentum buffer."""
 
@@ -126,3 +131,7 @@ def test_two_rank_checkpoints_load_under_other_layouts(tmp_path):
 
 def test_four_rank_checkpoints_load_under_other_layouts(tmp_path):
     _run(tmp_path, PAIRS_4, 4)
+
+
+def test_checkpoints_of_ddp_and_zero1_under_tp_load_under_fsdp_tp_and_back(tmp_path):
+    _run(tmp_path, PAIRS_DP_TP, 4)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.distributed
 
 # Two micro-batches per step (gradient accumulation) so no_sync / requires_gradient_sync and
 # the token weighting across micro-batches are exercised too.
-from tests.support.layouts import EIGHT_RANKS, FOUR_RANKS, TWO_RANKS
+from tests.support.layouts import DP_TP, EIGHT_RANKS, FOUR_RANKS, TWO_RANKS
 
 BASE = ("model=tiny", "model.n_layers=4", "data=synthetic", "training.seq_len=32",
         "optim.lr=1e-4", "training.micro_batch_size=2", "training.grad_accum_steps=2")
@@ -55,6 +55,18 @@ def test_two_rank_layouts_match_one_process(tmp_path):
 
 def test_four_rank_layouts_match_one_process(tmp_path):
     specs = _specs(FOUR_RANKS, 4)
+    results = run_on_ranks(parity_rank, world_size=4, workdir=tmp_path, timeout_s=400,
+                           kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
+    _check_reports(results, specs)
+
+
+def test_ddp_and_zero1_under_tp_match_one_process(tmp_path):
+    """Gradients of DTensor shards averaged over dp (no DistributedDataParallel), ZeRO-1's
+    owners stepping and broadcasting their local shards; two micro-batches, so the average
+    runs once, after the last one."""
+    specs = _specs(DP_TP, 4)
+    assert all(s.parallel.uses_ddp and s.parallel.tp == 2 for s in specs)
+    assert [s.parallel.zero for s in specs] == [0, 1, 0]
     results = run_on_ranks(parity_rank, world_size=4, workdir=tmp_path, timeout_s=400,
                            kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
     _check_reports(results, specs)

@@ -38,6 +38,15 @@ FOUR_RANKS = {
     "pp2_dp2_full_every2": ["parallel=pp", "parallel.pp=2", "parallel.dp_shard=-1",
                             "parallel.zero=2", "recompute=full_every2"],
 }
+DP_TP = {
+    "ddp2_tp2": ["parallel=ddp", "parallel.tp=2"],
+    "zero1_dp2_tp2": ["parallel=zero1", "parallel.tp=2"],
+    "ddp2_tp2_no_sp_loss_parallel": ["parallel=ddp", "parallel.tp=2",
+                                     "parallel.sequence_parallel=false",
+                                     "parallel.loss_parallel=true"],
+}
+"""DDP and ZeRO-1 over tp's DTensor shards (parallel/dp_tp_grads.py), 4 ranks: one launch of
+their own (tests/distributed/test_layout_parity.py)."""
 EIGHT_RANKS = {
     "pp2_dp2_tp2": ["parallel=3d"],
     "pp2_cp2_tp2": ["parallel=4d", "parallel.dp_shard=1"],

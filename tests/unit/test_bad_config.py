@@ -100,8 +100,6 @@ CASES = [
          "parallel.pp_schedule=zigzag", "not a pipeline schedule", "gpipe, 1f1b", problems=1),
     case("zero1-needs-shard-axis", "parallel.zero=1",
          "parallel.zero=1", "parallel.dp_shard, which is 1", "parallel.dp_shard=-1", problems=1),
-    case("tp-with-ddp", "model=tiny parallel.dp_replicate=2 parallel.tp=2 cluster.procs_per_node=4",
-         "parallel.zero=0", "DTensors", "parallel=fsdp_tp", problems=1),
     case("cp-seq-len", "parallel=cp training.seq_len=62 cluster.procs_per_node=2",
          "training.seq_len=62", "divisible by 4", "2 x cp(2)", "training.seq_len=60", problems=1),
     case("recompute-target-unknown", "recompute=selective recompute.targets=[mlp]",
@@ -328,7 +326,10 @@ def test_corpus_is_large_and_ids_unique():
             "training.global_batch_size=64"]),
     (H100, ["precision=fp8", "recompute=selective"]),
     (V100, ["precision=fp16"]),
-], ids=["cpu-defaults", "cpu-tiny-single-wsd", "a100-llama3-8b", "h100-fp8", "v100-fp16"])
+    (CPU, ["model=tiny", "parallel.dp_replicate=2", "parallel.tp=2", "cluster.procs_per_node=4"]),
+    (H100, ["parallel=fsdp_tp", "parallel.tp=2", "precision=fp8"]),
+], ids=["cpu-defaults", "cpu-tiny-single-wsd", "a100-llama3-8b", "h100-fp8", "v100-fp16",
+        "ddp-with-tp", "h100-fp8-with-tp"])
 def test_valid_config_raises_nothing(host: HostSpec, overrides: list[str]):
     spec = resolve(compose_config(overrides), host=host)
     assert spec.world_size == spec.parallel.world_size

@@ -148,7 +148,4 @@ def test_a_variant_is_the_spec_resolve_gives_for_its_overrides():
                             recompute=recompute_policies()[r.candidate.recompute_name])
         every = [*BASE, *point_overrides(r.candidate), *knobs,
                  f"training.global_batch_size={BATCH}"]
-        if r.candidate.parallel.tp > 1:
-            assert spec is None  # fp8 with tp: refused, as resolve() refuses it
-            continue
         assert spec == resolve(compose_config(every), host=base.host, check_paths=False)
