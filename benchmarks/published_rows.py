@@ -54,7 +54,10 @@ L405B = ("model=llama3_70b", "model.name=llama3_405b", "model.n_layers=126", "mo
 """Llama 3.1 405B (Hugging Face config.json), on the 70B's vocabulary, heads and RoPE."""
 SPLIT_126_8 = "parallel.pp_layer_split=[15,16,16,16,16,16,16,15]"
 SPLIT_126_16 = "parallel.pp_layer_split=[8,8,8,8,8,8,8,8,8,8,8,8,8,8,7,7]"
-COMPILE = ("training.compile=true", "torch.compile changes no estimate yet")
+COMPILE = ("training.compile=true", "compile with cp and full recompute is refused (its "
+           "blocks would stay eager): planned eager")
+"""Dropped only where meshrun refuses compile for the layout (conf/rules: context parallel's
+eager attention under a whole-block checkpoint); elsewhere compile is planned."""
 ZERO1 = "parallel.zero=1"
 PP_FSDP = "parallel.zero=2"
 """torchtitan's FSDP under pipeline parallelism: reshard_after_forward = not pp_enabled ("do
