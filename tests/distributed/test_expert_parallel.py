@@ -1,13 +1,13 @@
 """Expert parallelism (parallel.ep) against one process, as every layout is proven
 (tests/support/layout_parity.py): with dropless routing, after one AdamW update on the same
-global batch (two micro-batches), the loss, every gradient (the router's, which the z-loss
-reaches, and every expert's, gathered from its ep rank) and every parameter equal the
-single-process reference (fp32, atol 5e-6, rtol 1e-4), and each rank holds the bytes the
+global batch, the loss, every gradient (the router's, which the router losses reach, and
+every expert's, gathered from its ep rank) and every parameter equal one process running
+the layout's micro-batches (fp32, atol 5e-6, rtol 1e-4), and each rank holds the bytes the
 plan says. Models: the test-only MoE family (tests/support/toy_moe_family: 4 experts, top-2,
-the z-loss in the loss) and the shipped tiny_moe (training/models/moe). One spawn per world
-size: 2 ranks (ep2 on both models, ep2 over the cp ranks, and a checkpoint ep2 <-> ep1),
-4 ranks (ep2 x zero3: each expert's FSDP over 2 ranks; ep2 x tp2 without sequence parallel;
-ep2 x pp2)."""
+the z-loss in the loss) and the shipped tiny_moe (training/models/moe) with its balancing
+loss and z-loss on. One spawn per world size: 2 ranks (ep2 on both models, ep2 over the cp
+ranks, and a checkpoint ep2 <-> ep1), 4 ranks (ep2 x zero3: each expert's FSDP over 2 ranks;
+ep2 x tp2 without sequence parallel; ep2 x pp2)."""
 from __future__ import annotations
 
 import pytest
@@ -24,24 +24,27 @@ pytestmark = pytest.mark.distributed
 BASE = ("model=tiny", f"model.family={TOY_MOE}", "model.n_kv_heads=-1", "model.n_layers=2",
         "data=synthetic", "training.seq_len=32", "optim.lr=1e-4",
         "training.micro_batch_size=2", "training.grad_accum_steps=2")
-SHIPPED = ("model=tiny_moe", *BASE[4:])
-"""The shipped MoE family's tiny model (block 0 dense, z-loss on). Its balancing loss is
-computed over each rank's micro-batch, so no data-parallel layout (zero3 as well as ep)
-equals one process with it on: the parity check turns it off; the checkpoint check keeps it."""
+SHIPPED = ("model=tiny_moe", *BASE[4:], "model.moe.aux_loss_coef=0.1",
+           "model.moe.z_loss_coef=0.01")
+"""The shipped MoE family's tiny model (block 0 dense), router losses on. The balancing loss
+is per forward (a rank's micro-batch; a pipeline micro-batch; whole sequences under cp): the
+reference runs the same micro-batches (`parity_rank(micro_batched=True)`)."""
 FOUR_RANKS = {
-    "ep2_zero3": ["parallel=ep"],  # dp_shard 4: each expert's FSDP over 2 ranks
     "ep2_tp2": ["parallel=ep", "parallel.tp=2", "parallel.sequence_parallel=false"],
 }
-PIPELINED = ("parallel=ep", "parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_layer_split=[2,1]",
-             "model.moe.aux_loss_coef=0", "model.moe.z_loss_coef=0")
-"""ep2 x pp2 (1F1B) on tiny_moe: router losses under a pipeline are refused (moe_rules)."""
+ZERO3 = ("parallel=ep",)
+"""ep2 x zero3 on tiny_moe: dp_shard 4, each expert's FSDP over 2 ranks."""
+PIPELINED = ("parallel=ep", "parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_layer_split=[2,1]")
+"""ep2 x pp2 (1F1B) on tiny_moe: each stage's router losses reach its gradient through its
+output (training/models/moe/model/router_loss_grad.py)."""
 
 
 def _run(tmp_path, layouts: dict[str, list[str]], world: int, *more) -> None:
     specs = [cpu_spec(*BASE, f"cluster.procs_per_node={world}", f"parallel.name={name}", *extra)
              for name, extra in layouts.items()] + list(more)
     results = run_on_ranks(parity_rank, world_size=world, workdir=tmp_path, timeout_s=400,
-                           kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
+                           kwargs={"spec_dicts": [spec_to_dict(s) for s in specs],
+                                   "micro_batched": True})
     _check(specs, results)
 
 
@@ -64,7 +67,8 @@ def ep_and_reshard_rank(*, rank: int, world_size: int, spec_dicts: list[dict], r
     """One spawn for both 2-rank checks: parity, then checkpoints across ep degrees."""
     from tests.distributed.test_layout_checkpoint import reshard_rank
 
-    return (parity_rank(rank=rank, world_size=world_size, spec_dicts=spec_dicts),
+    return (parity_rank(rank=rank, world_size=world_size, spec_dicts=spec_dicts,
+                        micro_batched=True),
             reshard_rank(rank=rank, world_size=world_size, root=root, pairs=pairs))
 
 
@@ -74,8 +78,8 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
     allow_reshard, and the next step equals the saving layout's."""
     specs = [cpu_spec(*BASE, "cluster.procs_per_node=2", "parallel.name=ep2", "parallel=ep"),
              cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_tiny_moe",
-                      "parallel=ep", "model.moe.aux_loss_coef=0"),
-             cpu_spec(*BASE, "cluster.procs_per_node=2", "parallel.name=ep2_cp2", "parallel=ep",
+                      "parallel=ep"),
+             cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_cp2", "parallel=ep",
                       "parallel.dp_shard=1", "parallel.cp=2")]  # ep borrows the cp ranks
     ckpt = [cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "training.global_batch_size=8",
                      "training.grad_accum_steps=-1", *extra)
@@ -94,5 +98,6 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
 
 
 def test_ep2_with_zero3_with_tp_and_with_pp_match_one_process(tmp_path):
-    _run(tmp_path, FOUR_RANKS, 4, cpu_spec(*SHIPPED, "cluster.procs_per_node=4",
-                                           "parallel.name=ep2_pp2", *PIPELINED))
+    _run(tmp_path, FOUR_RANKS, 4,
+         cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_zero3", *ZERO3),
+         cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_pp2", *PIPELINED))

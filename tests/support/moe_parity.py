@@ -16,17 +16,10 @@ import torch.distributed as dist
 from conf.run_dir.spec_io import spec_from_dict
 from conf.spec import RunSpec
 from tests.support.layout_parity import (CPU, assert_same_update, check_memory, full,
-                                         held_bytes, local_bytes, named_params)
+                                         held_bytes, layout_micro_batches, local_bytes,
+                                         named_params)
 
 NO_AUTOCAST = torch.autocast("cpu", enabled=False)
-
-
-def every_rank_batches(spec: RunSpec) -> list:
-    from training.data.build import build_train_batches
-
-    dp = spec.parallel.dp
-    return [batch for rank in range(dp) for batch in
-            build_train_batches(spec.data, spec.training, dp_rank=rank, dp_size=dp).next_step()]
 
 
 def expert_biases(parts) -> dict[str, torch.Tensor]:
@@ -47,7 +40,7 @@ def reference_update(spec: RunSpec):
     layout = ParallelModel.single(model)
     optimizer = build_optimizer(model, optim=spec.optim,
                                 state_dtype=spec.precision.optimizer_state_dtype)
-    loss = forward_backward(layout, every_rank_batches(spec), device=CPU, autocast=NO_AUTOCAST)
+    loss = forward_backward(layout, layout_micro_batches(spec), device=CPU, autocast=NO_AUTOCAST)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     clip_and_step(layout, [optimizer], grad_clip=spec.optim.grad_clip)
     update_expert_biases([model])
