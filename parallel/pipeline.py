@@ -16,7 +16,9 @@ Shapes are inferred by torch at the first `step()` (a real forward, and a backwa
 to stage inputs only, of micro-batch 0) and again whenever the schedule switches between
 training and `eval()`. So every batch of one mode must have the same shape, and an evaluation
 must not fall between the accumulation steps of one optimizer step (with FSDP parts the
-re-inference clears `.grad`).
+re-inference clears `.grad`). A per-token loss a stage computes itself (MoE router losses)
+enters through that stage's output, weighed by its pipeline micro-batch's target tokens
+(`MicroBatchStage`); torch's shape-inference forward is not one of those forwards.
 """
 from __future__ import annotations
 

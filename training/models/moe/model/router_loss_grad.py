@@ -23,7 +23,9 @@ class RouterLossGrad(torch.autograd.Function):
     def forward(ctx, hidden: torch.Tensor, loss: torch.Tensor, weight) -> torch.Tensor:
         ctx.weight = weight
         ctx.loss_meta = (loss.shape, loss.dtype)
-        return hidden.view_as(hidden)
+        # The same storage, as a new tensor rather than a view: torch's split backward
+        # (zero-bubble schedules) detaches stage outputs in place, which a view refuses.
+        return hidden.detach()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
