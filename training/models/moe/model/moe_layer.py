@@ -5,9 +5,11 @@ Forward: route (scores of every expert, the top-k per token, under a capacity th
 that fit) -> sort the token copies by expert -> `experts(x_sorted, counts)` -> unsort ->
 the k outputs weighted by their scores and summed -> + the shared experts. The balancing
 loss and z-loss of the last forward stay on the module (`router_losses`) for the model to
-add to the training loss; the loads since the last read accumulate in buffers (no host
-sync, training forwards only; a block re-run by activation recompute counts twice) for the
-metrics and the sigmoid router's bias update.
+add to the training loss (under context parallel over the whole sequences:
+`sequence_group`); the loads since the last read accumulate in buffers (no host sync,
+training forwards only; a block re-run by activation recompute counts twice, except on a
+pipeline stage, which counts only its real forwards: `counts_loads`) for the metrics and
+the sigmoid router's bias update.
 """
 from __future__ import annotations
 
