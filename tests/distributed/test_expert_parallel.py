@@ -87,15 +87,18 @@ def _check(specs: list, results: list) -> None:
 
 
 def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
-    """Parity of ep=2 (and its routing metrics over cp); then a checkpoint saved under ep=2
-    loads (by name, DCP resharding the expert DTensors and their AdamW moments) under ep=1
-    and the reverse, refused without allow_reshard, and the next step equals the saving
-    layout's."""
+    """Parity of ep=2 (over cp: the balancing loss per batch and per sequence; the routing
+    metrics); then a checkpoint saved under ep=2 loads (by name, DCP resharding the expert
+    DTensors and their AdamW moments) under ep=1 and the reverse, refused without
+    allow_reshard, and the next step equals the saving layout's."""
     over_cp = cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_cp2",
                        "parallel=ep", "parallel.dp_shard=1", "parallel.cp=2")  # ep: the cp ranks
+    per_sequence = cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_cp2_seq",
+                            "parallel=ep", "parallel.dp_shard=1", "parallel.cp=2",
+                            "model.moe.seq_aux_loss=true")  # DeepSeek's loss per sequence
     specs = [cpu_spec(*BASE, "cluster.procs_per_node=2", "parallel.name=ep2", "parallel=ep"),
              cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_tiny_moe",
-                      "parallel=ep"), over_cp]
+                      "parallel=ep"), over_cp, per_sequence]
     ckpt = [cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "training.global_batch_size=8",
                      "training.grad_accum_steps=-1", *extra)
             for extra in (["parallel=ep"], ["parallel=zero3"])]
