@@ -47,7 +47,8 @@ class MoeConfig:
     aux_loss_coef: float = 0.0
     """Load-balancing loss weight: coef x E x sum_i f_i P_i per MoE block, averaged over the
     blocks (f_i: share of tokens routed to expert i, P_i: its mean router probability; as
-    transformers' Mixtral/Qwen3-MoE loss for one block)."""
+    transformers' Mixtral/Qwen3-MoE loss for one block). f and P are taken per forward, as in
+    Megatron: a rank's micro-batch (a pipeline micro-batch under pp; whole sequences under cp)."""
     seq_aux_loss: bool = False
     """The balancing loss per sequence, averaged over the sequences (DeepSeek-V3's
     sequence-wise loss, on the batch loss's scale: top_k x DeepSeek's for one coefficient)."""

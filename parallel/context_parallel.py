@@ -211,7 +211,8 @@ class ContextParallelAttention:
 def apply_context_parallel(model: torch.nn.Module, *, group, positions: torch.Tensor) -> None:
     """Make `model` (or a pipeline stage) run on the tokens at `positions` of each sequence:
     RoPE by global position, attention over the cp group's whole sequence (and, with
-    document masking, each block's mask built once over it by `context_document_mask`)."""
+    document masking, each block's mask built once over it by `context_document_mask`);
+    a module with a `sequence_group` (an MoE router) sums its statistics over the group."""
     model.rope_positions = positions
     model.document_mask = functools.partial(context_document_mask, group=group,
                                             positions=positions)
@@ -219,3 +220,6 @@ def apply_context_parallel(model: torch.nn.Module, *, group, positions: torch.Te
     for block in getattr(model, BLOCKS).values():
         block.get_submodule(attention).context = ContextParallelAttention(group=group,
                                                                          positions=positions)
+    for module in model.modules():
+        if hasattr(module, "sequence_group"):  # MoE routers: statistics of whole sequences
+            module.sequence_group = group

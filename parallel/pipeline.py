@@ -16,7 +16,9 @@ Shapes are inferred by torch at the first `step()` (a real forward, and a backwa
 to stage inputs only, of micro-batch 0) and again whenever the schedule switches between
 training and `eval()`. So every batch of one mode must have the same shape, and an evaluation
 must not fall between the accumulation steps of one optimizer step (with FSDP parts the
-re-inference clears `.grad`).
+re-inference clears `.grad`). A per-token loss a stage computes itself (MoE router losses)
+enters through that stage's output, weighed by its pipeline micro-batch's target tokens
+(`MicroBatchStage`); torch's shape-inference forward is not one of those forwards.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_s
 from conf.rules.parallel_rules import SPLIT_BACKWARD_SCHEDULES
 from conf.rules.split_rules import stage_split
 from conf.spec import ParallelSpec
+from parallel.data_parallel import unwrap
 from parallel.dims import pipeline_stage_ids
 from training.models import family_of
 from training.models.family import BLOCKS
@@ -123,13 +126,24 @@ class PipelineLoss:
     also records the unscaled sum in `token_loss_sums`, from which the step's loss is read.
     """
 
-    def __init__(self, token_loss, *, vocab_sharded: bool = False) -> None:
+    def __init__(self, token_loss, *, vocab_sharded: bool = False,
+                 ignore_index: int = -100) -> None:
         self.token_loss = token_loss
         self.vocab_sharded = vocab_sharded
         """The last stage's logits stay sharded over the vocabulary (tp with loss parallel):
         the schedule runs under torch's `loss_parallel()`, forward and backward."""
+        self.ignore_index = ignore_index
+        """The target value `token_loss` skips (not a target token)."""
         self.scale: float = 1.0
         self.token_loss_sums: list[torch.Tensor] = []
+        self.microbatch_weights: list[torch.Tensor] | None = None
+        """Per pipeline micro-batch of the running step: its target tokens x `scale`, the
+        weight of a per-token loss a stage adds (router losses); None outside training."""
+
+    def weigh_microbatches(self, targets: torch.Tensor, n_microbatches: int) -> None:
+        """`microbatch_weights` of `targets` split as torch's schedule splits it (dim 0)."""
+        self.microbatch_weights = [(part != self.ignore_index).sum() * self.scale
+                                   for part in torch.tensor_split(targets, n_microbatches)]
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss_sum = self.token_loss(logits, targets)
@@ -146,6 +160,28 @@ class PipelineLoss:
         return loss_parallel()
 
 
+class MicroBatchStage(PipelineStage):
+    """torch's stage. A stage module with `pipeline_microbatch` (an MoE model: router losses,
+    routing loads) runs each real forward of pipeline micro-batch i inside
+    `pipeline_microbatch(loss.microbatch_weights[i])`, and every other forward (torch's
+    shape inference) outside it (`as_pipeline_stage`)."""
+
+    def __init__(self, submod: nn.Module, *args, loss: PipelineLoss, **kwargs) -> None:
+        super().__init__(submod, *args, **kwargs)
+        self.weights_from = loss
+        module = unwrap(submod)
+        self.microbatch = getattr(module, "pipeline_microbatch", None)
+        if self.microbatch is not None:
+            module.as_pipeline_stage()
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
+        if self.microbatch is None:
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        weights = self.weights_from.microbatch_weights
+        with self.microbatch(None if weights is None else weights[fwd_chunk_id]):
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+
 def build_schedule(parts: list[nn.Module], *, parallel: ParallelSpec, pp_rank: int, pp_group,
                    device: torch.device, loss: PipelineLoss):
     """torch's schedule over `parts` (from `split_model`, possibly already wrapped by
@@ -153,8 +189,8 @@ def build_schedule(parts: list[nn.Module], *, parallel: ParallelSpec, pp_rank: i
     ids = stage_ids(parallel=parallel, pp_rank=pp_rank)
     if len(parts) != len(ids):
         raise ValueError(f"{len(parts)} parts for stages {ids} of pp rank {pp_rank}")
-    stages = [PipelineStage(part, stage_index=index, num_stages=parallel.n_stages,
-                            device=torch.device(device), group=pp_group)
+    stages = [MicroBatchStage(part, stage_index=index, num_stages=parallel.n_stages,
+                              device=torch.device(device), group=pp_group, loss=loss)
               for part, index in zip(parts, ids)]
     assert stages[0].group_rank == pp_rank, (stages[0].group_rank, pp_rank)
     if parallel.pp_schedule in SPLIT_BACKWARD_SCHEDULES:
@@ -217,8 +253,12 @@ def pipeline_forward_backward(schedule, *, inputs: torch.Tensor, targets: torch.
     `documents`: the model's document-masking keywords for this micro-batch, or None.
     """
     loss.scale = float(loss_scale)
-    return _run(schedule.step, schedule, inputs=inputs, targets=targets, is_first=is_first,
-                is_last=is_last, loss=loss, autocast=autocast, documents=documents)
+    loss.weigh_microbatches(targets, schedule_microbatches(schedule))
+    try:
+        return _run(schedule.step, schedule, inputs=inputs, targets=targets, is_first=is_first,
+                    is_last=is_last, loss=loss, autocast=autocast, documents=documents)
+    finally:
+        loss.microbatch_weights = None
 
 
 @torch.no_grad()

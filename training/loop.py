@@ -171,7 +171,8 @@ def _after_step(tr: TrainState, row: dict, stop: int) -> None:
     tr.run_dir_guard.check(before=f"writing step {tr.step}")
     logged = tr.step % t.log_every == 0 or tr.step == stop
     if logged and tr.spec.model.moe.enabled:
-        row.update(routing_fields(tr.model.parts, group=tr.model.group("dp_cp")))
+        row.update(routing_fields(tr.model.parts, group=tr.model.group("dp_cp"),
+                                  pp_group=tr.model.group("pp")))
     if tr.loggers is not None and logged:
         tr.loggers.log(row)
     if t.eval_every and tr.step % t.eval_every == 0 and tr.step < t.steps:

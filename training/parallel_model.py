@@ -31,7 +31,7 @@ from parallel.tied_embeddings import TiedCopy, find_tied_copy
 from parallel.zero1 import Zero1Partition
 from training.hf_import import hf_start_dir
 from training.init import materialize
-from training.loss import token_cross_entropy_sum
+from training.loss import IGNORE_INDEX, token_cross_entropy_sum
 from training.model_builder import build_model_on_meta
 from training.models import family_of
 from training.precision import apply_fp8, mixed_precision_policy
@@ -193,7 +193,8 @@ def _apply_ddp(part: nn.Module, layout: ParallelModel, device: torch.device) -> 
 def _build_pipeline(layout: ParallelModel, spec: RunSpec, device: torch.device) -> None:
     from parallel.pipeline import PipelineLoss, build_schedule
 
-    layout.pp_loss = PipelineLoss(token_cross_entropy_sum, vocab_sharded=layout.loss_parallel)
+    layout.pp_loss = PipelineLoss(token_cross_entropy_sum, vocab_sharded=layout.loss_parallel,
+                                  ignore_index=IGNORE_INDEX)
     layout.schedule = build_schedule(layout.parts, parallel=spec.parallel,
                                      pp_rank=layout.coords["pp"], pp_group=layout.group("pp"),
                                      device=device, loss=layout.pp_loss)

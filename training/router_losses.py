@@ -4,8 +4,10 @@ and the sigmoid router's balancing-bias update after the optimizer step.
 The model keeps its last forward's weighted router losses (`router_losses()`, training/
 models/moe/model/__init__.py); each micro-batch adds them x its target tokens to its token-loss
 sum, so after the step's division by the global token count every token carries them once
-(micro-batches and data-parallel ranks weigh them by their tokens). The reported loss stays
-the language-model loss; the router losses are metrics of their own (training/routing_metrics.py).
+(micro-batches and data-parallel ranks weigh them by their tokens; a pipeline stage's reach
+the gradient through its output, weighed the same way: parallel/pipeline.py). The reported
+loss stays the language-model loss; the router losses are metrics of their own
+(training/routing_metrics.py).
 """
 from __future__ import annotations
 

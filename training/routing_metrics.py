@@ -6,8 +6,9 @@ Per block i: `moe_l{i}_load_max_mean` (the busiest expert's token copies / the m
 `moe_l{i}_dropped_frac` (copies over the capacity, of all copies), `moe_l{i}_aux_loss` and
 `moe_l{i}_z_loss` (unweighted, averaged over the forwards). Without the `l{i}`: the worst
 block's load and share, the dropped share of all blocks, the mean of the losses. The loads
-are summed over the ranks of `group` (those that saw different tokens). One host read per
-logged step; the buffers restart from zero.
+are summed over the ranks of `group` (those that saw different tokens), and gathered from
+every pipeline stage (each holds its own blocks). One host read per logged step; the buffers
+restart from zero.
 """
 from __future__ import annotations
 
@@ -19,23 +20,33 @@ from training.router_losses import moe_layers
 
 
 @torch.no_grad()
-def routing_fields(parts: list[nn.Module], *, group=None) -> dict[str, float]:
-    """The routing metrics of the blocks these parts hold (all ranks of `group` call it)."""
+def routing_fields(parts: list[nn.Module], *, group=None, pp_group=None) -> dict[str, float]:
+    """The routing metrics of the blocks these parts hold, and with `pp_group` those of every
+    pipeline stage's (all ranks of `group` and `pp_group` call it)."""
     layers = moe_layers(parts)
-    if not layers:
+    rows = {}
+    if layers:
+        indices = sorted(layers)
+        loads = torch.stack([layers[i].load_since_read for i in indices])
+        stats = torch.stack([layers[i].stats_since_read for i in indices])
+        both = torch.cat([loads, stats], dim=1)
+        if group is not None:
+            dist.all_reduce(both, group=group)
+        for i in indices:
+            layers[i].load_since_read.zero_()
+            layers[i].stats_since_read.zero_()
+        top_k = layers[indices[0]].top_k
+        rows = {i: (top_k, row) for i, row in zip(indices, both.cpu().double().tolist())}
+    if pp_group is not None:
+        stages = [None] * dist.get_world_size(pp_group)
+        dist.all_gather_object(stages, rows, group=pp_group)
+        rows = {i: row for stage in stages for i, row in stage.items()}
+    if not rows:
         return {}
-    indices = sorted(layers)
-    loads = torch.stack([layers[i].load_since_read for i in indices])
-    stats = torch.stack([layers[i].stats_since_read for i in indices])
-    both = torch.cat([loads, stats], dim=1)
-    if group is not None:
-        dist.all_reduce(both, group=group)
-    for i in indices:
-        layers[i].load_since_read.zero_()
-        layers[i].stats_since_read.zero_()
-    top_k = layers[indices[0]].top_k
-    return block_fields(indices, both.cpu().double().tolist(), top_k=top_k,
-                        num_experts=loads.shape[1])
+    indices = sorted(rows)
+    top_k, first = rows[indices[0]]
+    return block_fields(indices, [rows[i][1] for i in indices], top_k=top_k,
+                        num_experts=len(first) - 4)
 
 
 def block_fields(indices: list[int], rows: list[list[float]], *, top_k: int,

@@ -62,7 +62,7 @@ def check_moe(model: ModelSpec, *, parallel: ParallelSpec, checkpoint: Checkpoin
         problems.add("parallel.tp", parallel.tp, "does not split routers and experts yet",
                      "use parallel.tp=1 with MoE models")
     _check_routing(model, problems)
-    _check_losses(model, parallel, problems)
+    _check_losses(model, problems)
     if checkpoint.export_safetensors:
         _check_export(model, problems)
 
@@ -95,18 +95,12 @@ def _check_routing(model: ModelSpec, problems: ProblemList) -> None:
                      "set model.moe.renormalize=false (Switch), or top_k>=2")
 
 
-def _check_losses(model: ModelSpec, parallel: ParallelSpec, problems: ProblemList) -> None:
+def _check_losses(model: ModelSpec, problems: ProblemList) -> None:
     moe = model.moe
     for name in ("aux_loss_coef", "z_loss_coef"):
         value = getattr(moe, name)
         if value < 0:
             problems.add(f"model.moe.{name}", value, "must be >= 0", "e.g. 0.001, or 0 (off)")
-        elif value > 0 and parallel.pp > 1:
-            problems.add(f"model.moe.{name}", value,
-                         "router losses are added on the loss path of the last pipeline "
-                         f"stage; with parallel.pp={parallel.pp} earlier stages' would be lost",
-                         f"set model.moe.{name}=0 (score=sigmoid balances without a loss), "
-                         "or parallel.pp=1")
     if moe.seq_aux_loss and moe.aux_loss_coef == 0:
         problems.add("model.moe.seq_aux_loss", True, "needs model.moe.aux_loss_coef > 0",
                      "set model.moe.aux_loss_coef (e.g. 0.0001)")

@@ -55,9 +55,26 @@ def named_params(layout) -> dict[str, torch.Tensor]:
     return {name: p for part in layout.parts for name, p in unwrap(part).named_parameters()}
 
 
-def reference_update(spec: RunSpec):
+def layout_micro_batches(spec: RunSpec) -> list:
+    """The global batch as the layout's forwards take it: every dp rank's micro-batches, each
+    cut into the pipeline's micro-batches as torch's schedule cuts it (tensor_split, dim 0).
+    A loss that is not a sum over tokens (the MoE balancing loss) is per forward."""
+    from training.data.build import build_train_batches
+
+    dp = spec.parallel.dp
+    pieces = spec.parallel.pp_microbatches if spec.parallel.pp > 1 else 1
+    return [(inputs_part, targets_part)
+            for rank in range(dp)
+            for inputs, targets in build_train_batches(spec.data, spec.training, dp_rank=rank,
+                                                       dp_size=dp).next_step()
+            for inputs_part, targets_part in zip(torch.tensor_split(inputs, pieces),
+                                                 torch.tensor_split(targets, pieces))]
+
+
+def reference_update(spec: RunSpec, *, micro_batched: bool = False):
     """Loss (mean over the global batch), grads and params after one step, in one process
-    (from the run's Hugging Face weights when it starts from some)."""
+    (from the run's Hugging Face weights when it starts from some): the global batch as one
+    micro-batch, or `micro_batched` as the layout's forwards take it (`layout_micro_batches`)."""
     from training.data.build import build_train_batches
     from training.hf_import import hf_start_dir
     from training.parallel_model import ParallelModel
@@ -67,7 +84,8 @@ def reference_update(spec: RunSpec):
 
     t = dataclasses.replace(spec.training, micro_batch_size=spec.training.global_batch_size,
                             grad_accum_steps=1)
-    batches = build_train_batches(spec.data, t, dp_rank=0, dp_size=1).next_step()
+    batches = (layout_micro_batches(spec) if micro_batched else
+               build_train_batches(spec.data, t, dp_rank=0, dp_size=1).next_step())
     model = build_model(spec.model, device=CPU, seed=spec.training.seed,
                         hf_dir=hf_start_dir(spec))
     layout = ParallelModel.single(model)
@@ -116,12 +134,14 @@ def assert_same_update(where: str, got: tuple, ref: tuple) -> None:
                                        msg=lambda m, n=name, k=kind: f"{where} {k} {n}: {m}")
 
 
-def parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> list[dict]:
-    """Every check runs on the ranks (a mismatch raises there, with the parameter's name)."""
+def parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict],
+                micro_batched: bool = False) -> list[dict]:
+    """Every check runs on the ranks (a mismatch raises there, with the parameter's name);
+    `micro_batched`: against one process that runs the layout's micro-batches."""
     report = []
     for spec_dict in spec_dicts:
         spec = spec_from_dict(RunSpec, spec_dict)
-        ref_loss, ref_grads, ref_params = reference_update(spec)
+        ref_loss, ref_grads, ref_params = reference_update(spec, micro_batched=micro_batched)
         loss, grads, params, memory = layout_update(spec, rank)
         check_memory(spec, rank, memory)
         assert_same_update(f"layout {spec.parallel.name}", (loss, grads, params),

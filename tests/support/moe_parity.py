@@ -16,17 +16,10 @@ import torch.distributed as dist
 from conf.run_dir.spec_io import spec_from_dict
 from conf.spec import RunSpec
 from tests.support.layout_parity import (CPU, assert_same_update, check_memory, full,
-                                         held_bytes, local_bytes, named_params)
+                                         held_bytes, layout_micro_batches, local_bytes,
+                                         named_params)
 
 NO_AUTOCAST = torch.autocast("cpu", enabled=False)
-
-
-def every_rank_batches(spec: RunSpec) -> list:
-    from training.data.build import build_train_batches
-
-    dp = spec.parallel.dp
-    return [batch for rank in range(dp) for batch in
-            build_train_batches(spec.data, spec.training, dp_rank=rank, dp_size=dp).next_step()]
 
 
 def expert_biases(parts) -> dict[str, torch.Tensor]:
@@ -47,7 +40,7 @@ def reference_update(spec: RunSpec):
     layout = ParallelModel.single(model)
     optimizer = build_optimizer(model, optim=spec.optim,
                                 state_dtype=spec.precision.optimizer_state_dtype)
-    loss = forward_backward(layout, every_rank_batches(spec), device=CPU, autocast=NO_AUTOCAST)
+    loss = forward_backward(layout, layout_micro_batches(spec), device=CPU, autocast=NO_AUTOCAST)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     clip_and_step(layout, [optimizer], grad_clip=spec.optim.grad_clip)
     update_expert_biases([model])
@@ -94,4 +87,37 @@ def moe_parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
         report.append({"layout": spec.parallel.name, "names": sorted(grads), "loss": loss,
                        "biases": sorted(biases),
                        "router_grad": float(grads["layers.1.moe.router.weight"].norm())})
+    return report
+
+
+def routing_parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> list[dict]:
+    """The routing metrics a logged step reads (training/routing_metrics.py: loads and router
+    losses summed over the dp x cp ranks, every pipeline stage's blocks gathered, torch's
+    shape-inference forward not counted) equal one process's over the same micro-batches."""
+    import pytest
+
+    from training.data.build import build_train_batches
+    from training.model_builder import build_model
+    from training.parallel_model import ParallelModel, build_parallel_model
+    from training.routing_metrics import routing_fields
+    from training.step import forward_backward
+
+    report = []
+    for spec_dict in spec_dicts:
+        spec = spec_from_dict(RunSpec, spec_dict)
+        model = build_model(spec.model, device=CPU, seed=spec.training.seed)
+        forward_backward(ParallelModel.single(model), layout_micro_batches(spec), device=CPU,
+                         autocast=NO_AUTOCAST)
+        expected = routing_fields([model])
+        layout = build_parallel_model(spec, rank=rank, device=CPU)
+        batches = build_train_batches(spec.data, spec.training, dp_rank=layout.dims.dp_rank(rank),
+                                      dp_size=layout.dims.dp).next_step()
+        forward_backward(layout, batches, device=CPU, autocast=NO_AUTOCAST)
+        got = routing_fields(layout.parts, group=layout.group("dp_cp"),
+                             pp_group=layout.group("pp"))
+        where = f"layout {spec.parallel.name} routing metrics"
+        assert got.keys() == expected.keys(), (where, sorted(got), sorted(expected))
+        for key, value in expected.items():
+            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (where, key, got[key])
+        report.append(got)
     return report

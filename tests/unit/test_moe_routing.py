@@ -161,8 +161,8 @@ def test_parameter_table_is_the_module(overrides):
     (("model.moe.first_dense_layers=3",), "model.moe.first_dense_layers"),
     (("model.moe.capacity_factor=0",), "model.moe.capacity_factor"),
     (("model.family=llama",), "model.moe.num_experts"),
-    (("model.moe.aux_loss_coef=0.01", "parallel=pp", "cluster.procs_per_node=2"),
-     "model.moe.aux_loss_coef"),
+    (("model.moe.z_loss_coef=-0.01", "parallel=pp", "cluster.procs_per_node=2"),
+     "model.moe.z_loss_coef"),
     (("model.moe.score=sigmoid",), "model.moe.score"),  # export as Qwen3-MoE impossible
     (("model.moe.top_k=1",), "model.moe.renormalize"),
 ])

@@ -5,9 +5,11 @@ Forward: route (scores of every expert, the top-k per token, under a capacity th
 that fit) -> sort the token copies by expert -> `experts(x_sorted, counts)` -> unsort ->
 the k outputs weighted by their scores and summed -> + the shared experts. The balancing
 loss and z-loss of the last forward stay on the module (`router_losses`) for the model to
-add to the training loss; the loads since the last read accumulate in buffers (no host
-sync, training forwards only; a block re-run by activation recompute counts twice) for the
-metrics and the sigmoid router's bias update.
+add to the training loss (under context parallel over the whole sequences:
+`sequence_group`); the loads since the last read accumulate in buffers (no host sync,
+training forwards only; a block re-run by activation recompute counts twice, except on a
+pipeline stage, which counts only its real forwards: `counts_loads`) for the metrics and
+the sigmoid router's bias update.
 """
 from __future__ import annotations
 
@@ -53,6 +55,11 @@ class MoE(nn.Module):
         self.register_buffer("stats_since_read", torch.zeros(4), persistent=False)
         self.router_losses: torch.Tensor | None = None
         """aux_loss_coef x balancing loss + z_loss_coef x z-loss of the last forward."""
+        self.sequence_group = None
+        """The ranks holding the other tokens of the same sequences (context parallel sets
+        it): the router statistics the losses are made of are summed over them."""
+        self.counts_loads = True
+        """False: forwards are not counted (a pipeline stage's outside its real forwards)."""
 
     @torch.no_grad()
     def reset_stats(self) -> None:
@@ -106,13 +113,12 @@ class MoE(nn.Module):
     def _losses_and_stats(self, logits, probs, chosen, counts, *, batch: int) -> None:
         moe = self.moe
         load = torch.bincount(chosen.reshape(-1), minlength=self.num_experts).float()
-        balance = (balancing_loss(probs, chosen, num_experts=self.num_experts, batch=batch)
-                   if moe.seq_aux_loss else
-                   self.num_experts * (load / probs.shape[0] * probs.mean(0)).sum())
-        z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+        balance, z = router_loss_terms(logits, probs, chosen, num_experts=self.num_experts,
+                                       groups=batch if moe.seq_aux_loss else 1,
+                                       group=self.sequence_group)
         self.router_losses = moe.aux_loss_coef * balance + moe.z_loss_coef * z
-        if not self.training:
-            return  # evaluation: no loads counted (metrics, balancing bias)
+        if not (self.training and self.counts_loads):
+            return  # evaluation, pipeline metadata forward: no loads counted
         with torch.no_grad():
             self.load_since_read += load
             self.load_since_step += load
@@ -147,13 +153,29 @@ def sort_by_expert(chosen: torch.Tensor, *, num_experts: int, capacity: int | No
     return order, kept_counts, int(kept_counts.sum())
 
 
-def balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, *, num_experts: int,
-                   batch: int) -> torch.Tensor:
-    """The balancing loss per sequence, averaged over the batch: E x sum_i f_i P_i with f_i
-    the share of the sequence's tokens routed to expert i and P_i its mean probability."""
-    seq_probs = probs.view(batch, -1, num_experts)
-    seq_chosen = chosen.view(batch, -1)
-    load = torch.zeros(batch, num_experts, device=probs.device).scatter_add_(
-        1, seq_chosen, torch.ones_like(seq_chosen, dtype=torch.float32))
-    f = load / seq_probs.shape[1]
-    return num_experts * (f * seq_probs.mean(1)).sum(-1).mean()
+def router_loss_terms(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor, *,
+                      num_experts: int, groups: int, group=None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(balancing loss, z-loss) of tokens in `groups` equal runs (1: the whole batch; the
+    batch size: per sequence, DeepSeek-V3's sequence-wise loss). Balancing loss:
+    E x sum_i f_i P_i per run, averaged over the runs (f_i: share of the run's tokens routed
+    to expert i, P_i: its mean probability). z-loss: the mean over tokens of
+    logsumexp(logits)^2. Both are made of sums over tokens, summed over the ranks of
+    `group` too (differentiably: context parallel's shares of each sequence), so every rank
+    gets the loss of the whole sequences."""
+    run_probs = probs.view(groups, -1, num_experts)
+    run_chosen = chosen.view(groups, -1)
+    load = torch.zeros(groups, num_experts, device=probs.device).scatter_add_(
+        1, run_chosen, torch.ones_like(run_chosen, dtype=torch.float32))
+    sums = torch.cat([load.flatten(), run_probs.sum(1).flatten(),
+                      torch.logsumexp(logits, dim=-1).pow(2).sum().view(1),
+                      load.new_tensor([run_probs.shape[1]])])
+    if group is not None:
+        from torch.distributed.nn.functional import all_reduce
+
+        sums = all_reduce(sums, group=group)
+    cells = groups * num_experts
+    load, prob_sum = sums[:cells].view(groups, -1), sums[cells:2 * cells].view(groups, -1)
+    z_sum, run_tokens = sums[2 * cells], sums[2 * cells + 1]
+    balance = num_experts * (load * prob_sum).sum(-1).mean() / run_tokens ** 2
+    return balance, z_sum / (run_tokens * groups)
