@@ -61,7 +61,7 @@ PARALLELISMS = (
         name="tp", degrees=("tp",),
         when="parallel.tp > 1; parallel.sequence_parallel, parallel.loss_parallel",
         passes=("parallel.tensor_parallel:apply_tp", "parallel.tp_plan:tp_split_dim", "training.models.family:TpPlan",
-                "parallel.tied_embeddings:TiedHeadParallel"),
+                "parallel.tied_embeddings:TiedHeadParallel", "parallel.tp_replicated:sum_over_tp"),
         rules=("conf.rules.split_rules:check_tensor_parallel",
                "conf.rules.split_rules:check_sequence_split",
                "conf.rules.parallel_rules:check_zero"),

@@ -5,9 +5,12 @@ reaches, and every expert's, gathered from its ep rank) and every parameter equa
 single-process reference (fp32, atol 5e-6, rtol 1e-4), and each rank holds the bytes the
 plan says. Models: the test-only MoE family (tests/support/toy_moe_family: 4 experts, top-2,
 the z-loss in the loss) and the shipped tiny_moe (training/models/moe). One spawn per world
-size: 2 ranks (ep2 on both models, ep2 over the cp ranks, and a checkpoint ep2 <-> ep1),
-4 ranks (ep2 x zero3: each expert's FSDP over 2 ranks; ep2 x tp2 without sequence parallel;
-ep2 x pp2)."""
+size: 2 ranks (ep2 on both models, ep2 over the cp ranks, tp2 on tiny_moe with and without
+sequence parallel, and a checkpoint ep2 <-> ep1), 4 ranks (ep2 x zero3: each expert's FSDP
+over 2 ranks; ep2 x tp2 without sequence parallel, and on tiny_moe with it; ep2 x pp2).
+Under sequence parallel each tp rank routes its share of the sequence: the router and expert
+gradients are summed over tp and the router losses reduced over it (its q/k norms' gradients
+are summed over tp with or without it)."""
 from __future__ import annotations
 
 import pytest
@@ -32,6 +35,12 @@ FOUR_RANKS = {
     "ep2_zero3": ["parallel=ep"],  # dp_shard 4: each expert's FSDP over 2 ranks
     "ep2_tp2": ["parallel=ep", "parallel.tp=2", "parallel.sequence_parallel=false"],
 }
+ONE_MICRO_BATCH = ("model=tiny_moe", "data=synthetic", "training.seq_len=32", "optim.lr=1e-4",
+                   "training.micro_batch_size=4", "training.grad_accum_steps=1")
+"""tiny_moe with the global batch in one micro-batch, as the reference takes it: its
+whole-batch balancing loss then equals one process's under tp (dp 1)."""
+SEQUENCE_AUX = "model.moe.seq_aux_loss=true"
+"""The balancing loss per sequence, which a data split of the batch keeps."""
 PIPELINED = ("parallel=ep", "parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_layer_split=[2,1]",
              "model.moe.aux_loss_coef=0", "model.moe.z_loss_coef=0")
 """ep2 x pp2 (1F1B) on tiny_moe: router losses under a pipeline are refused (moe_rules)."""
@@ -76,7 +85,11 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
              cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_tiny_moe",
                       "parallel=ep", "model.moe.aux_loss_coef=0"),
              cpu_spec(*BASE, "cluster.procs_per_node=2", "parallel.name=ep2_cp2", "parallel=ep",
-                      "parallel.dp_shard=1", "parallel.cp=2")]  # ep borrows the cp ranks
+                      "parallel.dp_shard=1", "parallel.cp=2"),  # ep borrows the cp ranks
+             cpu_spec(*ONE_MICRO_BATCH, "cluster.procs_per_node=2", "parallel.name=tp2_sp_moe",
+                      "parallel=tp"),  # router and experts whole, each rank its tokens
+             cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=tp2_moe",
+                      "parallel=tp", "parallel.sequence_parallel=false", SEQUENCE_AUX)]
     ckpt = [cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "training.global_batch_size=8",
                      "training.grad_accum_steps=-1", *extra)
             for extra in (["parallel=ep"], ["parallel=zero3"])]
@@ -94,5 +107,7 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
 
 
 def test_ep2_with_zero3_with_tp_and_with_pp_match_one_process(tmp_path):
-    _run(tmp_path, FOUR_RANKS, 4, cpu_spec(*SHIPPED, "cluster.procs_per_node=4",
-                                           "parallel.name=ep2_pp2", *PIPELINED))
+    _run(tmp_path, FOUR_RANKS, 4,
+         cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_pp2", *PIPELINED),
+         cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_tp2_sp_moe",
+                  "parallel=ep", "parallel.tp=2", SEQUENCE_AUX))

@@ -8,10 +8,16 @@ loss and z-loss of the last forward stay on the module (`router_losses`) for the
 add to the training loss; the loads since the last read accumulate in buffers (no host
 sync, training forwards only; a block re-run by activation recompute counts twice) for the
 metrics and the sigmoid router's bias update.
+
+Under tensor parallelism with sequence parallel the layer takes one tp rank's share of each
+sequence (`shard_tokens`): it routes those tokens only, and its router losses and statistics
+come from sums over the tp ranks (one all-reduce per forward), so that the losses summed
+over the ranks and the statistics on each equal one process's over the whole sequence.
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -52,7 +58,16 @@ class MoE(nn.Module):
         # dropped copies, balancing loss, z-loss, forwards: summed since the last read
         self.register_buffer("stats_since_read", torch.zeros(4), persistent=False)
         self.router_losses: torch.Tensor | None = None
-        """aux_loss_coef x balancing loss + z_loss_coef x z-loss of the last forward."""
+        """aux_loss_coef x balancing loss + z_loss_coef x z-loss of the last forward (this
+        rank's share of them under `shard_tokens`)."""
+        self.token_group = None
+        """The ranks holding the other shares of each sequence (`shard_tokens`), or None."""
+        self.token_shards = 1
+
+    def shard_tokens(self, group) -> None:
+        """From now on each forward sees this rank's share of every sequence, the other
+        shares on the ranks of `group` (sequence parallel, parallel/tensor_parallel.py)."""
+        self.token_group, self.token_shards = group, dist.get_world_size(group)
 
     @torch.no_grad()
     def reset_stats(self) -> None:
@@ -104,21 +119,41 @@ class MoE(nn.Module):
                                num_experts=self.num_experts)
 
     def _losses_and_stats(self, logits, probs, chosen, counts, *, batch: int) -> None:
-        moe = self.moe
-        load = torch.bincount(chosen.reshape(-1), minlength=self.num_experts).float()
-        balance = (balancing_loss(probs, chosen, num_experts=self.num_experts, batch=batch)
-                   if moe.seq_aux_loss else
-                   self.num_experts * (load / probs.shape[0] * probs.mean(0)).sum())
-        z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+        moe, experts = self.moe, self.num_experts
+        load = torch.bincount(chosen.reshape(-1), minlength=experts).float()
+        rows = batch if moe.seq_aux_loss else 1  # the balancing loss per sequence, or per batch
+        row_load = (sequence_loads(chosen.view(batch, -1), num_experts=experts)
+                    if moe.seq_aux_loss else load.unsqueeze(0))
+        row_probs = probs.view(rows, -1, experts).sum(1)
+        squared_lse = torch.logsumexp(logits, dim=-1).pow(2).sum()
+        dropped = load.sum() - counts.sum()
+        load, row_load, all_probs, all_lse, dropped = self._summed(
+            load, row_load, row_probs.detach(), squared_lse.detach(), dropped)
+        per_row = probs.shape[0] // rows * self.token_shards  # tokens of a row, all shares
+        tokens = probs.shape[0] * self.token_shards
+        balance = balancing_loss(row_load, row_probs, tokens_per_row=per_row,
+                                 num_experts=experts)
+        z = squared_lse / tokens
         self.router_losses = moe.aux_loss_coef * balance + moe.z_loss_coef * z
         if not self.training:
             return  # evaluation: no loads counted (metrics, balancing bias)
         with torch.no_grad():
             self.load_since_read += load
             self.load_since_step += load
-            dropped = load.sum() - counts.sum()
-            self.stats_since_read += torch.stack([dropped, balance.detach(), z.detach(),
-                                                  torch.ones_like(z)])
+            whole = balancing_loss(row_load, all_probs, tokens_per_row=per_row,
+                                   num_experts=experts)
+            self.stats_since_read += torch.stack([dropped, whole, all_lse / tokens,
+                                                  torch.ones_like(whole)])
+
+    @torch.no_grad()
+    def _summed(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """`tensors` summed over `token_group` (one all-reduce; as they are without one)."""
+        if self.token_group is None:
+            return list(tensors)
+        flat = torch.cat([t.reshape(-1).float() for t in tensors])
+        dist.all_reduce(flat, group=self.token_group)
+        sizes = [t.numel() for t in tensors]
+        return [part.view(t.shape) for part, t in zip(flat.split(sizes), tensors)]
 
 
 def expert_capacity(factor: float, *, tokens: int, top_k: int, num_experts: int) -> int:
@@ -147,13 +182,20 @@ def sort_by_expert(chosen: torch.Tensor, *, num_experts: int, capacity: int | No
     return order, kept_counts, int(kept_counts.sum())
 
 
-def balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, *, num_experts: int,
-                   batch: int) -> torch.Tensor:
-    """The balancing loss per sequence, averaged over the batch: E x sum_i f_i P_i with f_i
-    the share of the sequence's tokens routed to expert i and P_i its mean probability."""
-    seq_probs = probs.view(batch, -1, num_experts)
-    seq_chosen = chosen.view(batch, -1)
-    load = torch.zeros(batch, num_experts, device=probs.device).scatter_add_(
-        1, seq_chosen, torch.ones_like(seq_chosen, dtype=torch.float32))
-    f = load / seq_probs.shape[1]
-    return num_experts * (f * seq_probs.mean(1)).sum(-1).mean()
+def sequence_loads(chosen: torch.Tensor, *, num_experts: int) -> torch.Tensor:
+    """chosen [B, copies of a sequence] -> the copies each expert takes, per sequence [B, E]."""
+    ones = torch.ones_like(chosen, dtype=torch.float32)
+    return chosen.new_zeros(chosen.shape[0], num_experts, dtype=torch.float32).scatter_add_(
+        1, chosen, ones)
+
+
+def balancing_loss(row_load: torch.Tensor, row_probs: torch.Tensor, *, tokens_per_row: int,
+                   num_experts: int) -> torch.Tensor:
+    """E x sum_i f_i P_i averaged over the rows (each sequence, or the whole batch as one
+    row): f_i the row's token copies routed to expert i over its tokens (`row_load` [R, E],
+    all shares summed) and P_i the mean probability of expert i (`row_probs`
+    [R, E]: the probabilities summed over this rank's tokens, or over all shares' for the
+    value); `tokens_per_row` counts the row's tokens over all shares. Under `shard_tokens`
+    each rank's value is its share: the ranks' values add up to one process's."""
+    f = row_load / tokens_per_row
+    return num_experts * (f * row_probs / tokens_per_row).sum(-1).mean()
