@@ -10,14 +10,15 @@ sequence parallel, and a checkpoint ep2 <-> ep1), 4 ranks (ep2 x zero3: each exp
 over 2 ranks; ep2 x tp2 without sequence parallel, and on tiny_moe with it; ep2 x pp2).
 Under sequence parallel each tp rank routes its share of the sequence: the router and expert
 gradients are summed over tp and the router losses reduced over it (its q/k norms' gradients
-are summed over tp with or without it)."""
+are summed over tp with or without it); there the routing metrics equal one process's too
+(tests/support/routing_parity.py)."""
 from __future__ import annotations
 
 import pytest
 
 from conf.run_dir.spec_io import spec_to_dict
 from parallel.cost.params import parameter_shapes
-from tests.support.layout_parity import parity_rank
+from tests.support.routing_parity import parity_and_routing_rank
 from tests.support.spawn import run_on_ranks
 from tests.support.specs import cpu_spec
 from tests.support.toy_moe_family import NAME as TOY_MOE
@@ -46,11 +47,13 @@ PIPELINED = ("parallel=ep", "parallel.pp=2", "parallel.dp_shard=2", "parallel.pp
 """ep2 x pp2 (1F1B) on tiny_moe: router losses under a pipeline are refused (moe_rules)."""
 
 
-def _run(tmp_path, layouts: dict[str, list[str]], world: int, *more) -> None:
+def _run(tmp_path, layouts: dict[str, list[str]], world: int, *more, routing=()) -> None:
+    """Parity of every layout; then the routing metrics of the `routing` specs (one spawn)."""
     specs = [cpu_spec(*BASE, f"cluster.procs_per_node={world}", f"parallel.name={name}", *extra)
              for name, extra in layouts.items()] + list(more)
-    results = run_on_ranks(parity_rank, world_size=world, workdir=tmp_path, timeout_s=400,
-                           kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
+    results = run_on_ranks(parity_and_routing_rank, world_size=world, workdir=tmp_path,
+                           timeout_s=400, kwargs={"spec_dicts": [spec_to_dict(s) for s in specs],
+                                                  "routing": [spec_to_dict(s) for s in routing]})
     _check(specs, results)
 
 
@@ -69,11 +72,13 @@ def _check(specs: list, results: list) -> None:
 
 
 def ep_and_reshard_rank(*, rank: int, world_size: int, spec_dicts: list[dict], root: str,
-                        pairs: list) -> tuple[list, list]:
-    """One spawn for both 2-rank checks: parity, then checkpoints across ep degrees."""
+                        pairs: list, routing: list[dict]) -> tuple[list, list]:
+    """One spawn for the 2-rank checks: parity (and routing metrics), then checkpoints
+    across ep degrees."""
     from tests.distributed.test_layout_checkpoint import reshard_rank
 
-    return (parity_rank(rank=rank, world_size=world_size, spec_dicts=spec_dicts),
+    return (parity_and_routing_rank(rank=rank, world_size=world_size, spec_dicts=spec_dicts,
+                                    routing=routing),
             reshard_rank(rank=rank, world_size=world_size, root=root, pairs=pairs))
 
 
@@ -98,7 +103,8 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
     (tmp_path / "ckpt").mkdir()
     results = run_on_ranks(ep_and_reshard_rank, world_size=2, workdir=tmp_path, timeout_s=400,
                            kwargs={"spec_dicts": [spec_to_dict(s) for s in specs],
-                                   "root": str(tmp_path / "ckpt"), "pairs": pairs})
+                                   "root": str(tmp_path / "ckpt"), "pairs": pairs,
+                                   "routing": [spec_to_dict(specs[3])]})  # tp2 with SP
     parity, reshard = zip(*results)
     _check(specs, list(parity))
     every = {name for rows in reshard for row in rows for name in row["names"]}
@@ -107,7 +113,8 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
 
 
 def test_ep2_with_zero3_with_tp_and_with_pp_match_one_process(tmp_path):
+    EP_TP_SP = cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_tp2_sp_moe",
+                        "parallel=ep", "parallel.tp=2", SEQUENCE_AUX)
     _run(tmp_path, FOUR_RANKS, 4,
          cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_pp2", *PIPELINED),
-         cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_tp2_sp_moe",
-                  "parallel=ep", "parallel.tp=2", SEQUENCE_AUX))
+         EP_TP_SP, routing=[EP_TP_SP])
