@@ -68,7 +68,8 @@ def layout_update(spec: RunSpec, rank: int):
     batches = build_train_batches(spec.data, spec.training, dp_rank=layout.dims.dp_rank(rank),
                                   dp_size=layout.dims.dp).next_step()
     loss = forward_backward(layout, batches, device=CPU, autocast=NO_AUTOCAST)
-    own = torch.tensor([float(loss.local_loss_sum)], dtype=torch.float64)
+    own = torch.tensor([float(loss.local_loss_sum) if layout.reports_loss else 0.0],
+                       dtype=torch.float64)  # one rank per tp group
     dist.all_reduce(own)
     grads = {n: full(p.grad) for n, p in named_params(layout).items()}
     grads_bytes = local_bytes(p.grad for p in named_params(layout).values())
