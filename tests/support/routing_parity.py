@@ -1,7 +1,8 @@
-"""Rank-side check that a layout's routing metrics equal one process's (MoE models): after
-one step's forward and backward on the same global batch, the fields training/routing_metrics
-logs (each block's expert loads, busiest share, dropped share, balancing and z-loss) are
-the single-process model's, reduced over the layout's dp x cp ranks as the loop reduces them.
+"""Rank-side check that a layout's routing metrics and gradient norm equal one process's (MoE
+models): after one step's forward and backward on the same global batch, the fields
+training/routing_metrics logs (each block's expert loads, busiest share, dropped share,
+balancing and z-loss), reduced over the layout's dp x cp ranks as the loop reduces them, and
+the global gradient norm the step clips by are the single-process model's.
 Under tensor parallel with sequence parallel each tp rank routes its share of the sequence,
 so this holds only if the router statistics are summed over tp (MoE.shard_tokens).
 """
@@ -19,11 +20,16 @@ REL = 1e-5
 
 
 def _fields(layout, batches) -> dict[str, float]:
+    """The routing fields after one step's forwards and backwards, and `grad_norm`: the
+    global gradient norm the step clips by (routers and experts counted once over tp)."""
+    from parallel.grad_norm import clip_grads
     from training.routing_metrics import routing_fields
     from training.step import forward_backward
 
     forward_backward(layout, batches, device=CPU, autocast=torch.autocast("cpu", enabled=False))
-    return routing_fields(layout.parts, group=layout.group("dp_cp"))
+    norm = clip_grads(layout.parameters(), max_norm=float("inf"), pp_group=layout.group("pp"),
+                      uncounted=layout.uncounted_in_norm())
+    return {**routing_fields(layout.parts, group=layout.group("dp_cp")), "grad_norm": norm}
 
 
 def routing_rank(*, rank: int, spec_dict: dict) -> dict[str, float]:
