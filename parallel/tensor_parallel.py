@@ -11,7 +11,11 @@ stream, the norms and the dropout-free element-wise work between the TP regions 
 over the sequence (dim 1): all-gather before the column-parallel inputs, reduce-scatter after the
 row-parallel outputs, instead of all-reduce. With loss parallel the logits stay sharded over
 the vocabulary and cross entropy runs under `loss_parallel()` (training/step.py). With fp8 the
-linears fp8 converted get torchao's Float8 styles instead (parallel/float8_tp.py).
+linears fp8 converted get torchao's Float8 styles instead (parallel/float8_tp.py). Per-head
+norms (Qwen3's q/k norms) run on each rank's heads with their weight replicated (DTensor sums
+its gradient over tp). Token-local modules (the MoE feed-forward: router and experts whole on
+every rank) take, under sequence parallel, the rank's share of the sequence as a plain tensor
+and return one; their gradients are summed over tp by parallel/tp_replicated.py.
 
 Works on a model or a pipeline stage (modules a stage dropped are None and skipped).
 """
@@ -34,17 +38,22 @@ from training.models.family import BLOCKS, TpPlan
 
 
 def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool,
-             loss_parallel: bool, fp8: bool = False) -> None:
+             loss_parallel: bool, fp8: bool = False) -> list[nn.Module]:
     """Shard `model` in place over `tp_mesh` (a 1-D mesh of the tp ranks); `fp8`: the model's
-    linears were converted to torchao's Float8Linear (precision=fp8)."""
+    linears were converted to torchao's Float8Linear (precision=fp8). Return the token-local
+    modules whose gradients must be summed over tp (parallel/tp_replicated.py)."""
     if tp_mesh.size() == 1:
-        return
+        return []
     tp = family_of(model.spec).tp
     parallelize_module(model, tp_mesh, _root_plan(model, tp, sequence_parallel=sequence_parallel,
                                                   loss_parallel=loss_parallel))
+    local = []
     for block in getattr(model, BLOCKS).values():
-        plan = block_plan(block, tp, sequence_parallel=sequence_parallel, fp8=fp8)
-        parallelize_module(block, tp_mesh, plan)
+        parallelize_module(block, tp_mesh,
+                           block_plan(block, tp, sequence_parallel=sequence_parallel, fp8=fp8))
+        if sequence_parallel:
+            local += _token_local(block, tp, group=tp_mesh.get_group())
+    return local
 
 
 def block_plan(block: nn.Module, tp: TpPlan, *, sequence_parallel: bool, fp8: bool) -> dict:
@@ -56,6 +65,20 @@ def block_plan(block: nn.Module, tp: TpPlan, *, sequence_parallel: bool, fp8: bo
 
     return _block_plan(tp, sequence_parallel=sequence_parallel,
                        float8=(float8_paths(block, tp), float8_styles()))
+
+
+def _token_local(block: nn.Module, tp: TpPlan, *, group) -> list[nn.Module]:
+    """The block's token-local modules, each told it sees its rank's share of the sequence."""
+    found = []
+    for path in tp.token_local:
+        try:
+            module = block.get_submodule(path)
+        except AttributeError:  # a dense block (dense layers before the first MoE layer)
+            continue
+        if hasattr(module, "shard_tokens"):
+            module.shard_tokens(group)
+        found.append(module)
+    return found
 
 
 def keep_embedding_grad_sharded(model: nn.Module) -> None:
@@ -104,12 +127,18 @@ def _block_plan(tp: TpPlan, *, sequence_parallel: bool,
         return styles if path in paths else PLAIN
 
     plan = {path: style(path)[0]() for path in tp.column}
+    # a per-head norm on the column-parallel output [B, T, heads, head_dim]: split over heads
+    plan |= {path: SequenceParallel(sequence_dim=2, use_local_output=True)
+             for path in tp.head_norms}
     if not sequence_parallel:
         return {**plan, **{path: style(path)[1]() for path in tp.row}}
+    own_share = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                   use_local_output=True)
     return {
         **plan,
         **{path: SequenceParallel() for path in tp.sequence_norms},
         **{path: style(path)[2](input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
            for path in tp.gathered_inputs},
+        **{path: own_share for path in tp.token_local},
         **{path: style(path)[1](output_layouts=Shard(1)) for path in tp.row},
     }

@@ -11,7 +11,7 @@ model's parameter names, and every later pass applies to each stage.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -28,6 +28,7 @@ from parallel.mesh import Meshes, build_mesh, fsdp_mesh
 from parallel.recompute import apply_recompute
 from parallel.tensor_parallel import apply_tp, keep_embedding_grad_sharded
 from parallel.tied_embeddings import TiedCopy, find_tied_copy
+from parallel.tp_replicated import sum_over_tp
 from parallel.zero1 import Zero1Partition
 from training.hf_import import hf_start_dir
 from training.init import materialize
@@ -64,6 +65,9 @@ class ParallelModel:
     tied: TiedCopy | None = None
     """Tied embeddings under a pipeline: this rank's copy of the weight the first and last
     stage share (parallel/tied_embeddings.py); None elsewhere."""
+    token_local: list[nn.Module] = field(default_factory=list)
+    """Modules computed on each tp rank's share of the sequence with weights whole on every
+    rank (sequence parallel; parallel/tp_replicated.py): gradients summed over tp."""
 
     @classmethod
     def single(cls, model: nn.Module) -> "ParallelModel":
@@ -97,6 +101,11 @@ class ParallelModel:
         """Parameters whose gradient another rank counts in the global norm (a tied
         weight's last-stage copy)."""
         return (self.tied.param,) if self.tied is not None and not self.tied.counted else ()
+
+    def sum_token_local_grads(self) -> None:
+        """After the step's backward: the token-local modules' gradients summed over tp."""
+        if self.token_local:
+            sum_over_tp(self.token_local, group=self.group("tp"))
 
     def shard_tokens(self, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's part of a [B, T] batch along the sequence (context parallel)."""
@@ -147,8 +156,10 @@ def _parallelize_part(part: nn.Module, spec: RunSpec, layout: ParallelModel,
     dims, p = layout.dims, spec.parallel
     apply_fp8(part, spec.precision)
     if dims.tp > 1:
-        apply_tp(part, tp_mesh=layout.mesh["tp"], sequence_parallel=p.sequence_parallel,
-                 loss_parallel=p.loss_parallel, fp8=spec.precision.name is Precision.fp8)
+        layout.token_local += apply_tp(part, tp_mesh=layout.mesh["tp"],
+                                       sequence_parallel=p.sequence_parallel,
+                                       loss_parallel=p.loss_parallel,
+                                       fp8=spec.precision.name is Precision.fp8)
     if dims.cp > 1:
         positions = shard_positions(seq_len=spec.training.seq_len, cp=dims.cp,
                                     cp_rank=layout.coords["cp"], balanced=p.cp_balanced)

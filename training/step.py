@@ -113,6 +113,7 @@ def forward_backward(model: ParallelModel, micro_batches: list, *, device: torch
                                   scaler=scaler, documents=documents)
     if model.tied is not None:
         model.tied.sum_grads()  # the first and last stage's copies: one weight's gradient
+    model.sum_token_local_grads()  # MoE layers under sequence parallel: each tp rank's tokens
     return StepLoss(local_loss_sum=total, global_tokens=global_tokens)
 
 

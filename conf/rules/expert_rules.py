@@ -33,11 +33,6 @@ def check_expert_parallel(parallel: ParallelSpec, *, model: ModelSpec,
         problems.add("parallel.ep", ep,
                      f"shards the experts as DTensors, which need FSDP (parallel.zero 2 or 3), "
                      f"not zero={parallel.zero}", "set parallel.zero=3 (parallel=ep)")
-    if parallel.tp > 1 and parallel.sequence_parallel:
-        problems.add("parallel.ep", ep,
-                     "with tp > 1 and sequence parallel, the MoE layer's input and output "
-                     "would stay sequence-sharded DTensors: not built yet",
-                     "set parallel.sequence_parallel=false (tp then splits attention only)")
     _check_experts(ep, model, problems)
 
 

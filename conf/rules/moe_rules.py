@@ -58,9 +58,13 @@ def check_moe(model: ModelSpec, *, parallel: ParallelSpec, checkpoint: Checkpoin
         problems.add("model.moe.num_experts", moe.num_experts,
                      f"model.family={model.family} has no mixture-of-experts blocks",
                      f"use model.family=moe (or mixtral), or model.moe.num_experts=0")
-    if parallel.tp > 1:
-        problems.add("parallel.tp", parallel.tp, "does not split routers and experts yet",
-                     "use parallel.tp=1 with MoE models")
+    if moe.capacity_factor is not None and parallel.tp > 1 and parallel.sequence_parallel:
+        problems.add("model.moe.capacity_factor", moe.capacity_factor,
+                     f"with parallel.tp={parallel.tp} and sequence parallel each tp rank routes "
+                     "its share of the sequence, so the capacity would cap each share apart "
+                     "(other tokens dropped than one process drops)",
+                     "set model.moe.capacity_factor=null (dropless), or "
+                     "parallel.sequence_parallel=false")
     _check_routing(model, problems)
     _check_losses(model, problems)
     if checkpoint.export_safetensors:

@@ -43,6 +43,8 @@ Per step, with a micro-batches of accumulation (grad_accum_steps), L blocks on a
   with fp8 the all-gathers move 1 byte an element (torchao's Float8 TP styles gather the
   linears' inputs and, in backward, their output gradients already cast to fp8:
   parallel/float8_tp.py), the reduce-scatters and all-reduces the activations' dtype;
+  a MoE block's feed-forward (router and experts whole on every tp rank) takes none, and
+  under sequence parallel its gradients (this rank's shards) are all-reduced once a step;
 - CP: per block, per micro-batch, K and V all-gathered to the full sequence in forward and
   their gradients reduce-scattered in backward, K and V one call each;
 - PP: per pipeline micro-batch and virtual stage, one activation sent forward and one gradient
@@ -77,7 +79,8 @@ from conf.degrees import FLATTENED_AXES, MESH_AXES
 from conf.spec import RunSpec
 from parallel.cost.activations import DTYPE_BYTES
 from parallel.cost.optimizer_state import muon_matrices
-from parallel.cost.params import expert_params, numel, param_counts, parameter_shapes
+from parallel.cost.params import (expert_params, numel, parameter_shapes, token_local_params,
+                                  tp_local_params)
 from parallel.tp_plan import tp_split_dim
 from training.models import family_of
 
@@ -208,6 +211,12 @@ class _Shape:
     expert_params: float = 0.0
     """Routed-expert parameters one pipeline stage holds on one rank (its ep shard) under
     ep > 1, sharded by their own FSDP; 0 without EP (then in stage_params)."""
+    token_local_params: float = 0.0
+    """Parameters of the token-local modules (MoE feed-forwards, whole on every tp rank)
+    one rank holds of one pipeline stage, after its FSDP and ep shards."""
+    moe_layers: int = 0
+    """Blocks with routed experts on one pipeline rank (their feed-forward takes no tp
+    collective: its weights are whole on every tp rank)."""
 
     @classmethod
     def of(cls, spec: RunSpec) -> "_Shape":
@@ -216,14 +225,27 @@ class _Shape:
         low = DTYPE_BYTES.get(compute, 4)
         micro = t.grad_accum_steps
         experts = expert_params(m)[0] if p.ep > 1 else 0
-        return cls(stage_params=(param_counts(m).total - experts) / (p.pp * p.tp),
+        return cls(stage_params=(tp_local_params(m, p.tp) - experts) / p.pp,
                    expert_params=experts / (p.pp * p.ep),
+                   token_local_params=_token_local_shard(spec) / p.pp,
+                   moe_layers=min(max(1, m.n_layers // p.pp),
+                                          -(-expert_params(m)[1] // p.pp)),
                    param_bytes=low if p.uses_fsdp else 4,
                    grad_bytes=DTYPE_BYTES.get(spec.precision.reduce_dtype.value, 4),
                    act_bytes=low if compute != "fp32" else 4, micro_batches=micro,
                    tokens_per_micro_batch=p.cp_share(t.micro_batch_size * t.seq_len),
                    layers=max(1, m.n_layers // p.pp),
                    tensors=max(1, len(parameter_shapes(m)) // p.pp))
+
+
+def _token_local_shard(spec: RunSpec) -> float:
+    """Token-local parameters one rank holds of the whole model (FSDP's and ep's shards)."""
+    p = spec.parallel
+    local, experts = token_local_params(spec.model)
+    shards = p.fsdp_shards if p.uses_fsdp else 1
+    if p.ep > 1:
+        return (local - experts) / shards + experts / (p.ep * p.expert_fsdp_shards)
+    return local / shards
 
 
 def _edge_units(spec: RunSpec) -> int:
@@ -322,18 +344,24 @@ def _tensor_parallel(spec: RunSpec, s: _Shape, link: Link) -> list[Collective]:
     if p.tp <= 1:
         return []
     per_block = 4 + (2 if spec.recompute.mode.value == "full" else 0)
-    calls = per_block * s.layers * s.micro_batches
+    # a MoE block: attention's pair only (its feed-forward runs on whole weights)
+    calls = (per_block * s.layers - per_block // 2 * s.moe_layers) * s.micro_batches
     elements = s.tokens_per_micro_batch * spec.model.dim
-    if p.sequence_parallel:
-        gather = tp_gather_bytes(spec, s.act_bytes)
-        return [Collective(axis="tp", op=op, group=p.tp, size_bytes=elements * nbytes,
-                           calls=calls, link=link,
-                           why=f"sequence parallel: {per_block} per block{note}")
-                for op, nbytes, note in (
-                    ("all_gather", gather, ", in fp8" if gather == 1 else ""),
-                    ("reduce_scatter", s.act_bytes, ""))]
-    return [Collective(axis="tp", op="all_reduce", group=p.tp, size_bytes=elements * s.act_bytes,
-                       calls=calls, link=link, why=f"{per_block} per block")]
+    why = f"{per_block} per block" + (f" ({per_block // 2} per MoE block)" if s.moe_layers else "")
+    if not p.sequence_parallel:
+        return [Collective(axis="tp", op="all_reduce", group=p.tp,
+                           size_bytes=elements * s.act_bytes, calls=calls, link=link, why=why)]
+    gather = tp_gather_bytes(spec, s.act_bytes)
+    out = [Collective(axis="tp", op=op, group=p.tp, size_bytes=elements * nbytes, calls=calls,
+                      link=link, why=f"sequence parallel: {why}{note}")
+           for op, nbytes, note in (("all_gather", gather, ", in fp8" if gather == 1 else ""),
+                                    ("reduce_scatter", s.act_bytes, ""))]
+    if s.token_local_params:  # parallel/tp_replicated.py
+        out.append(Collective(axis="tp", op="all_reduce", group=p.tp,
+                              size_bytes=s.token_local_params * s.grad_bytes, calls=1,
+                              link=link, why="MoE gradients of each rank's sequence share, "
+                              "summed once a step"))
+    return out
 
 
 def tp_gather_bytes(spec: RunSpec, act_bytes: int) -> int:

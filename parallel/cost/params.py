@@ -158,3 +158,23 @@ def expert_params(model: ModelSpec) -> tuple[int, int]:
                if family.is_expert_param(name)]
     return (sum(numel(shape) for _, shape in experts),
             len({block_index(name) for name, _ in experts}))
+
+
+@lru_cache(maxsize=256)
+def tp_local_params(model: ModelSpec, tp: int) -> int:
+    """Parameters one tp rank holds of the whole model: those tp splits 1/tp, the rest
+    (norms, and a MoE model's routers and experts) whole."""
+    return sum(numel(tp_local_shape(name, shape, tp, model.family))
+               for name, shape in _parameter_shapes(model))
+
+
+@lru_cache(maxsize=16)
+def token_local_params(model: ModelSpec) -> tuple[int, int]:
+    """(parameters of the family's token-local modules (TpPlan.token_local: the MoE
+    feed-forwards, whole on every tp rank), the routed experts among them)."""
+    family = family_of(model)
+    paths = tuple(f"{path}." for path in family.tp.token_local)
+    local = [(name, shape) for name, shape in _parameter_shapes(model)
+             if (block_path(name) or "").startswith(paths)] if paths else []
+    return (sum(numel(shape) for _, shape in local),
+            sum(numel(shape) for name, shape in local if family.is_expert_param(name)))

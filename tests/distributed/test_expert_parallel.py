@@ -6,9 +6,13 @@ the layout's micro-batches (fp32, atol 5e-6, rtol 1e-4), and each rank holds the
 plan says. Models: the test-only MoE family (tests/support/toy_moe_family: 4 experts, top-2,
 the z-loss in the loss) and the shipped tiny_moe (training/models/moe) with its balancing
 loss and z-loss on. One spawn per world size: 2 ranks (ep2 on both models, ep2 over the cp
-ranks, and a checkpoint ep2 <-> ep1), 4 ranks (ep2 x zero3: each expert's FSDP over 2 ranks;
-ep2 x tp2 without sequence parallel; ep2 x pp2, 1F1B and interleaved zero bubble). Under cp
-and zero bubble the logged routing metrics equal one process's too."""
+ranks, tp2 on tiny_moe with and without sequence parallel, and a checkpoint ep2 <-> ep1),
+4 ranks (ep2 x zero3: each expert's FSDP over 2 ranks; ep2 x tp2 without sequence parallel,
+and on tiny_moe with it; ep2 x pp2, 1F1B and interleaved zero bubble). Under sequence
+parallel each tp rank routes its share of the sequence: the router and expert gradients are
+summed over tp and the router losses reduced over it (its q/k norms' gradients are summed
+over tp with or without it). Under cp, zero bubble and tp with sequence parallel the logged
+routing metrics and the gradient norm equal one process's too."""
 from __future__ import annotations
 
 import pytest
@@ -70,6 +74,8 @@ def _spawn(tmp_path, world: int, specs: list, routing: list, **more) -> tuple:
     assert all(rows[index]["moe_aux_loss"] > 0 for rows in routing_rows
                for index in range(len(routing)))
     return parity, routing_rows, reshard
+SEQUENCE_AUX = "model.moe.seq_aux_loss=true"
+"""The balancing loss per sequence, which a data split of the batch keeps."""
 
 
 def covered(rows: list[dict]) -> set[str]:
@@ -88,7 +94,7 @@ def _check(specs: list, results: list) -> None:
 
 def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
     """Parity of ep=2 (over cp: the balancing loss per batch and per sequence; the routing
-    metrics); then a checkpoint saved under ep=2 loads (by name, DCP resharding the expert
+    metrics), and of tp2 on tiny_moe (with sequence parallel: the routing metrics); then a checkpoint saved under ep=2 loads (by name, DCP resharding the expert
     DTensors and their AdamW moments) under ep=1 and the reverse, refused without
     allow_reshard, and the next step equals the saving layout's."""
     over_cp = cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_cp2",
@@ -96,16 +102,20 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
     per_sequence = cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_cp2_seq",
                             "parallel=ep", "parallel.dp_shard=1", "parallel.cp=2",
                             "model.moe.seq_aux_loss=true")  # DeepSeek's loss per sequence
+    tp2_sp = cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=tp2_sp_moe",
+                      "parallel=tp")  # router and experts whole, each rank its tokens
     specs = [cpu_spec(*BASE, "cluster.procs_per_node=2", "parallel.name=ep2", "parallel=ep"),
              cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_tiny_moe",
-                      "parallel=ep"), over_cp, per_sequence]
+                      "parallel=ep"), over_cp, per_sequence, tp2_sp,
+             cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=tp2_moe",
+                      "parallel=tp", "parallel.sequence_parallel=false", SEQUENCE_AUX)]
     ckpt = [cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "training.global_batch_size=8",
                      "training.grad_accum_steps=-1", *extra)
             for extra in (["parallel=ep"], ["parallel=zero3"])]
     pairs = [(spec_to_dict(ckpt[0]), spec_to_dict(ckpt[1])),
              (spec_to_dict(ckpt[1]), spec_to_dict(ckpt[0]))]
     (tmp_path / "ckpt").mkdir()
-    _, _, reshard = _spawn(tmp_path, 2, specs, [over_cp], root=str(tmp_path / "ckpt"),
+    _, _, reshard = _spawn(tmp_path, 2, specs, [over_cp, tp2_sp], root=str(tmp_path / "ckpt"),
                            pairs=pairs)
     every = {name for rows in reshard for row in rows for name in row["names"]}
     assert any(name.endswith("moe.experts.w1") for name in every)
@@ -113,14 +123,17 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
 
 
 def test_ep2_with_zero3_with_tp_and_with_pp_match_one_process(tmp_path):
-    """Parity of ep2 x zero3, ep2 x tp2, ep2 x pp2 (1F1B, and interleaved zero bubble: two
-    stages per rank, split backward); the routing metrics of the latter gathered over the
-    stages."""
+    """Parity of ep2 x zero3, ep2 x tp2 (with and without sequence parallel), ep2 x pp2
+    (1F1B, and interleaved zero bubble: two stages per rank, split backward); the routing
+    metrics of zero bubble gathered over the stages, and of ep2 x tp2 under sequence
+    parallel."""
     zero_bubble = cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_pp2_zb",
                            *ZERO_BUBBLE)
+    ep_tp_sp = cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_tp2_sp_moe",
+                        "parallel=ep", "parallel.tp=2", SEQUENCE_AUX)
     specs = [cpu_spec(*BASE, "cluster.procs_per_node=4", f"parallel.name={name}", *extra)
              for name, extra in FOUR_RANKS.items()]
     specs += [cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_zero3", *ZERO3),
               cpu_spec(*SHIPPED, "cluster.procs_per_node=4", "parallel.name=ep2_pp2", *PIPELINED),
-              zero_bubble]
-    _spawn(tmp_path, 4, specs, [zero_bubble])
+              zero_bubble, ep_tp_sp]
+    _spawn(tmp_path, 4, specs, [zero_bubble, ep_tp_sp])

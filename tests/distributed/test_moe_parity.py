@@ -2,7 +2,8 @@
 the same micro-batches: loss, every gradient (routers' included, with the balancing loss
 and z-loss on), every parameter after one AdamW step, the sigmoid router's balancing bias
 after its update, and the plan's static memory per rank (expert weights, gradients, AdamW
-state), fp32."""
+state), fp32. tp2 with sequence parallel (sigmoid router, shared experts): router, routed
+and shared experts whole on each tp rank, each routing its share of the sequence."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ from conf.run_dir.spec_io import spec_to_dict
 from parallel.cost.params import parameter_shapes
 from tests.support.moe_parity import moe_parity_rank
 from tests.support.spawn import run_on_ranks
-from tests.support.specs import cpu_spec
+from tests.support.specs import PARITY_LR, cpu_spec
 
 pytestmark = pytest.mark.distributed
 
@@ -20,7 +21,10 @@ BASE = ("model=tiny_moe", "data=synthetic", "training.seq_len=16", "optim.lr=1e-
         "cluster.procs_per_node=2", "model.moe.aux_loss_coef=0.05", "model.moe.z_loss_coef=0.01")
 SIGMOID = ("model.moe.score=sigmoid", "model.moe.num_shared_experts=1",
            "model.moe.bias_update_rate=0.01", "checkpoint.export_safetensors=false")
-LAYOUTS = {"zero3": ["parallel=zero3"], "ddp": ["parallel=ddp", *SIGMOID]}
+LAYOUTS = {"zero3": ["parallel=zero3"], "ddp": ["parallel=ddp", *SIGMOID],
+           # each tp rank routes its sequence share; the protocol's lr (tests/support/specs.py):
+           # at 1e-3 one near-zero wv gradient element's first Adam step differs by 7.7e-6
+           "tp_sp": ["parallel=tp", *SIGMOID, PARITY_LR]}
 
 
 def test_tiny_moe_two_rank_layouts_match_one_process(tmp_path):

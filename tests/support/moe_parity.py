@@ -61,7 +61,8 @@ def layout_update(spec: RunSpec, rank: int):
     batches = build_train_batches(spec.data, spec.training, dp_rank=layout.dims.dp_rank(rank),
                                   dp_size=layout.dims.dp).next_step()
     loss = forward_backward(layout, batches, device=CPU, autocast=NO_AUTOCAST)
-    own = torch.tensor([float(loss.local_loss_sum)], dtype=torch.float64)
+    own = torch.tensor([float(loss.local_loss_sum) if layout.reports_loss else 0.0],
+                       dtype=torch.float64)  # one rank per tp group
     dist.all_reduce(own)
     grads = {n: full(p.grad) for n, p in named_params(layout).items()}
     grads_bytes = local_bytes(p.grad for p in named_params(layout).values())
@@ -90,10 +91,21 @@ def moe_parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> li
     return report
 
 
+def _grad_norm(layout) -> float:
+    """The global gradient norm the step clips by (routers and experts whole over tp counted
+    once: ParallelModel.uncounted_in_norm)."""
+    from parallel.grad_norm import clip_grads
+
+    return float(clip_grads(layout.parameters(), max_norm=float("inf"),
+                            pp_group=layout.group("pp"), uncounted=layout.uncounted_in_norm()))
+
+
 def routing_parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> list[dict]:
     """The routing metrics a logged step reads (training/routing_metrics.py: loads and router
     losses summed over the dp x cp ranks, every pipeline stage's blocks gathered, torch's
-    shape-inference forward not counted) equal one process's over the same micro-batches."""
+    shape-inference forward not counted; under tp with sequence parallel each rank's share
+    summed over tp: MoE.shard_tokens) and the gradient norm equal one process's over the same
+    micro-batches."""
     import pytest
 
     from training.data.build import build_train_batches
@@ -106,15 +118,16 @@ def routing_parity_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -
     for spec_dict in spec_dicts:
         spec = spec_from_dict(RunSpec, spec_dict)
         model = build_model(spec.model, device=CPU, seed=spec.training.seed)
-        forward_backward(ParallelModel.single(model), layout_micro_batches(spec), device=CPU,
+        reference = ParallelModel.single(model)
+        forward_backward(reference, layout_micro_batches(spec), device=CPU,
                          autocast=NO_AUTOCAST)
-        expected = routing_fields([model])
+        expected = {**routing_fields([model]), "grad_norm": _grad_norm(reference)}
         layout = build_parallel_model(spec, rank=rank, device=CPU)
         batches = build_train_batches(spec.data, spec.training, dp_rank=layout.dims.dp_rank(rank),
                                       dp_size=layout.dims.dp).next_step()
         forward_backward(layout, batches, device=CPU, autocast=NO_AUTOCAST)
-        got = routing_fields(layout.parts, group=layout.group("dp_cp"),
-                             pp_group=layout.group("pp"))
+        got = {**routing_fields(layout.parts, group=layout.group("dp_cp"),
+                                pp_group=layout.group("pp")), "grad_norm": _grad_norm(layout)}
         where = f"layout {spec.parallel.name} routing metrics"
         assert got.keys() == expected.keys(), (where, sorted(got), sorted(expected))
         for key, value in expected.items():

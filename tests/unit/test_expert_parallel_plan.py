@@ -41,8 +41,9 @@ def test_ep_rules_name_the_knob_and_the_fix():
     assert "need FSDP (parallel.zero 2 or 3), not zero=0" in both
     assert "(2 problems)" in both
     assert "at least 1.0" in _problems(*MOE, "parallel=ep", "parallel.ep_imbalance=0.5")
-    sp = _problems(*MOE, "parallel=ep", "parallel.tp=2", "cluster.procs_per_node=4")
-    assert "set parallel.sequence_parallel=false" in sp
+    # ep x tp with sequence parallel resolves (proven in tests/distributed/test_expert_parallel.py)
+    ep_tp = cpu_spec(*MOE, "parallel=ep", "parallel.tp=2", "cluster.procs_per_node=4")
+    assert ep_tp.parallel.sequence_parallel and ep_tp.parallel.ep == 2
 
 
 def test_expert_bytes_split_over_ep_then_their_fsdp_shards():

@@ -80,6 +80,16 @@ class TpPlan:
     """The top-level norm sharded over the sequence under sequence parallel."""
     gathered_inputs: tuple[str, ...]
     """Block submodules whose (sequence-sharded) input is all-gathered under sequence parallel."""
+    head_norms: tuple[str, ...] = ()
+    """Block submodules normalising each head of a column-parallel output (Qwen3's q/k
+    norms, input [B, T, heads, head_dim]): their input is split over the heads (dim 2), their
+    weight replicated and its gradient summed over tp."""
+    token_local: tuple[str, ...] = ()
+    """Block submodules whose weights every tp rank holds whole (the MoE feed-forward). Under
+    sequence parallel each takes its rank's share of the sequence as a plain tensor (its
+    `shard_tokens(group)`, if it has one, is given the tp group) and returns one, and their
+    gradients are summed over tp (parallel/tp_replicated.py); without sequence parallel
+    every rank computes them on the whole sequence."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

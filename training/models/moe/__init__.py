@@ -20,7 +20,8 @@ from training.models.family import FsdpUnits, ModelFamily, RecomputeSubmodules, 
 from training.models.llama.shapes import ATTENTION_OUT, DOWN, GATE_UP, QKV
 from training.models.moe import moe_hf
 from training.models.moe.moe_shapes import (ATTENTION, EMBEDDING, FEED_FORWARD, FINAL_NORM,
-                                            HEAD, MOE, NORMS, active_share, parameter_shapes)
+                                            HEAD, MOE, NORMS, QK_NORMS, active_share,
+                                            parameter_shapes)
 
 
 def _check(model, problems) -> None:
@@ -39,10 +40,11 @@ def moe_family(*, name: str, architecture: str, hf_names: dict, read, write) -> 
         attention=ATTENTION,
         first_stage=(EMBEDDING,),
         last_stage=(FINAL_NORM, HEAD),
-        # Router and experts are not split by tensor parallelism (conf/rules/moe_rules.py).
+        # Router and experts are whole on every tp rank (expert-tensor-parallel degree 1).
         tp=TpPlan(column=(*QKV, *GATE_UP), row=(ATTENTION_OUT, DOWN), embedding=EMBEDDING,
                   head=HEAD, sequence_norms=NORMS, final_norm=FINAL_NORM,
-                  gathered_inputs=(ATTENTION, FEED_FORWARD, MOE)),
+                  gathered_inputs=(ATTENTION, FEED_FORWARD), head_norms=QK_NORMS,
+                  token_local=(MOE,)),
         fsdp_untied=FsdpUnits(resharded=(EMBEDDING,), gathered=(FINAL_NORM, HEAD)),
         fsdp_tied=FsdpUnits(resharded=(), gathered=(EMBEDDING, FINAL_NORM)),
         recompute={

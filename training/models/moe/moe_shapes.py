@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 EMBEDDING, FINAL_NORM, HEAD = "tok_embeddings", "norm", "output"
 ATTENTION, FEED_FORWARD, MOE = "attention", "feed_forward", "moe"
 NORMS = ("attention_norm", "ffn_norm")
+QK_NORMS = ("attention.q_norm", "attention.k_norm")
 ROUTER = "moe.router"
 EXPERTS = "moe.experts"
 SHARED = "moe.shared_experts"
@@ -31,7 +32,7 @@ def attention_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
             shapes.append((f"attention.{name}.bias", (rows,)))
     shapes.append(("attention.wo.weight", (d, q)))
     if model.qk_norm:
-        shapes += [("attention.q_norm.weight", (hd,)), ("attention.k_norm.weight", (hd,))]
+        shapes += [(f"{norm}.weight", (hd,)) for norm in QK_NORMS]
     return shapes
 
 

@@ -10,10 +10,18 @@ add to the training loss (under context parallel over the whole sequences:
 training forwards only; a block re-run by activation recompute counts twice, except on a
 pipeline stage, which counts only its real forwards: `counts_loads`) for the metrics and
 the sigmoid router's bias update.
+
+Under tensor parallelism with sequence parallel the layer takes one tp rank's share of each
+sequence (`shard_tokens`): it routes those tokens only, and its router losses and statistics
+come from sums over the tp ranks (one all-reduce per forward), so that the losses summed
+over the ranks and the statistics on each equal one process's over the whole sequence.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -54,12 +62,20 @@ class MoE(nn.Module):
         # dropped copies, balancing loss, z-loss, forwards: summed since the last read
         self.register_buffer("stats_since_read", torch.zeros(4), persistent=False)
         self.router_losses: torch.Tensor | None = None
-        """aux_loss_coef x balancing loss + z_loss_coef x z-loss of the last forward."""
+        """aux_loss_coef x balancing loss + z_loss_coef x z-loss of the last forward (this
+        rank's share of them under `shard_tokens`)."""
         self.sequence_group = None
         """The ranks holding the other tokens of the same sequences (context parallel sets
         it): the router statistics the losses are made of are summed over them."""
         self.counts_loads = True
         """False: forwards are not counted (a pipeline stage's outside its real forwards)."""
+        self.token_group = None
+        """The ranks holding the other shares of each sequence (`shard_tokens`), or None."""
+
+    def shard_tokens(self, group) -> None:
+        """From now on each forward sees this rank's share of every sequence, the other
+        shares on the ranks of `group` (sequence parallel, parallel/tensor_parallel.py)."""
+        self.token_group = group
 
     @torch.no_grad()
     def reset_stats(self) -> None:
@@ -112,19 +128,18 @@ class MoE(nn.Module):
 
     def _losses_and_stats(self, logits, probs, chosen, counts, *, batch: int) -> None:
         moe = self.moe
-        load = torch.bincount(chosen.reshape(-1), minlength=self.num_experts).float()
-        balance, z = router_loss_terms(logits, probs, chosen, num_experts=self.num_experts,
-                                       groups=batch if moe.seq_aux_loss else 1,
-                                       group=self.sequence_group)
-        self.router_losses = moe.aux_loss_coef * balance + moe.z_loss_coef * z
+        terms = router_loss_terms(logits, probs, chosen, num_experts=self.num_experts,
+                                  groups=batch if moe.seq_aux_loss else 1,
+                                  group=self.sequence_group, share_group=self.token_group,
+                                  dropped=(chosen.numel() - counts.sum()).float())
+        self.router_losses = moe.aux_loss_coef * terms.balance + moe.z_loss_coef * terms.z
         if not (self.training and self.counts_loads):
             return  # evaluation, pipeline metadata forward: no loads counted
         with torch.no_grad():
-            self.load_since_read += load
-            self.load_since_step += load
-            dropped = load.sum() - counts.sum()
-            self.stats_since_read += torch.stack([dropped, balance.detach(), z.detach(),
-                                                  torch.ones_like(z)])
+            self.load_since_read += terms.load
+            self.load_since_step += terms.load
+            self.stats_since_read += torch.stack([terms.dropped, terms.whole_balance,
+                                                  terms.whole_z, torch.ones_like(terms.z)])
 
 
 def expert_capacity(factor: float, *, tokens: int, top_k: int, num_experts: int) -> int:
@@ -153,20 +168,40 @@ def sort_by_expert(chosen: torch.Tensor, *, num_experts: int, capacity: int | No
     return order, kept_counts, int(kept_counts.sum())
 
 
+class RouterTerms(NamedTuple):
+    balance: torch.Tensor
+    """The balancing loss (this rank's share of it under a share_group)."""
+    z: torch.Tensor
+    """The z-loss (likewise)."""
+    whole_balance: torch.Tensor
+    whole_z: torch.Tensor
+    """Their values over the whole sequences (no gradient), for the metrics."""
+    load: torch.Tensor
+    """Copies routed to each expert [E] from this rank's tokens and its share_group's."""
+    dropped: torch.Tensor
+    """Copies a capacity dropped, likewise."""
+
+
 def router_loss_terms(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor, *,
-                      num_experts: int, groups: int, group=None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(balancing loss, z-loss) of tokens in `groups` equal runs (1: the whole batch; the
+                      num_experts: int, groups: int, group=None, share_group=None,
+                      dropped: torch.Tensor | None = None) -> RouterTerms:
+    """Balancing loss and z-loss of tokens in `groups` equal runs (1: the whole batch; the
     batch size: per sequence, DeepSeek-V3's sequence-wise loss). Balancing loss:
     E x sum_i f_i P_i per run, averaged over the runs (f_i: share of the run's tokens routed
     to expert i, P_i: its mean probability). z-loss: the mean over tokens of
-    logsumexp(logits)^2. Both are made of sums over tokens, summed over the ranks of
-    `group` too (differentiably: context parallel's shares of each sequence), so every rank
-    gets the loss of the whole sequences."""
+    logsumexp(logits)^2. Both are made of sums over tokens:
+    - summed over the ranks of `group` differentiably (context parallel's shares of each
+      sequence), so every rank of it gets the loss of the whole sequences;
+    - then over `share_group` without gradient (tensor parallel's sequence shares): the
+      token counts are the whole's, the probability and z sums stay this rank's, so each rank's
+      losses are its share and the ranks' add up to the whole's (their gradients are summed
+      over tp: parallel/tp_replicated.py)."""
     run_probs = probs.view(groups, -1, num_experts)
     run_chosen = chosen.view(groups, -1)
     load = torch.zeros(groups, num_experts, device=probs.device).scatter_add_(
         1, run_chosen, torch.ones_like(run_chosen, dtype=torch.float32))
+    local = torch.cat([load.sum(0), (dropped if dropped is not None
+                                     else load.new_zeros(())).view(1)])
     sums = torch.cat([load.flatten(), run_probs.sum(1).flatten(),
                       torch.logsumexp(logits, dim=-1).pow(2).sum().view(1),
                       load.new_tensor([run_probs.shape[1]])])
@@ -174,8 +209,20 @@ def router_loss_terms(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.T
         from torch.distributed.nn.functional import all_reduce
 
         sums = all_reduce(sums, group=group)
+    whole = sums
+    if share_group is not None:
+        shared = torch.cat([sums.detach(), local])
+        dist.all_reduce(shared, group=share_group)
+        whole, local = shared[:sums.numel()], shared[sums.numel():]
     cells = groups * num_experts
-    load, prob_sum = sums[:cells].view(groups, -1), sums[cells:2 * cells].view(groups, -1)
-    z_sum, run_tokens = sums[2 * cells], sums[2 * cells + 1]
-    balance = num_experts * (load * prob_sum).sum(-1).mean() / run_tokens ** 2
-    return balance, z_sum / (run_tokens * groups)
+
+    def losses(prob_z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        load, prob_sum = whole[:cells].view(groups, -1), prob_z[cells:2 * cells].view(groups, -1)
+        run_tokens = whole[2 * cells + 1]
+        balance = num_experts * (load * prob_sum).sum(-1).mean() / run_tokens ** 2
+        return balance, prob_z[2 * cells] / (run_tokens * groups)
+
+    balance, z = losses(sums)
+    whole_balance, whole_z = losses(whole.detach())
+    return RouterTerms(balance=balance, z=z, whole_balance=whole_balance, whole_z=whole_z,
+                       load=local[:num_experts].detach(), dropped=local[num_experts].detach())
