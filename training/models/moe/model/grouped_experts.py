@@ -112,9 +112,8 @@ def _grouped(x, counts, w1, w2, w3) -> torch.Tensor:
 def _looped(x, counts, w1, w2, w3) -> torch.Tensor:
     sizes = counts.tolist()  # this path's one host read: the slices' sizes
     *slices, rest = torch.split(x, [*sizes, x.shape[0] - sum(sizes)], dim=0)
-    outputs = []
-    for expert, rows in enumerate(slices):
-        hidden = F.silu(rows @ w1[expert].t()) * (rows @ w3[expert].t())
-        outputs.append(hidden @ w2[expert].t())
+    outputs = []  # unbind, not w[e]: one backward stack, not E zero-filled [E, ...] grads
+    for rows, gate, up, down in zip(slices, w1.unbind(0), w3.unbind(0), w2.unbind(0)):
+        outputs.append((F.silu(rows @ gate.t()) * (rows @ up.t())) @ down.t())
     outputs.append(rest.new_zeros(rest.shape, dtype=outputs[0].dtype))  # no expert's rows
     return torch.cat(outputs, dim=0)
