@@ -7,7 +7,8 @@ parallelism the one host read allowed is the all-to-all's split sizes (exchange_
 answered for ep=1 so that everything around it runs on fake tensors too. The runs are in
 bf16 autocast, where the experts are torch's grouped GEMM; in fp32 they are the per-expert
 loop, whose split sizes are the first and only read. The grouped GEMM and the loop agree,
-dropless and under a capacity (dropped copies trailing, masked)."""
+dropless and under a capacity (dropped copies trailing, masked); the layer compiles as one
+graph (torch.compile fullgraph=True) and equals eager."""
 from __future__ import annotations
 
 import types
@@ -174,3 +175,22 @@ def test_grouped_gemm_and_loop_agree_with_trailing_unrouted_rows(capacity):
     for got, want in zip(*results):  # both bf16 matmuls, summed in a different order
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     assert results[0][1][int(counts.sum()):].abs().sum() == 0  # masked rows: no gradient
+
+
+@pytest.mark.parametrize("name", ["dropless", "capacity"])
+def test_moe_layer_compiles_as_one_graph_and_equals_eager(name):
+    """torch.compile(fullgraph=True) refuses a graph break, which any host read would be;
+    the CPU probe is a constant to it (the layer in bf16 autocast: the grouped GEMM)."""
+    if not grouped_mm_on_cpu():
+        pytest.skip("this torch has no CPU torch._grouped_mm: the loop reads its split sizes")
+    torch.manual_seed(0)
+    layer = MoE(moe_model(*OVERRIDES[name]))
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0, 0.5)
+    layer.reset_stats()
+    x = torch.randn(2, 8, 16)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(compiled(x), layer(x), atol=0, rtol=0)

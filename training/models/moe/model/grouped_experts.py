@@ -74,11 +74,16 @@ def use_grouped_mm(x: torch.Tensor, weight: torch.Tensor, *, dtype: torch.dtype)
 
 
 @torch.compiler.assume_constant_result
-@functools.cache
 def grouped_mm_on_cpu() -> bool:
     """Whether this torch runs torch._grouped_mm on CPU in bf16, forward and backward, equal
     to the loop (probed once, on first use, with an empty and an uneven group, on real CPU tensors
-    even when the first use is under a fake-tensor or meta mode)."""
+    even when the first use is under a fake-tensor or meta mode; a constant to torch.compile,
+    which would trace through a functools.cache wrapper)."""
+    return _grouped_mm_on_cpu_once()
+
+
+@functools.cache
+def _grouped_mm_on_cpu_once() -> bool:
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes(), torch.device("cpu"):
