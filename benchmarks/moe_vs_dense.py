@@ -4,8 +4,8 @@ Forward + backward + AdamW step of each model on the same token batch in one pro
 alternately round after round (the machine is shared: the order rotates, medians over the
 rounds after a warm-up, ratios within this run only). The MoE is meshrun's `moe` family
 (tiny_moe with --moe overrides; default: dim 256, 4 layers, 8 experts top-2, every block
-MoE, no q/k norms); the dense model has its dim, layers, heads and vocabulary and the SwiGLU width whose
-parameter count equals the MoE's active count (parallel/cost/params.param_counts: what a
+MoE, no q/k norms); the dense model has its dim, layers, heads and vocabulary and the SwiGLU
+width whose parameter count equals the MoE's active count (parallel/cost/params.param_counts: what a
 token uses, embedding and head included); both counts are printed. Rows:
 
   dense fp32, moe fp32 (experts looped: torch's grouped GEMM is bf16 only);
@@ -180,7 +180,8 @@ def main() -> int:
               f"dense  (AdamW {adamw:.3f} s of each; rounds "
               f"{' '.join(f'{t:.3f}' for t, _ in values)} s)")
     if "moe bf16 grouped" in speeds:
-        print(f"  grouped / looped (bf16): x{speeds['moe bf16 grouped'] / speeds['moe bf16 looped']:.2f}")
+        ratio = speeds["moe bf16 grouped"] / speeds["moe bf16 looped"]
+        print(f"  grouped / looped (bf16): x{ratio:.2f}")
     if a.torchtitan:
         row = torchtitan_row(a)
         if "error" in row:
