@@ -6,7 +6,11 @@ that fails or hangs is killed, reported in the table, and the next one runs):
 1. five meshrun runs of model=llama3_1b, precision=bf16, parallel=single, procs_per_node=1,
    synthetic data, seq_len 2048 x micro-batch 8 (16,384 tokens a step), 25 steps, the first 5
    left out of the means: eager and training.compile=true, each with recompute none and full;
-   then eager without recompute and training.loss_chunks=8 (the head and loss in row blocks).
+   then eager without recompute and training.loss_chunks=8 (the head and loss in row blocks);
+   then an MoE run (`moe`): qwen3_moe_30b_a3b cut to 4 layers of 32 experts (top-8, expert
+   ffn 768; ~1.3 B parameters) in bf16, eager, whose experts take torch's grouped GEMM (the
+   row's note says whether they did: the test GroupedExperts makes, for the run's device,
+   compute dtype and widths).
    Measured, from metrics.jsonl train rows: tokens_per_s and mfu (means over the timed steps),
    mem_peak_gib (torch.cuda.max_memory_allocated, the largest over the run). Beside each, the
    plan's prediction from `meshrun plan --json` with the same overrides: tokens/s from
@@ -31,10 +35,12 @@ installs them to /tmp/site and runs this file with --budget-s 420, so the comman
 minutes, leaving room for one shorter rerun of what failed, e.g.
     run(command="bash benchmarks/gpu_proof.sh --only compile --budget-s 240", timeout_s=300,
         carry=[".whl"])
+or `--only moe --budget-s 150` (timeout_s=200) for the MoE run alone.
 Call give_back right after unless rerunning at once.
 
-Dry mode on a CPU (the same flow, tiny model, fp32, 3 steps, first 1 left out; ~1-2 minutes):
-    PYTHONPATH=$PWD python benchmarks/gpu_proof.py --dry
+Dry mode on a CPU (the same flow, tiny model, fp32, 3 steps, first 1 left out; ~1-2 minutes;
+the MoE run is tiny_moe in bf16, whose experts take torch's CPU grouped GEMM where it has one):
+    PYTHONPATH=$PWD python benchmarks/gpu_proof.py --dry [--only moe]
 """
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +64,12 @@ CASES = (("eager", False, "none", ()), ("eager", False, "full", ()),
 """(label, training.compile, recompute, extra overrides): the last one runs the head and loss in
 8 row blocks, to set the plan's smaller peak (no whole [tokens, vocab] logits) against the
 measured one."""
+MOE_CASE = ("moe", False, "none")
+MOE_SHAPE = {False: ("qwen3_moe_30b_a3b", ("model.n_layers=4", "model.moe.num_experts=32")),
+             True: ("tiny_moe", ("training.cpu_peak_flops=1e11",))}
+"""--dry -> (model, overrides) of the MoE run, always in bf16 (grouped GEMM's dtype). Dry: a
+given CPU peak for MFU, since measuring the bf16 matmul peak takes minutes on a CPU without
+bf16 matmul units (training/metrics.py measure_cpu_peak; cached per host afterwards)."""
 RUN_CAP_S = {False: 90, True: 150}  # per run, before the budget clips it
 PYTEST_CAP_S = 150
 PLAN_CAP_S = 60
@@ -208,6 +220,35 @@ def run_case(label: str, compile_: bool, recompute: str, extra: tuple[str, ...],
     return res
 
 
+def run_moe(*, shape: Shape, dry: bool, work: Path, budget: Budget) -> Result:
+    """The MoE run (its own model, bf16), with a note on whether its experts take the
+    grouped GEMM."""
+    model, extra = MOE_SHAPE[dry]
+    label, compile_, recompute = MOE_CASE
+    res = run_case(label, compile_, recompute, extra, work=work, budget=budget,
+                   shape=replace(shape, model=model, precision="bf16"))
+    if res.run_dir:
+        res.note = f"model={model} bf16; " + grouped_gemm_note(res.run_dir) + res.note
+    return res
+
+
+def grouped_gemm_note(run_dir: str) -> str:
+    """'grouped GEMM on|off (...)': the choice GroupedExperts makes for the run's device,
+    compute dtype and expert widths (training/models/moe/model/grouped_experts.py)."""
+    import torch
+
+    from conf.run_dir.paths import RunDir
+    from training.models.moe.model.grouped_experts import use_grouped_mm
+    from training.precision import TORCH_DTYPES
+
+    spec = RunDir(run_dir).read_spec()
+    dtype = TORCH_DTYPES[spec.precision.compute_dtype]
+    device = torch.device(str(spec.training.device))
+    weight = torch.empty(1, spec.model.expert_ffn_dim, spec.model.dim, device="meta")
+    used = use_grouped_mm(torch.empty(0, device=device), weight, dtype=dtype)
+    return f"grouped GEMM {'on' if used else 'off'} ({dtype}, {device.type}); "
+
+
 def run_pytest(*, work: Path, budget: Budget) -> Result:
     res = Result(name="pytest tests/gpu")
     res.command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider"]
@@ -275,7 +316,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry", action="store_true", help="CPU: tiny model, fp32, 3 steps")
     p.add_argument("--budget-s", type=float, default=420.0, help="the whole script's time box")
-    p.add_argument("--only", choices=("eager", "compile", "pytest", "runs"), default=None,
+    p.add_argument("--only", choices=("eager", "compile", "moe", "pytest", "runs"), default=None,
                    help="run only these steps (a rerun of what failed)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)
@@ -307,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[gpu_proof] {label} recompute={recompute} {' '.join(extra)}...", flush=True)
             results.append(run_case(label, compile_, recompute, extra, shape=shape, work=work,
                                     budget=budget))
+    if args.only in (None, "runs", "moe"):
+        print("[gpu_proof] moe (grouped GEMM) ...", flush=True)
+        results.append(run_moe(shape=shape, dry=args.dry, work=work, budget=budget))
     if args.only in (None, "pytest"):
         print("[gpu_proof] pytest tests/gpu ...", flush=True)
         results.append(run_pytest(work=work, budget=budget))

@@ -4,7 +4,7 @@
 # after `bash benchmarks/gpu_wheels.sh` here. Installs the carried wheels (.whl/: hydra-core,
 # omegaconf, antlr4-python3-runtime, submitit; the device image lacks them) into /tmp/site, then
 # runs gpu_proof.py under a hard `timeout` a little past its own --budget-s. Extra arguments go to
-# gpu_proof.py (e.g. --only compile --budget-s 240). Results: stdout and $OUT/gpu_proof.{md,json}.
+# gpu_proof.py (e.g. --only compile --budget-s 240, --only moe). Results: stdout and $OUT/gpu_proof.{md,json}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

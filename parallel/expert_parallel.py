@@ -71,12 +71,14 @@ def exchange_counts(counts: torch.Tensor, *, ep: int, group) -> tuple[torch.Tens
     return received, sizes[:ep], sizes[ep:]
 
 
-def local_order(received: torch.Tensor) -> torch.Tensor:
-    """Permutation that sorts rows arriving as (source rank, local expert) blocks by local
-    expert (stable: source rank order kept within an expert)."""
+def local_order(received: torch.Tensor, *, rows: int) -> torch.Tensor:
+    """Permutation that sorts the `rows` rows arriving as (source rank, local expert) blocks
+    by local expert (stable: source rank order kept within an expert). `rows` (known from the
+    split sizes) spares repeat_interleave a host read of its output size."""
     ep, local = received.shape
     expert_of_block = torch.arange(local, device=received.device).repeat(ep)
-    expert_of_row = torch.repeat_interleave(expert_of_block, received.reshape(-1))
+    expert_of_row = torch.repeat_interleave(expert_of_block, received.reshape(-1),
+                                            output_size=rows)
     return torch.argsort(expert_of_row, stable=True)
 
 
@@ -98,14 +100,19 @@ class _LocalWeights:
 
 def ep_forward(experts: nn.Module, x: torch.Tensor, counts: torch.Tensor, *, ep: int,
                group, local_forward) -> torch.Tensor:
-    """Dispatch `x` (rows sorted by global expert id, `counts` [E]) to the experts' ranks,
+    """Dispatch `x` (rows sorted by global expert id, `counts` [E]; rows past sum(counts),
+    copies dropped by a capacity, stay here and come back as zeros) to the experts' ranks,
     run the local experts, and bring the outputs back in `x`'s order."""
     received, send, recv = exchange_counts(counts, ep=ep, group=group)
-    arrived = all_to_all(x, out_splits=recv, in_splits=send, group=group)
-    order = local_order(received)
+    routed = sum(send)
+    arrived = all_to_all(x[:routed], out_splits=recv, in_splits=send, group=group)
+    order = local_order(received, rows=arrived.shape[0])
     out = local_forward(_LocalWeights(experts), arrived[order], received.sum(0))
     unsorted = torch.empty_like(out).index_copy(0, order, out)  # autograd-safe inverse
-    return all_to_all(unsorted, out_splits=send, in_splits=recv, group=group)
+    back = all_to_all(unsorted, out_splits=send, in_splits=recv, group=group)
+    if routed == x.shape[0]:
+        return back
+    return torch.cat([back, back.new_zeros(x.shape[0] - routed, *back.shape[1:])])
 
 
 def experts_modules(part: nn.Module, *, path: str) -> list[nn.Module]:

@@ -1,6 +1,6 @@
 """On a CUDA GPU of compute capability >= 9.0 in bf16 the experts run as torch's grouped GEMM
 (torch._grouped_mm), and its outputs and gradients equal the per-expert loop's, with empty
-and uneven groups."""
+and uneven groups; under bf16 autocast with fp32 weights and input it is the grouped GEMM too."""
 from __future__ import annotations
 
 import pytest
@@ -24,7 +24,7 @@ def test_grouped_gemm_equals_the_loop_in_bf16():
     counts = torch.tensor([0, 37, 5, 0, 128, 64, 1, 21], device="cuda")
     x = torch.randn(int(counts.sum()), 256, device="cuda", dtype=torch.bfloat16,
                     requires_grad=True)
-    assert use_grouped_mm(x, experts.w1)
+    assert use_grouped_mm(x, experts.w1, dtype=x.dtype)
     grouped = experts(x, counts)
     grouped.float().pow(2).sum().backward()
     grads = [t.grad.clone() for t in (x, experts.w1, experts.w2, experts.w3)]
@@ -35,3 +35,22 @@ def test_grouped_gemm_equals_the_loop_in_bf16():
     torch.testing.assert_close(grouped, looped, atol=2e-2, rtol=2e-2)
     for got, want in zip(grads, (x.grad, experts.w1.grad, experts.w2.grad, experts.w3.grad)):
         torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
+
+
+def test_bf16_autocast_with_fp32_weights_takes_the_grouped_gemm(monkeypatch):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("torch._grouped_mm needs compute capability >= 9.0")
+    experts = GroupedExperts(num_experts=4, dim=64, ffn_dim=128).cuda()
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.normal_(0, 0.05)
+    calls = []
+    real = grouped_experts._grouped
+    monkeypatch.setattr(grouped_experts, "_grouped",
+                        lambda *args: calls.append(args[0].dtype) or real(*args))
+    x = torch.randn(40, 64, device="cuda", requires_grad=True)  # fp32, as autocast passes it
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = experts(x, torch.tensor([10, 0, 25, 5], device="cuda"))
+    out.float().sum().backward()
+    assert calls == [torch.bfloat16] and out.dtype == torch.bfloat16
+    assert experts.w1.grad.dtype == torch.float32 and x.grad.dtype == torch.float32

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from conf.errors import ConfigError
 from parallel.cost.params import parameter_shapes
 from tests.support.specs import cpu_spec
-from training.models.moe.model.moe_layer import MoE, expert_capacity, sort_by_expert
+from training.models.moe.model.moe_layer import (MoE, expert_capacity, sort_by_expert,
+                                                 tokens_per_expert)
 from training.models.moe.model import MoeTransformer
 from training.router_losses import update_expert_biases
 from training.routing_metrics import routing_fields
@@ -81,13 +82,14 @@ def test_dropped_copies_equal_a_hand_count():
     chosen = torch.tensor([[0, 1], [0, 2], [0, 1], [3, 0]])
     capacity = expert_capacity(1.0, tokens=4, top_k=2, num_experts=4)
     assert capacity == 2
-    order, counts, kept = sort_by_expert(chosen, num_experts=4, capacity=capacity)
-    assert counts.tolist() == [2, 2, 1, 1] and kept == 6
-    assert order[:kept].tolist() == [0, 2, 1, 5, 3, 6]
-    assert sorted(order[kept:].tolist()) == [4, 7]
-    dropless_order, dropless_counts, all_kept = sort_by_expert(chosen, num_experts=4,
-                                                               capacity=None)
-    assert dropless_counts.tolist() == [4, 2, 1, 1] and all_kept == 8
+    load = tokens_per_expert(chosen, num_experts=4)
+    assert load.tolist() == [4, 2, 1, 1]
+    order, counts = sort_by_expert(chosen, load=load, capacity=capacity)
+    assert counts.tolist() == [2, 2, 1, 1]
+    assert order.tolist() == [0, 2, 1, 5, 3, 6, 4, 7]  # kept by expert, then the dropped
+    dropless_order, dropless_counts = sort_by_expert(chosen, load=load, capacity=None)
+    assert dropless_counts.tolist() == [4, 2, 1, 1]
+    assert dropless_order.tolist() == [0, 2, 4, 7, 1, 5, 3, 6]
 
 
 def test_dropped_share_reaches_the_metrics():

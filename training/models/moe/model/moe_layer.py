@@ -2,8 +2,10 @@
 experts, the router losses and the routing statistics.
 
 Forward: route (scores of every expert, the top-k per token, under a capacity the copies
-that fit) -> sort the token copies by expert -> `experts(x_sorted, counts)` -> unsort ->
-the k outputs weighted by their scores and summed -> + the shared experts. The balancing
+that fit) -> sort the token copies by expert (all N*k of them; under a capacity the dropped
+ones last, masked to zero) -> `experts(x_sorted, counts)` -> unsort -> the k outputs weighted
+by their scores and summed -> + the shared experts. No shape depends on the routing, so no
+step reads the device from the host (tests/unit/test_moe_host_sync.py). The balancing
 loss and z-loss of the last forward stay on the module (`router_losses`) for the model to
 add to the training loss (under context parallel over the whole sequences:
 `sequence_group`); the loads since the last read accumulate in buffers (no host sync,
@@ -89,12 +91,17 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, dim)
         logits = self.router(tokens).float()
         probs, weights, chosen = self.route(logits)
-        order, counts, kept = sort_by_expert(chosen, num_experts=self.num_experts,
-                                             capacity=self.capacity(tokens.shape[0]))
-        rows = order[:kept] // self.top_k
-        out_sorted = self.experts(tokens[rows], counts)
-        copies = out_sorted.new_zeros(tokens.shape[0] * self.top_k, dim)
-        copies = copies.index_copy(0, order[:kept], out_sorted)
+        load = tokens_per_expert(chosen, num_experts=self.num_experts)
+        order, counts = sort_by_expert(chosen, load=load,
+                                       capacity=self.capacity(tokens.shape[0]))
+        routed = tokens[order // self.top_k]
+        if self.moe.capacity_factor is not None:  # the dropped copies trail: masked out
+            kept = (torch.arange(order.numel(), device=x.device) < counts.sum()).unsqueeze(1)
+            routed = torch.where(kept, routed, 0)  # (so are their gradients)
+            out_sorted = torch.where(kept, self.experts(routed, counts), 0)
+        else:
+            out_sorted = self.experts(routed, counts)
+        copies = out_sorted.new_zeros(order.numel(), dim).index_copy(0, order, out_sorted)
         out = (copies.view(-1, self.top_k, dim) * weights.unsqueeze(-1).to(copies.dtype)).sum(1)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
@@ -149,23 +156,29 @@ def expert_capacity(factor: float, *, tokens: int, top_k: int, num_experts: int)
     return math.ceil(factor * tokens * top_k / num_experts)
 
 
-def sort_by_expert(chosen: torch.Tensor, *, num_experts: int, capacity: int | None
-                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """chosen [N, k] -> (copy indices (token * k + slot) ordered by expert, the kept copies
-    first; kept copies per expert [E]; the number kept). Under a capacity an expert keeps its
-    first `capacity` copies in token order (then slot order); dropless keeps all N*k (known
-    without a host sync)."""
+def tokens_per_expert(chosen: torch.Tensor, *, num_experts: int) -> torch.Tensor:
+    """chosen [N, k] -> the copies routed to each expert [E] (int64). A scatter-add, not
+    bincount: bincount's output size depends on the data (a host sync on CUDA)."""
+    flat = chosen.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat))
+
+
+def sort_by_expert(chosen: torch.Tensor, *, load: torch.Tensor, capacity: int | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """chosen [N, k], `load` its tokens_per_expert -> (all N*k copy indices (token * k +
+    slot) ordered by expert, the kept copies first and the dropped ones after them; kept
+    copies per expert [E]). Under a capacity an expert keeps its first `capacity` copies in
+    token order (then slot order). Shapes never depend on the data: no host sync."""
     flat = chosen.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
     if capacity is None:
-        return order, counts, flat.numel()
-    starts = torch.cumsum(counts, 0) - counts
-    rank_in_expert = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
-    fits = rank_in_expert < capacity
-    order = torch.cat([order[fits], order[~fits]])
-    kept_counts = counts.clamp(max=capacity)
-    return order, kept_counts, int(kept_counts.sum())
+        return order, load
+    starts = torch.cumsum(load, 0) - load
+    expert_sorted = flat[order]
+    rank_in_expert = torch.arange(flat.numel(), device=flat.device) - starts[expert_sorted]
+    dropped_last = torch.where(rank_in_expert < capacity, expert_sorted, load.numel())
+    return order[torch.argsort(dropped_last, stable=True)], load.clamp(max=capacity)
 
 
 class RouterTerms(NamedTuple):
