@@ -87,11 +87,14 @@ def recompute_working_set_bytes(spec: RunSpec, layer: int, kwargs: dict) -> int:
 def _block_bytes_of(model: ModelSpec, recompute: RecomputeSpec, layers, regime: Regime
                     ) -> dict[int, tuple[int, int]]:
     """(kept, recompute working set) of each block in `layers`; blocks differ only in whether
-    the policy applies to them, so each kind is computed once."""
-    first = {recompute.applies_to(layer): layer for layer in reversed(layers)}
-    by_policy = {applies: _one_block(model, recompute, layer, **regime.kwargs())
-                 for applies, layer in first.items()}
-    return {layer: by_policy[recompute.applies_to(layer)] for layer in layers}
+    the policy applies to them and whether they hold experts, so each kind is computed once."""
+    def kind(layer: int) -> tuple[bool, bool]:
+        return recompute.applies_to(layer), model.is_moe_block(layer)
+
+    first = {kind(layer): layer for layer in reversed(layers)}
+    by_kind = {key: _one_block(model, recompute, layer, **regime.kwargs())
+               for key, layer in first.items()}
+    return {layer: by_kind[kind(layer)] for layer in layers}
 
 
 @lru_cache(maxsize=CACHE)

@@ -12,7 +12,16 @@ peak / plan: 0.92-1.08 without pipelining, 1.005-1.08 with, one known gap at 1.1
 
 Pipeline layouts too (PIPELINES_*): their forwards and backwards interleave inside the
 schedule, so the kept bytes are read at every chunk's forward exit and backward entry, the
-largest reading against the plan (tests/support/pipeline_memory.py). The static terms (params, grads, optimizer state)
+largest reading against the plan (tests/support/pipeline_memory.py).
+
+Mixture-of-experts layouts (MOE_*: tiny_moe, a dense block then two MoE blocks, q/k norms,
+dropless top-2 of 4 experts) on one process and under ep2 x zero3, every policy, fp32 and
+bf16, with the dense layouts' tolerances. Routing rule: how many token copies a rank's
+experts receive depends on the router, so the plan (a balanced load: k copies per token on
+every rank) is moved by the bytes each copy keeps (expert_activations.expert_bytes_per_copy)
+x (copies received - copies sent), both counted from the routers' loads of the same forward
+(tests/support/activation_memory.py `routed_copies`); on one process they are equal, so
+that plan is checked as it is. The static terms (params, grads, optimizer state)
 are checked on every rank of every parity layout (tests/support/layout_parity.py
 `check_memory`). Configurations are grouped by world size, one spawn each."""
 from __future__ import annotations
@@ -60,6 +69,11 @@ ALTERNATE_TWO_RANKS = {name: TWO_RANKS[name] for name in ("tp_sp", "tp_no_sp", "
 """torchtitan's op SAC (every second matmul kept) where the matmuls are DTensor ops (tp, with
 and without SP's reduce-scatter), gathered by FSDP, and under cp's attention."""
 
+MOE_BASE = ("model=tiny_moe", *BASE[2:])
+MOE_LAYOUTS = {1: {"moe": []}, 2: {"moe_ep2_zero3": ["parallel=ep"]}}
+"""One process (autocast in bf16), and ep2 x zero3 (FSDP mixed precision in bf16; the
+experts' all-to-all dispatch and combine, each rank two of the four experts)."""
+
 PIPELINES_TWO_RANKS = {  # name: (overrides, recompute policies)
     "pp_1f1b": (PARITY_TWO_RANKS["pp_1f1b"], ["none", "full"]),
     "pp_gpipe": (["parallel=pp", "parallel.pp_schedule=gpipe"], ["none"]),
@@ -92,15 +106,16 @@ def _pipeline_specs(layouts: dict[str, tuple[list[str], list[str]]], world: int)
             for spec in _specs({name: extra}, world, policies)]
 
 
-def _specs(layouts: dict[str, list[str]], world: int, policies: list[str]) -> list:
+def _specs(layouts: dict[str, list[str]], world: int, policies: list[str],
+           base: tuple[str, ...] = BASE) -> list:
     """Every layout x precision x policy; composed once per layout and precision (composing
     costs most of a second), the policy's section swapped in."""
-    recompute = {policy: cpu_spec(*BASE, f"recompute={policy}").recompute
+    recompute = {policy: cpu_spec(*base, f"recompute={policy}").recompute
                  for policy in policies}
     specs = []
     for name, extra in layouts.items():
         for precision in PRECISIONS:
-            spec = cpu_spec(*BASE, f"cluster.procs_per_node={world}", f"precision={precision}",
+            spec = cpu_spec(*base, f"cluster.procs_per_node={world}", f"precision={precision}",
                             *extra)
             specs += [dataclasses.replace(
                 spec, recompute=recompute[policy],
@@ -152,7 +167,13 @@ waiting for their cast back under autocast) is below that here, but for PEAK_KNO
 Closest to the edge: pp2_tp2 fp32 full, whose first stage peaks in a re-computed block's
 backward ~8.5% above the plan (tp's all-gathered re-computed inputs and those gradient
 temporaries; it was 11.6% and a known gap while CPU AdamW ran per tensor)."""
-PEAK_KNOWN_GAPS: dict[str, str] = {}
+_EP_PEAK = ("under ep the plan's step peak is 11-13% above the measured one (fp32; bf16 "
+            "full_every2): it counts FSDP's gathered copies and collective buffers of an MoE "
+            "block with all of its experts, not the rank's ep share (not fixed yet)")
+PEAK_KNOWN_GAPS: dict[str, str] = {
+    f"moe_ep2_zero3-{name}": _EP_PEAK for name in (
+        "fp32-none", "fp32-full_every2", "fp32-selective", "fp32-selective_attention",
+        "bf16-full_every2")}
 """Peaks known to be off by more than PEAK_TOLERANCE: checked to STILL be off."""
 
 
@@ -193,3 +214,15 @@ def test_four_rank_activations_equal_the_plan(tmp_path):
              + _pipeline_specs(PIPELINES_FOUR_RANKS, 4))
     _check(run_on_ranks(activation_rank, world_size=4, workdir=tmp_path, timeout_s=900,
                         kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]}))
+
+
+@pytest.mark.parametrize("world", sorted(MOE_LAYOUTS))
+def test_moe_activations_equal_the_plan(tmp_path, world):
+    specs = _specs(MOE_LAYOUTS[world], world, POLICIES, base=MOE_BASE)
+    results = run_on_ranks(activation_rank, world_size=world, workdir=tmp_path, timeout_s=600,
+                           kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
+    routed = [row["routed"] for ranks in results for row in ranks]
+    assert all(len(blocks) == 2 for blocks in routed)  # the two MoE blocks, counted
+    if world > 1:  # the check above really moved the plan: the ranks' loads differ
+        assert any(sent != received for blocks in routed for sent, received in blocks.values())
+    _check(results)
