@@ -71,9 +71,19 @@ ALTERNATE_TWO_RANKS = {name: TWO_RANKS[name] for name in ("tp_sp", "tp_no_sp", "
 and without SP's reduce-scatter), gathered by FSDP, and under cp's attention."""
 
 MOE_BASE = ("model=tiny_moe", *BASE[2:])
-MOE_LAYOUTS = {1: {"moe": []}, 2: {"moe_ep2_zero3": ["parallel=ep"]}}
-"""One process (autocast in bf16), and ep2 x zero3 (FSDP mixed precision in bf16; the
-experts' all-to-all dispatch and combine, each rank two of the four experts)."""
+MOE_LAYOUTS = {
+    1: {"moe": [],
+        "moe_shared_sigmoid": ["model.moe.num_shared_experts=1", "model.moe.score=sigmoid",
+                               "model.moe.seq_aux_loss=true", "model.moe.renormalize=false",
+                               "model.moe.route_scale=2.5",
+                               "checkpoint.export_safetensors=false"]},
+    2: {"moe_ep2_zero3": ["parallel=ep"]},
+    4: {"moe_ep2_zero3_efsdp2": ["parallel=ep"]},
+}
+"""One process (autocast in bf16), also with a shared expert, a sigmoid router without
+renormalisation and the per-sequence balancing loss; ep2 x zero3 on 2 ranks (FSDP mixed
+precision in bf16; the experts' all-to-all dispatch and combine, each rank two of the four
+experts) and on 4 (each expert's FSDP over 2 ranks)."""
 
 PIPELINES_TWO_RANKS = {  # name: (overrides, recompute policies)
     "pp_1f1b": (PARITY_TWO_RANKS["pp_1f1b"], ["none", "full"]),
