@@ -30,14 +30,16 @@ traces the checkpointed calls as checkpoint regions, so both compose.
 """
 from __future__ import annotations
 
+import collections
 import functools
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import (
     CheckpointPolicy,
+    _CachedTorchDispatchMode,
+    _CachingTorchDispatchMode,
     checkpoint,
-    create_selective_checkpoint_contexts,
 )
 
 from conf.schema import OpsMatmuls, RecomputeMode, RecomputeTarget
@@ -110,8 +112,39 @@ def matmul_policy(*, alternate: bool, keep_attention: bool):
 def selective_context_fn(*, alternate: bool = False, keep_attention: bool = True):
     """A checkpoint `context_fn` giving each checkpointed call fresh (forward, recompute)
     contexts under `matmul_policy` (one per setting: the same object for every block)."""
-    return lambda: create_selective_checkpoint_contexts(
+    return lambda: selective_contexts(
         matmul_policy(alternate=alternate, keep_attention=keep_attention))
+
+
+def selective_contexts(policy) -> tuple:
+    """torch's `create_selective_checkpoint_contexts(policy)`, except that the profiler's
+    record_function markers (`_uncounted`) run as they come, neither cached nor counted.
+    torch keys its cache by (op, call index) and demands the re-run call each op as often as
+    forward did; an FSDP unit nested in a checkpointed block (expert parallelism's experts,
+    parallel/fsdp.py `shard_experts_units`) runs its hooks' markers a different number of
+    times in the re-run (its gathers then happen inside the block), and backward failed with
+    "profiler._record_function_enter_new ... not found in storage". A marker returns a
+    handle, not an activation: nothing to save."""
+    storage: dict = collections.defaultdict(dict)
+    return _SavingMode(policy, storage), _ReplayingMode(None, storage)
+
+
+def _uncounted(func) -> bool:
+    return getattr(func, "namespace", None) == "profiler"
+
+
+class _SavingMode(_CachingTorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _uncounted(func):
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class _ReplayingMode(_CachedTorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _uncounted(func):
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 def _apply_to_block(block: nn.Module, *, targets: frozenset[str], family: ModelFamily,

@@ -22,7 +22,11 @@ from fractions import Fraction
 
 from conf.schema import OpsMatmuls, RecomputeMode, RecomputeTarget
 from conf.spec import ModelSpec, ParallelSpec, PrecisionSpec, RecomputeSpec
-from parallel.cost.matmul_rate import block_gemms, ops_policy_split
+from parallel.cost.expert_activations import (
+    is_moe_block, moe_bytes_per_micro_batch, moe_bytes_per_token, qk_norm_bytes_per_token,
+    qk_norm_fp32_attention_inputs,
+)
+from parallel.cost.matmul_rate import block_gemms, mlp_gemms, ops_policy_split
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 FP32 = 4
@@ -75,6 +79,8 @@ class ActivationSplit:
     """training.loss_chunks: the head and loss run in this many row blocks (tp = pp = 1)."""
     compiled: bool = False
     """training.compile: each block is one inductor graph (`compiled_savings`)."""
+    ep: int = 1
+    """parallel.ep: MoE blocks send token copies to other ranks' experts (expert_activations)."""
 
     @classmethod
     def of(cls, p: ParallelSpec, *, document_mask: bool = False, loss_chunks: int = 1,
@@ -82,7 +88,8 @@ class ActivationSplit:
         return cls(tp=p.tp, sequence_parallel=p.sequence_parallel,
                    loss_parallel=p.loss_parallel, cp=p.cp, cp_balanced=p.cp_balanced,
                    fsdp=p.uses_fsdp,
-                   document_mask=document_mask, loss_chunks=loss_chunks, compiled=compiled)
+                   document_mask=document_mask, loss_chunks=loss_chunks, compiled=compiled,
+                   ep=p.ep)
 
     @property
     def sequence_share(self) -> int:
@@ -116,8 +123,8 @@ def selective_targets(recompute: RecomputeSpec) -> set[RecomputeTarget]:
 
 
 def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_type: str,
-                          dtypes: ActivationDtypes, split: ActivationSplit = FP32_SPLIT
-                          ) -> Fraction:
+                          dtypes: ActivationDtypes, split: ActivationSplit = FP32_SPLIT,
+                          moe: bool = False) -> Fraction:
     """Bytes one block under `recompute` keeps per token of this rank's micro-batch (its cp
     share of the sequence, whole over tp), besides the per-block constants
     (`block_bytes_per_micro_batch`). Terms (see `activation_elements_per_token_per_layer`
@@ -130,6 +137,9 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
         plus the reduce-scattered share with SP; ops_matmuls=alternate: the 1st, 3rd, ... in
         call order, `ops_policy_split`), attention output + lse.
       module targets: none minus what they re-compute (ffn also keeps its input once).
+    `moe`: a mixture-of-experts block, its feed-forward's terms expert_activations' instead of
+    the SwiGLU MLP's (`_moe_instead_of_mlp`); model.qk_norm adds the q/k norms' (none and
+    module targets).
     """
     mode = RecomputeMode(recompute.mode)
     d, f, heads = model.dim, model.ffn_dim, model.n_heads
@@ -147,12 +157,16 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
                                          alternate=recompute.ops_matmuls == OpsMatmuls.alternate)
         reduce_scattered = 2 * Fraction(c * d, tp) if tp > 1 and split.sequence_parallel else 0
         kept = block_input + c * sum(g.n for g in kept_gemms) + reduce_scattered + attention_out
+        kept += _moe_instead_of_mlp(model, recompute, targets, dtypes, split) if moe else 0
         return kept - (attention_out if RecomputeTarget.attention in targets else 0)
     gathered_kv = split.cp if RecomputeTarget.attention not in targets else 1
     none = (2 * Fraction(_norm_core(model, dtypes), seq_share)
             + _norm_output(model, dtypes, matmuls=3) + _norm_output(model, dtypes, matmuls=2)
             + Fraction(c * dq + 2 * c * kv * gathered_kv, tp)
-            + attention_out + Fraction(4 * c * f, tp))
+            + attention_out + Fraction(4 * c * f, tp)
+            + Fraction(qk_norm_bytes_per_token(model, dtypes=dtypes), tp))
+    if moe:
+        none += _moe_instead_of_mlp(model, recompute, targets, dtypes, split)
     if RecomputeTarget.ffn in targets:
         targets.discard(RecomputeTarget.swiglu)
         # its checkpoint keeps the MLP norm's output itself, not gate's and up's copies of it
@@ -160,7 +174,8 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
     saved = {RecomputeTarget.ffn: Fraction(4 * c * f, tp),
              RecomputeTarget.swiglu: Fraction(c * f, tp),
              RecomputeTarget.attention: Fraction(FP32 * heads, tp)
-             + runs_copy(dq, c, split, device_type),
+             + runs_copy(dq, c, split, device_type)
+             - Fraction(qk_norm_fp32_attention_inputs(model, dtypes=dtypes), tp),
              RecomputeTarget.norm: 2 * Fraction(FP32 * d + FP32, seq_share)}
     if split.compiled:
         compiled = compiled_savings(model, dtypes=dtypes, split=split)
@@ -169,6 +184,21 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
             saved[target] -= gone
         saved[RecomputeTarget.ffn] -= compiled[RecomputeTarget.swiglu]
     return none - sum(saved[target] for target in targets)
+
+
+def _moe_instead_of_mlp(model: ModelSpec, recompute: RecomputeSpec, targets: set,
+                        dtypes: ActivationDtypes, split: ActivationSplit) -> Fraction:
+    """An MoE block's feed-forward bytes (expert_activations.moe_bytes_per_token) less the
+    dense MLP's that block_bytes_per_token counts: under ops its matmul outputs, else its
+    norm output's copies and SwiGLU."""
+    if RecomputeTarget.ops in targets:
+        mlp = dtypes.compute * sum(g.n for g in mlp_gemms(model, tokens=1, tp=split.tp,
+                                                          fp8=False))
+    else:
+        mlp = (_norm_output(model, dtypes, matmuls=2)
+               + Fraction(4 * dtypes.compute * model.ffn_dim, split.tp))
+    return moe_bytes_per_token(model, recompute=recompute, targets=targets, dtypes=dtypes,
+                               ep=split.ep) - mlp
 
 
 def runs_copy(dq: int, compute: int, split: ActivationSplit, device_type: str) -> Fraction:
@@ -196,7 +226,8 @@ def compiled_savings(model: ModelSpec, *, dtypes: ActivationDtypes,
 
 def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, seq: int,
                                 device_type: str, dtypes: ActivationDtypes,
-                                split: ActivationSplit = FP32_SPLIT, micro_batch: int = 1) -> int:
+                                split: ActivationSplit = FP32_SPLIT, micro_batch: int = 1,
+                                moe: bool = False) -> int:
     """Bytes one block keeps per micro-batch that do not scale with its tokens. `seq`: the
     rank's sequence (its cp share).
     RoPE tables: when q/k are not fp32, the attention casts four slices of the fp32 rows
@@ -205,20 +236,25 @@ def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, s
     Context parallelism on CPU: SDPA's additive mask in the compute dtype, [seq, seq x cp],
     made from the bool causal mask (unless attention re-computes); on CUDA the lower-right
     causal bias keeps none (parallel/context_parallel.py); a document mask replaces it (one
-    per forward, `document_mask_bytes`)."""
+    per forward, `document_mask_bytes`). `moe`: an MoE block's router state
+    (expert_activations.moe_bytes_per_micro_batch). With q/k norms under autocast, q and k
+    leave their norms in fp32 (fp32 norm weights): RoPE casts no table."""
     mode = RecomputeMode(recompute.mode)
     if mode is RecomputeMode.offload and device_type != "cpu":
         return 0
     targets = selective_targets(recompute)
+    router = moe_bytes_per_micro_batch(model, recompute=recompute, targets=targets,
+                                       micro_batch=micro_batch) if moe else 0
     rows = _rope_rows(seq, split=split, micro_batch=micro_batch)
-    rope = 4 * (rows or seq) * model.head_dim * dtypes.compute if dtypes.compute != FP32 else 0
+    casts_tables = dtypes.compute != FP32 and not (model.qk_norm and dtypes.autocast)
+    rope = 4 * (rows or seq) * model.head_dim * dtypes.compute if casts_tables else 0
     if mode is RecomputeMode.full or {RecomputeTarget.block, RecomputeTarget.ops} & targets:
-        return 0
+        return router
     reruns_attention = RecomputeTarget.attention in targets
     keeps_mask = (split.cp > 1 and device_type == "cpu" and not reruns_attention
                   and not split.document_mask)
     mask = dtypes.compute * seq * seq * split.cp if keeps_mask else 0
-    return rope + mask
+    return rope + mask + router
 
 
 def _rope_rows(seq: int, *, split: ActivationSplit, micro_batch: int) -> int:
@@ -391,11 +427,12 @@ def activation_bytes(model: ModelSpec, *, tokens: int, recompute: RecomputeSpec,
     total = Fraction(0)
     for layer in layers:
         policy = recompute if recompute.applies_to(layer) else none
+        moe = is_moe_block(model, layer)
         total += tokens * block_bytes_per_token(model, recompute=policy, device_type=device_type,
-                                                dtypes=dtypes, split=split)
+                                                dtypes=dtypes, split=split, moe=moe)
         total += block_bytes_per_micro_batch(model, recompute=policy, seq=seq,
                                              device_type=device_type, dtypes=dtypes,
-                                             split=split, micro_batch=micro_batch)
+                                             split=split, micro_batch=micro_batch, moe=moe)
     total += rope_rows_bytes(model, recompute=recompute, layers=layers, seq=seq,
                              dtypes=dtypes, split=split, micro_batch=micro_batch)
     total += document_mask_bytes(recompute=recompute, layers=layers, seq=seq,

@@ -10,6 +10,7 @@ is memoised on its keyword arguments (memory_views.py).
 """
 from __future__ import annotations
 
+from collections import Counter
 from fractions import Fraction
 from functools import lru_cache
 
@@ -27,6 +28,7 @@ from parallel.cost.activations import (
     rope_rows_bytes,
     stage_output_bytes_per_token,
 )
+from parallel.cost.expert_activations import is_moe_block
 from parallel.cost.memory_static import holding
 from parallel.cost.memory_views import CACHE, Regime, Stages
 
@@ -73,12 +75,14 @@ def kept_activation_bytes(*, model: ModelSpec, stages: Stages, regime: Regime,
 def blocks_kept_bytes(*, model: ModelSpec, layers: tuple[int, ...], regime: Regime,
                       recompute: RecomputeSpec) -> int:
     """activations.activation_bytes of blocks `layers` alone (no head, no embedding): the
-    blocks the policy covers count its per-block bytes, the others NO_RECOMPUTE's."""
-    covered = sum(1 for layer in layers if recompute.applies_to(layer))
+    blocks the policy covers count its per-block bytes, the others NO_RECOMPUTE's; dense
+    and mixture-of-experts blocks apart."""
+    kinds = Counter((recompute.applies_to(layer), is_moe_block(model, layer))
+                    for layer in layers)
     total = Fraction(0)
-    for policy, count in ((recompute, covered), (NO_RECOMPUTE, len(layers) - covered)):
-        if count:
-            total += count * one_block_bytes(model=model, regime=regime, policy=policy)
+    for (covered, moe), count in kinds.items():
+        total += count * one_block_bytes(model=model, regime=regime, moe=moe,
+                                         policy=recompute if covered else NO_RECOMPUTE)
     seq = regime.tokens // regime.micro_batch
     total += rope_rows_bytes(model, recompute=recompute, layers=list(layers), seq=seq,
                              dtypes=regime.dtypes, split=regime.split,
@@ -90,16 +94,19 @@ def blocks_kept_bytes(*, model: ModelSpec, layers: tuple[int, ...], regime: Regi
 
 
 @lru_cache(maxsize=CACHE)
-def one_block_bytes(*, model: ModelSpec, regime: Regime, policy: RecomputeSpec) -> Fraction:
-    """Bytes one block under `policy` keeps for one micro-batch (exact: per token x tokens,
-    plus per micro-batch)."""
+def one_block_bytes(*, model: ModelSpec, regime: Regime, policy: RecomputeSpec,
+                    moe: bool = False) -> Fraction:
+    """Bytes one block (`moe`: a mixture-of-experts one) under `policy` keeps for one
+    micro-batch (exact: per token x tokens, plus per micro-batch)."""
     seq = regime.tokens // regime.micro_batch
     return (regime.tokens * block_bytes_per_token(model, recompute=policy,
                                                   device_type=regime.device,
-                                                  dtypes=regime.dtypes, split=regime.split)
+                                                  dtypes=regime.dtypes, split=regime.split,
+                                                  moe=moe)
             + block_bytes_per_micro_batch(model, recompute=policy, seq=seq,
                                           device_type=regime.device, dtypes=regime.dtypes,
-                                          split=regime.split, micro_batch=regime.micro_batch))
+                                          split=regime.split, micro_batch=regime.micro_batch,
+                                          moe=moe))
 
 
 @lru_cache(maxsize=CACHE)

@@ -201,6 +201,28 @@ def static_rows(*, model: ModelSpec, holds: Holds, sharding: Sharding, moment_by
                                                     sharding=sharding))
 
 
+def ep_block_elements(model: ModelSpec, *, tp: int, ep: int, shards: int = 1, index: int = 0,
+                      expert_shards: int = 1) -> int:
+    """Under expert parallelism (ep > 1), the elements of the largest block on a rank (FSDP
+    shard `index` of `shards`; the routed experts: the rank's E/ep of them, FSDP-sharded over
+    `expert_shards`, params.sharded_numel): what one block's units gather and reduce."""
+    family = model.family
+    return max((sum(sharded_numel(n, tp_local_shape(n, s, tp, family), family=family,
+                                  shards=shards, index=index, ep=ep,
+                                  expert_shards=expert_shards) for n, s in kind)
+                for kind in _block_kinds(model)), default=0)
+
+
+@lru_cache(maxsize=CACHE)
+def ep_layer_elements(model: ModelSpec, *, layer: int, tp: int, ep: int) -> int:
+    """Elements of block `layer`'s parameters gathered on a rank under ep: tp-local, the
+    routed experts the rank's E/ep."""
+    family = model.family
+    return sum(sharded_numel(n, tp_local_shape(n, s, tp, family), family=family, shards=1,
+                             index=0, ep=ep) for n, s in parameter_shapes(model)
+               if block_index(n) == layer)
+
+
 def weight_copies(*, model: ModelSpec, stages: Stages, sharding: Sharding, compute_bytes: int,
                   recompute: RecomputeSpec, device_type: str, loss_chunks: int
                   ) -> tuple[int, ...]:
@@ -208,7 +230,8 @@ def weight_copies(*, model: ModelSpec, stages: Stages, sharding: Sharding, compu
     backward (module docstring)."""
     if sharding.fsdp:
         return fsdp_copy_bytes(model=model, holds=stages.holds, schedule=stages.pp_schedule,
-                               tp=sharding.tp, zero=sharding.zero, compute_bytes=compute_bytes)
+                               tp=sharding.tp, zero=sharding.zero, compute_bytes=compute_bytes,
+                               ep=sharding.ep)
     if compute_bytes >= PARAM_BYTES:
         return (0,) * stages.pp  # fp32 compute: autocast casts nothing
     return autocast_copy_bytes(model=model, holds=stages.holds, tp=sharding.tp,
@@ -218,11 +241,13 @@ def weight_copies(*, model: ModelSpec, stages: Stages, sharding: Sharding, compu
 
 @lru_cache(maxsize=CACHE)
 def fsdp_copy_bytes(*, model: ModelSpec, holds: Holds, schedule: str, tp: int, zero: int,
-                    compute_bytes: int) -> tuple[int, ...]:
-    """The units FSDP keeps gathered on each pipeline rank (module docstring)."""
+                    compute_bytes: int, ep: int = 1) -> tuple[int, ...]:
+    """The units FSDP keeps gathered on each pipeline rank (module docstring); under ep a
+    block's experts are the rank's E/ep (`ep_block_elements`)."""
     every_unit = zero == 2 or holds.pp > 1 and schedule in SPLIT_BACKWARD_SCHEDULES
+    block = ep_block_elements(model, tp=tp, ep=ep) if ep > 1 else None
     return tuple(compute_bytes * _fsdp_gathered(model, holding(
-        model=model, holds=holds, tp=tp, pp_rank=pp_rank), every_unit)
+        model=model, holds=holds, tp=tp, pp_rank=pp_rank), every_unit, block)
         for pp_rank in range(holds.pp))
 
 
@@ -231,8 +256,10 @@ def stage_elements(model: ModelSpec, held: Holding) -> int:
     return _fsdp_gathered(model, held, every_unit=True)
 
 
-def _fsdp_gathered(model: ModelSpec, held: Holding, every_unit: bool) -> int:
-    block = sum(numel(local) for _, _, local in held.block)
+def _fsdp_gathered(model: ModelSpec, held: Holding, every_unit: bool,
+                   block: int | None = None) -> int:
+    if block is None or not held.block:
+        block = sum(numel(local) for _, _, local in held.block)
     if every_unit:
         return sum(numel(local) for _, _, local in held.root) + len(held.layers) * block
     head_unit = sum(numel(local) for name, _, local in held.root

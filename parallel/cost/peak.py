@@ -13,6 +13,9 @@ held from forward to backward), a step holds, at each of its moments:
 - a pipeline rank under FSDP: its stage's gradient reduce, every unit gathered and every
   gradient whole until then (`pipeline_grad_reduce`);
 - in every phase, what stays resident (`resident_bytes`: RoPE tables, pipeline buffers).
+Under expert parallelism an MoE block's units gather and reduce the rank's E/ep experts, and
+each block's backward holds its own and the next block's buffers at their sizes
+(step_memory_terms.layer_buffer_savings), not the largest block's.
 The terms beside activations and gradients are in parallel/cost/step_memory_terms.py. A pipeline
 rank has no one order of backwards: its backward phase holds every chunk in flight and the
 gradients (less one chunk without a steady state, `pipeline_steady`) and the largest block
@@ -37,6 +40,7 @@ from parallel.cost.step_memory_terms import (
     block_elements,
     collective_buffers,
     embedding_grad_transient,
+    layer_buffer_savings,
     optimizer_transient,
     pipeline_buffers,
     pipeline_grad_reduce,
@@ -63,9 +67,11 @@ def block_numel(spec: RunSpec, rank: int, *, sharded: bool) -> int:
     its own): tp-local, and FSDP-sharded when `sharded`."""
     sharding, place = spec_views(spec).sharding, rank_place(spec, rank)
     if not sharded:
-        return block_elements(model=spec.model, tp=sharding.tp, shards=1, index=0)
+        return block_elements(model=spec.model, tp=sharding.tp, shards=1, index=0,
+                              ep=sharding.ep)
     return block_elements(model=spec.model, tp=sharding.tp, shards=sharding.shards,
-                          index=place.shard)
+                          index=place.shard, ep=sharding.ep,
+                          expert_shards=sharding.expert_shards)
 
 
 def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:
@@ -74,7 +80,8 @@ def collective_buffer_bytes(spec: RunSpec, rank: int) -> int:
     views = spec_views(spec)
     return collective_buffers(model=spec.model, stages=views.stages, tp=views.sharding.tp,
                               fsdp=views.sharding.fsdp, zero=views.sharding.zero,
-                              precision=spec.precision, pp_rank=rank_place(spec, rank).pp_rank)
+                              precision=spec.precision, pp_rank=rank_place(spec, rank).pp_rank,
+                              ep=views.sharding.ep)
 
 
 def recompute_working_set_bytes(spec: RunSpec, layer: int, kwargs: dict) -> int:
@@ -87,11 +94,14 @@ def recompute_working_set_bytes(spec: RunSpec, layer: int, kwargs: dict) -> int:
 def _block_bytes_of(model: ModelSpec, recompute: RecomputeSpec, layers, regime: Regime
                     ) -> dict[int, tuple[int, int]]:
     """(kept, recompute working set) of each block in `layers`; blocks differ only in whether
-    the policy applies to them, so each kind is computed once."""
-    first = {recompute.applies_to(layer): layer for layer in reversed(layers)}
-    by_policy = {applies: _one_block(model, recompute, layer, **regime.kwargs())
-                 for applies, layer in first.items()}
-    return {layer: by_policy[recompute.applies_to(layer)] for layer in layers}
+    the policy applies to them and whether they hold experts, so each kind is computed once."""
+    def kind(layer: int) -> tuple[bool, bool]:
+        return recompute.applies_to(layer), model.is_moe_block(layer)
+
+    first = {kind(layer): layer for layer in reversed(layers)}
+    by_kind = {key: _one_block(model, recompute, layer, **regime.kwargs())
+               for key, layer in first.items()}
+    return {layer: by_kind[kind(layer)] for layer in layers}
 
 
 @lru_cache(maxsize=CACHE)
@@ -208,26 +218,27 @@ def phase_rows(*, model: ModelSpec, views: Views, precision: PrecisionSpec,
     memoised without them (layouts that split their data-parallel ranks otherwise share it)."""
     stages, sharding = views.stages, views.sharding
     ranks = tuple((place.pp_rank, 0 if stages.pp > 1 else GRAD_BYTES * block_elements(
-        model=model, tp=sharding.tp, shards=sharding.shards, index=place.shard),
+        model=model, tp=sharding.tp, shards=sharding.shards, index=place.shard,
+        ep=sharding.ep, expert_shards=sharding.expert_shards),
         optimizer_transient(model=model, stages=stages, sharding=sharding,
                             regime=views.phase, precision=precision, place=place))
         for place in places)
     return _phase_rows(model=model, stages=stages, regime=views.phase, tp=sharding.tp,
                        fsdp=sharding.fsdp, zero=sharding.zero, ddp=sharding.ddp,
                        accumulates=views.accumulates, precision=precision,
-                       recompute=recompute, ranks=ranks)
+                       recompute=recompute, ranks=ranks, ep=sharding.ep)
 
 
 @lru_cache(maxsize=CACHE)
 def _phase_rows(*, model: ModelSpec, stages: Stages, regime: Regime, tp: int, fsdp: bool,
                 zero: int, ddp: bool, accumulates: bool, precision: PrecisionSpec,
-                recompute: RecomputeSpec, ranks: tuple[tuple[int, int, int], ...]
+                recompute: RecomputeSpec, ranks: tuple[tuple[int, int, int], ...], ep: int = 1
                 ) -> tuple[PhaseTerms, ...]:
     """`ranks`: (pipeline rank, one block's gradient bytes: 0 with pp, AdamW's temporaries)."""
     return tuple(_phase_terms(model=model, stages=stages, regime=regime, tp=tp, fsdp=fsdp,
                               zero=zero, ddp=ddp, accumulates=accumulates, precision=precision,
                               recompute=recompute, pp_rank=pp_rank, block_grads=block_grads,
-                              optimizer_transient=transient)
+                              optimizer_transient=transient, ep=ep)
                  for pp_rank, block_grads, transient in ranks)
 
 
@@ -235,20 +246,22 @@ def _phase_rows(*, model: ModelSpec, stages: Stages, regime: Regime, tp: int, fs
 def _phase_terms(*, model: ModelSpec, stages: Stages, regime: Regime, tp: int, fsdp: bool,
                  zero: int, ddp: bool, accumulates: bool, precision: PrecisionSpec,
                  recompute: RecomputeSpec, pp_rank: int, block_grads: int,
-                 optimizer_transient: int) -> PhaseTerms:
+                 optimizer_transient: int, ep: int = 1) -> PhaseTerms:
     """`block_grads`: one block's gradient bytes on the rank (0 with pp)."""
     pipeline = stages.pp > 1
     steady = not pipeline or pipeline_steady(stages, pp_rank)
     held = _outlive(ddp=ddp, pipeline=pipeline and steady, accumulates=accumulates)
     layers = holding(model=model, holds=stages.holds, tp=tp, pp_rank=pp_rank).layers
+    savings = layer_buffer_savings(model=model, layers=layers, tp=tp, fsdp=fsdp, zero=zero,
+                                   precision=precision, ep=ep)
     walk = _walk(model, recompute, layers, None if pipeline else 0 if held else block_grads,
-                 regime)
+                 regime, savings)
     resident = (rope_table_bytes(model, stages)
                 + pipeline_buffers(model=model, stages=stages, regime=regime, pp_rank=pp_rank))
     return PhaseTerms(
         grads_held=held, optimizer_transient=optimizer_transient, pipeline=pipeline,
         buffers=collective_buffers(model=model, stages=stages, tp=tp, fsdp=fsdp, zero=zero,
-                                   precision=precision, pp_rank=pp_rank),
+                                   precision=precision, pp_rank=pp_rank, ep=ep),
         head=0 if pipeline else end_kept_bytes(model=model, regime=regime, recompute=recompute,
                                                head=True),
         block_grads=block_grads * len(layers), walk=walk, resident=resident,
@@ -269,11 +282,12 @@ class _Walk:
 
 @lru_cache(maxsize=CACHE)
 def _walk(model: ModelSpec, recompute: RecomputeSpec, layers: tuple[int, ...],
-          grad_step: int | None, regime: Regime) -> _Walk:
+          grad_step: int | None, regime: Regime, savings: tuple[int, ...] = ()) -> _Walk:
     """Backward, the last block first: block i's backward holds its recompute working set,
     less the kept activations of the later blocks (freed), plus the gradients those made
     (`grad_step` per block; 0 when the gradients are held all along). `grad_step` None: a
     pipeline stage, with no one order - the largest working set."""
+    buffer_savings = dict(zip(layers, savings))
     spec_blocks = _block_bytes_of(model, recompute, layers, regime)
     if grad_step is None:
         peak = max((w for _, w in spec_blocks.values()), default=0)
@@ -281,7 +295,7 @@ def _walk(model: ModelSpec, recompute: RecomputeSpec, layers: tuple[int, ...],
     out, freed, made = [], 0, 0
     for layer in reversed(layers):
         block_kept, working = spec_blocks[layer]
-        out.append((layer, working - freed + made))
+        out.append((layer, working - freed + made - buffer_savings.get(layer, 0)))
         freed += block_kept
         made += grad_step
     return _Walk(by_layer=tuple(out), peak=max((extra for _, extra in out), default=0))

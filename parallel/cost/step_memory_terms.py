@@ -14,7 +14,9 @@ from functools import lru_cache
 from conf.spec import ModelSpec, PrecisionSpec, RunSpec
 from parallel.cost.activations import DTYPE_BYTES, pipeline_in_flight
 from parallel.cost.kept_activations import stage_output_bytes
-from parallel.cost.memory_static import fsdp_copy_bytes, holding, stage_elements
+from parallel.cost.memory_static import (
+    ep_block_elements, ep_layer_elements, fsdp_copy_bytes, holding, stage_elements,
+)
 from parallel.cost.memory_views import (
     CACHE, Holds, Place, Regime, Sharding, Stages, rank_place, spec_views,
 )
@@ -55,7 +57,7 @@ def pipeline_buffers(*, model: ModelSpec, stages: Stages, regime: Regime, pp_ran
 
 
 def collective_buffers(*, model: ModelSpec, stages: Stages, tp: int, fsdp: bool, zero: int,
-                       precision: PrecisionSpec, pp_rank: int) -> int:
+                       precision: PrecisionSpec, pp_rank: int, ep: int = 1) -> int:
     """Bytes of collective buffers alive during one unit's backward.
     FSDP: the reduce-scatter's input, the unit's whole gradient in the reduce dtype, and
     under zero=3 the all-gather output (compute dtype, whole over the shards) of the next
@@ -64,14 +66,33 @@ def collective_buffers(*, model: ModelSpec, stages: Stages, tp: int, fsdp: bool,
     unit in use has been copied out of its own buffer (freed) into its parameters, which are
     the weight copies (memory_static.weight_copies). DDP: none beyond the gradients (its
     buckets are the gradients, gradient_as_bucket_view). TP: none beyond the activations
-    (its gathers are what the matmuls keep, counted there)."""
+    (its gathers are what the matmuls keep, counted there). EP: a block's experts are the
+    rank's E/ep."""
     if not fsdp:
         return 0
-    largest = block_elements(model=model, tp=tp, shards=1, index=0)
+    largest = block_elements(model=model, tp=tp, shards=1, index=0, ep=ep)
     reduce = DTYPE_BYTES[precision.reduce_dtype.value] * largest
     gather = DTYPE_BYTES[precision.compute_dtype.value] * largest
     layers = holding(model=model, holds=stages.holds, tp=tp, pp_rank=pp_rank).layers
     return reduce + (gather if zero == 3 and len(layers) > 1 else 0)  # a next block
+
+
+def layer_buffer_savings(*, model: ModelSpec, layers: tuple[int, ...], tp: int, fsdp: bool,
+                         zero: int, precision: PrecisionSpec, ep: int) -> tuple[int, ...]:
+    """Per block of `layers`: how much less than `collective_buffers` (sized by the largest
+    block) its backward holds under ep, where blocks differ (a dense block beside MoE
+    blocks whose experts are the rank's E/ep): its own reduce-scatter input and the next
+    unit's gather (the block before it) at their own sizes. All 0 without ep: every
+    block's buffers are the largest's."""
+    if not fsdp or ep == 1:
+        return (0,) * len(layers)
+    largest = block_elements(model=model, tp=tp, shards=1, index=0, ep=ep)
+    reduce = DTYPE_BYTES[precision.reduce_dtype.value]
+    gather = DTYPE_BYTES[precision.compute_dtype.value] if zero == 3 and len(layers) > 1 else 0
+    own = [ep_layer_elements(model, layer=layer, tp=tp, ep=ep) for layer in layers]
+    prefetched = [own[max(0, j - 1)] if j else own[0] for j in range(len(layers))]
+    return tuple(reduce * (largest - mine) + gather * (largest - before)
+                 for mine, before in zip(own, prefetched))
 
 
 def pipeline_grad_reduce(*, model: ModelSpec, stages: Stages, tp: int, zero: int,
@@ -94,9 +115,14 @@ def pipeline_grad_reduce(*, model: ModelSpec, stages: Stages, tp: int, zero: int
 
 
 @lru_cache(maxsize=CACHE)
-def block_elements(*, model: ModelSpec, tp: int, shards: int, index: int) -> int:
+def block_elements(*, model: ModelSpec, tp: int, shards: int, index: int, ep: int = 1,
+                   expert_shards: int = 1) -> int:
     """Elements of one block's parameters on a rank (every block is alike, an FSDP unit of
-    its own): tp-local, in FSDP shard `index` of `shards`."""
+    its own): tp-local, in FSDP shard `index` of `shards`; under ep the rank's experts
+    (memory_static.ep_block_elements)."""
+    if ep > 1:
+        return ep_block_elements(model, tp=tp, ep=ep, shards=shards, index=index,
+                                 expert_shards=expert_shards)
     return sum(fsdp_local_numel(local, shards=shards, index=index)
                for _, _, local in _one_block(model, tp))
 

@@ -12,7 +12,17 @@ peak / plan: 0.92-1.08 without pipelining, 1.005-1.08 with, one known gap at 1.1
 
 Pipeline layouts too (PIPELINES_*): their forwards and backwards interleave inside the
 schedule, so the kept bytes are read at every chunk's forward exit and backward entry, the
-largest reading against the plan (tests/support/pipeline_memory.py). The static terms (params, grads, optimizer state)
+largest reading against the plan (tests/support/pipeline_memory.py).
+
+Mixture-of-experts layouts (MOE_*: tiny_moe, a dense block then two MoE blocks, q/k norms,
+dropless top-2 of 4 experts) on one process and under ep2 x zero3, every policy, fp32 and
+bf16, with the dense layouts' tolerances. Routing rule: how many token copies a rank's
+experts receive depends on the router, so the plan (a balanced load: k copies per token on
+every rank) is moved by the bytes each copy keeps (expert_activations.expert_bytes_per_copy)
+x (copies received - copies sent), both counted from the routers' loads of the same forward
+(tests/support/activation_memory.py `routed_copies`); on one process they are equal, so
+that plan is checked as it is. Their peaks are the plan's within PEAK_TOLERANCE as well (the
+balanced plan's; under ep FSDP gathers and reduces the rank's E/ep experts per MoE block). The static terms (params, grads, optimizer state)
 are checked on every rank of every parity layout (tests/support/layout_parity.py
 `check_memory`). Configurations are grouped by world size, one spawn each."""
 from __future__ import annotations
@@ -60,6 +70,21 @@ ALTERNATE_TWO_RANKS = {name: TWO_RANKS[name] for name in ("tp_sp", "tp_no_sp", "
 """torchtitan's op SAC (every second matmul kept) where the matmuls are DTensor ops (tp, with
 and without SP's reduce-scatter), gathered by FSDP, and under cp's attention."""
 
+MOE_BASE = ("model=tiny_moe", *BASE[2:])
+MOE_LAYOUTS = {
+    1: {"moe": [],
+        "moe_shared_sigmoid": ["model.moe.num_shared_experts=1", "model.moe.score=sigmoid",
+                               "model.moe.seq_aux_loss=true", "model.moe.renormalize=false",
+                               "model.moe.route_scale=2.5",
+                               "checkpoint.export_safetensors=false"]},
+    2: {"moe_ep2_zero3": ["parallel=ep"]},
+    4: {"moe_ep2_zero3_efsdp2": ["parallel=ep"]},
+}
+"""One process (autocast in bf16), also with a shared expert, a sigmoid router without
+renormalisation and the per-sequence balancing loss; ep2 x zero3 on 2 ranks (FSDP mixed
+precision in bf16; the experts' all-to-all dispatch and combine, each rank two of the four
+experts) and on 4 (each expert's FSDP over 2 ranks)."""
+
 PIPELINES_TWO_RANKS = {  # name: (overrides, recompute policies)
     "pp_1f1b": (PARITY_TWO_RANKS["pp_1f1b"], ["none", "full"]),
     "pp_gpipe": (["parallel=pp", "parallel.pp_schedule=gpipe"], ["none"]),
@@ -92,15 +117,16 @@ def _pipeline_specs(layouts: dict[str, tuple[list[str], list[str]]], world: int)
             for spec in _specs({name: extra}, world, policies)]
 
 
-def _specs(layouts: dict[str, list[str]], world: int, policies: list[str]) -> list:
+def _specs(layouts: dict[str, list[str]], world: int, policies: list[str],
+           base: tuple[str, ...] = BASE) -> list:
     """Every layout x precision x policy; composed once per layout and precision (composing
     costs most of a second), the policy's section swapped in."""
-    recompute = {policy: cpu_spec(*BASE, f"recompute={policy}").recompute
+    recompute = {policy: cpu_spec(*base, f"recompute={policy}").recompute
                  for policy in policies}
     specs = []
     for name, extra in layouts.items():
         for precision in PRECISIONS:
-            spec = cpu_spec(*BASE, f"cluster.procs_per_node={world}", f"precision={precision}",
+            spec = cpu_spec(*base, f"cluster.procs_per_node={world}", f"precision={precision}",
                             *extra)
             specs += [dataclasses.replace(
                 spec, recompute=recompute[policy],
@@ -193,3 +219,15 @@ def test_four_rank_activations_equal_the_plan(tmp_path):
              + _pipeline_specs(PIPELINES_FOUR_RANKS, 4))
     _check(run_on_ranks(activation_rank, world_size=4, workdir=tmp_path, timeout_s=900,
                         kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]}))
+
+
+@pytest.mark.parametrize("world", sorted(MOE_LAYOUTS))
+def test_moe_activations_equal_the_plan(tmp_path, world):
+    specs = _specs(MOE_LAYOUTS[world], world, POLICIES, base=MOE_BASE)
+    results = run_on_ranks(activation_rank, world_size=world, workdir=tmp_path, timeout_s=600,
+                           kwargs={"spec_dicts": [spec_to_dict(s) for s in specs]})
+    routed = [row["routed"] for ranks in results for row in ranks]
+    assert all(len(blocks) == 2 for blocks in routed)  # the two MoE blocks, counted
+    if world > 1:  # the check above really moved the plan: the ranks' loads differ
+        assert any(sent != received for blocks in routed for sent, received in blocks.values())
+    _check(results)

@@ -5,9 +5,15 @@ against the plan (parallel.cost.memory).
 Measured as tests/unit/test_recompute.py does, per rank: the storages created during forward
 (a TorchDispatchMode sees every op; a DTensor counts its local shard) that are still alive when
 forward returns, unique, minus the weights: parameters (sharded, or gathered by FSDP and
-still held), autocast's casts of parameters (the plan's weight copies) and storages FSDP has
+still held), autocast's casts of parameters and of their views (an expert's slice of the
+stacked expert weights: the plan's weight copies) and storages FSDP has
 already freed (resized to 0). Saved-tensor hooks alone miss what checkpointed regions keep
 (their own hooks, the ops policy's cache), so they are not the measure here.
+
+Mixture-of-experts blocks: what a rank's experts keep depends on how many token copies the
+router sent them; the plan takes a balanced load (parallel/cost/expert_activations.py), so
+each row's plan is moved by expert_bytes_per_copy x (copies received - copies sent) per MoE
+block, the copies counted from the routers' loads of this forward (`routed_copies`).
 """
 from __future__ import annotations
 
@@ -60,9 +66,15 @@ class _Storages(TorchDispatchMode):
                 if DEBUG:
                     self.info.setdefault(ref.cdata, (str(func), tuple(leaf.shape), leaf.dtype))
                 if (func is torch.ops.aten._to_copy.default
-                        and isinstance(args[0], nn.Parameter)):
+                        and _of_parameter(args[0])):
                     self.weight_casts.add(ref.cdata)
         return out
+
+
+def _of_parameter(tensor) -> bool:
+    """A parameter, or a view of one (an expert's slice of the stacked expert weights)."""
+    return isinstance(tensor, nn.Parameter) or isinstance(getattr(tensor, "_base", None),
+                                                           nn.Parameter)
 
 
 def _live_bytes(ref: StorageWeakRef) -> int:
@@ -91,13 +103,16 @@ def _weights(layout) -> set[int]:
 
 
 def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tensor,
-               optimizers: list, documents: dict | None = None) -> int:
+               optimizers: list, documents: dict | None = None,
+               routed: dict | None = None) -> int:
     """Activation bytes one forward of this rank's micro-batch keeps (module docstring);
-    `documents`: the document-masking keywords (inputs, like the tokens: not counted)."""
+    `documents`: the document-masking keywords (inputs, like the tokens: not counted);
+    `routed` (if given) receives `routed_copies` of that forward."""
     from training.precision import autocast_context
     from training.step import clip_and_step, loss_context, token_loss_sum
 
     documents = documents or {}
+    loads = _moe_loads(layout)
     before = _weights(layout) | {_key(t) for t in (inputs, targets, *documents.values())}
     if layout.cp_positions is not None:
         before.add(_key(layout.cp_positions))
@@ -107,6 +122,8 @@ def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tenso
         loss = token_loss_sum(layout.parts[0], inputs, targets,
                               autocast_context(spec.precision, CPU), documents,
                               loss_chunks=layout.loss_chunks)
+    if routed is not None:
+        routed.update(routed_copies(layout, loads))
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # no collective still running, holding a buffer
     gc.collect()
@@ -121,6 +138,54 @@ def kept_bytes(layout, spec: RunSpec, inputs: torch.Tensor, targets: torch.Tenso
         loss.backward()
     clip_and_step(layout, optimizers, grad_clip=spec.optim.grad_clip)
     return kept
+
+
+def _moe_loads(layout) -> dict[int, tuple]:
+    """{block: (its MoE module, the copies its router has counted so far per expert)}."""
+    moes = {}
+    for part in layout.parts:
+        layers = getattr(part, "moe_layers", None)
+        moes.update(layers() if layers is not None else {})
+    return {index: (moe, moe.load_since_read.clone()) for index, moe in moes.items()}
+
+
+def routed_copies(layout, loads: dict[int, tuple]) -> dict[int, tuple[int, int]]:
+    """{MoE block: (token copies this rank's router sent since `loads`, copies this rank's
+    experts received)}: without ep every copy stays; under ep the senders' loads summed over
+    the ep ranks, this rank's experts' share (parallel/expert_parallel.py: Shard(0))."""
+    out = {}
+    for index, (moe, before) in loads.items():
+        load = moe.load_since_read - before
+        weight = moe.experts.w1
+        names = weight.device_mesh.mesh_dim_names or () if isinstance(weight, DTensor) else ()
+        if "ep" not in names:
+            out[index] = (int(load.sum()), int(load.sum()))
+            continue
+        ep_mesh = weight.device_mesh["ep"]
+        summed = load.clone()
+        torch.distributed.all_reduce(summed, group=ep_mesh.get_group())
+        local = summed.numel() // ep_mesh.size()
+        start = ep_mesh.get_local_rank() * local
+        out[index] = (int(load.sum()), int(summed[start:start + local].sum()))
+    return out
+
+
+def routing_difference(spec: RunSpec, routed: dict[int, tuple[int, int]]) -> int:
+    """Bytes this rank's experts keep beyond the plan's balanced load (module docstring)."""
+    from parallel.cost.activations import activation_dtypes, selective_targets
+    from parallel.cost.expert_activations import expert_bytes_per_copy
+    from conf.schema import RecomputeMode
+    from conf.spec import RecomputeSpec
+
+    dtypes = activation_dtypes(spec.precision, uses_fsdp=spec.parallel.uses_fsdp)
+    total = 0
+    for index, (sent, received) in routed.items():
+        policy = (spec.recompute if spec.recompute.applies_to(index)
+                  else RecomputeSpec(mode=RecomputeMode.none))
+        per_copy = expert_bytes_per_copy(spec.model, recompute=policy, dtypes=dtypes,
+                                         targets=selective_targets(policy), ep=spec.parallel.ep)
+        total += int(per_copy * (received - sent))
+    return total
 
 
 def activation_rank(*, rank: int, world_size: int, spec_dicts: list[dict]) -> list[dict]:
@@ -168,10 +233,12 @@ def _spec_row(spec: RunSpec, rank: int) -> dict:
     if layout.schedule is not None:
         return pipeline_rows(layout, spec, batches, optimizers, rank=rank, slack=PEAK_SLACK)
     warm_optimizers(layout, optimizers)
+    routed: dict = {}
     with LiveBytes([*state_tensors(layout, optimizers), inputs, targets,
                     *documents.values()], slack=PEAK_SLACK) as live:
-        measured = kept_bytes(layout, spec, inputs, targets, optimizers, documents)
+        measured = kept_bytes(layout, spec, inputs, targets, optimizers, documents, routed)
     return {"name": spec.parallel.name, "rank": rank, "measured": measured,
-            "loss_chunks": spec.training.loss_chunks,
-            "plan": layout_activation_bytes(spec, rank), "peak": live.peak,
+            "loss_chunks": spec.training.loss_chunks, "routed": routed,
+            "plan": layout_activation_bytes(spec, rank) + routing_difference(spec, routed),
+            "peak": live.peak,
             "peak_at": live.peak_at, "plan_peak": estimate_memory(spec, rank=rank).total}

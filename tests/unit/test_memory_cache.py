@@ -11,7 +11,8 @@ model with q/k/v biases, zero 0-3 (FSDP, DDP, ZeRO-1 owners), tp with sequence p
 loss parallel, pp with every schedule and virtual stages, cp, fp32 / bf16 / fp16 compute, bf16
 AdamW moments, a CPU device (offload keeps its copies there), recompute policies that
 cover every block, every other or every third block, and each selective target, and the head
-and loss in row blocks (training.loss_chunks: no tp or pp candidates then)."""
+and loss in row blocks (training.loss_chunks: no tp or pp candidates then), and a
+mixture-of-experts model (dense and MoE blocks apart; ep candidates)."""
 from __future__ import annotations
 
 import random
@@ -66,6 +67,9 @@ CASES = {
                                        "training.seq_len=2048", "precision=bf16",
                                        "training.loss_chunks=8", "cluster.nodes=1", *GPUS],
                                       16, 1),
+    "tiny-moe-cpu-bf16-ep": (["model=tiny_moe", "training.seq_len=64", "cluster=local",
+                              "cluster.procs_per_node=8", "precision=bf16", "data=synthetic"],
+                             16, 7),
     "debug-cpu-bf16-loss-chunks": (["model=debug", "training.seq_len=1024", "cluster=local",
                                     "cluster.procs_per_node=8", "precision=bf16",
                                     "training.loss_chunks=4", "data=synthetic"], 16, 1),
