@@ -20,10 +20,18 @@ def check_model_family(model: ModelSpec, recompute: RecomputeConfig,
                      f"that defines FAMILY (training/models/__init__.py)")
         return
     family.check(model, problems)
+    check_family_recompute(model, recompute, problems)
+
+
+def check_family_recompute(model: ModelSpec, recompute: RecomputeConfig,
+                           problems: ProblemList) -> None:
+    """Selective recompute of a known family: targets it has submodules for, and an
+    alternate-matmul policy only where its matmul order is fixed (also what the layout
+    search asks of each candidate policy)."""
     if recompute.mode is not RecomputeMode.selective:
         return
     check_alternate_matmuls(model, recompute, problems)
-    known = {RecomputeTarget.ops, *family.recompute}
+    known = {RecomputeTarget.ops, *family_of(model).recompute}
     missing = [t for t in recompute.targets if t in tuple(RecomputeTarget) and t not in known]
     if missing:
         problems.add("recompute.targets", list(recompute.targets),

@@ -39,7 +39,7 @@ from typing import Iterator
 
 from conf.errors import ProblemList
 from conf.rules.expert_rules import check_expert_parallel
-from conf.rules.family_rules import check_alternate_matmuls
+from conf.rules.family_rules import check_family_recompute
 from conf.rules.parallel_rules import PP_SCHEDULES, check_pipeline_options, check_zero
 from conf.rules.field_rules import divisors
 from conf.rules.training_rules import resolve_batch
@@ -111,13 +111,13 @@ def pipeline_shapes(pp: int, base_schedule: str) -> list[tuple[str, int]]:
 
 def valid_policies(policies: dict[str, RecomputeConfig], rejected: Counter, *,
                    model: ModelSpec) -> dict[str, RecomputeSpec]:
-    """The recompute policies check_recompute (and the family's matmul order) accept, as
-    specs."""
+    """The recompute policies check_recompute and the model's family (its recompute targets,
+    its matmul order) accept, as specs."""
     kept = {}
     for name, policy in policies.items():
         problems = ProblemList()
         check_recompute(policy, problems)
-        check_alternate_matmuls(model, policy, problems)
+        check_family_recompute(model, policy, problems)
         if _count(problems, rejected):
             kept[name] = spec_from_config(RecomputeSpec, policy)
     return kept

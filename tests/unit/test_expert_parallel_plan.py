@@ -83,3 +83,24 @@ def test_search_tries_ep_degrees_for_moe_models_only():
     assert ep_degrees(moe.parallel, moe, Counter()) == [1, 2, 4]
     dense = spec("model=tiny", "data=synthetic", "cluster.procs_per_node=4", "parallel=zero3")
     assert ep_degrees(dense.parallel, dense, Counter()) == [1]
+
+
+def test_the_search_offers_an_moe_model_only_the_recompute_policies_its_family_runs():
+    """ffn / swiglu targets (a dense MLP's) and alternate matmuls are refused for MoE models
+    by resolve; the search drops them before it plans (counted by rule), as it does for dense
+    models only what check_recompute refuses."""
+    from conf.schema import RecomputeConfig, RecomputeMode, RecomputeTarget
+    from launcher.plan.plan_search import recompute_policies
+    from parallel.cost.search_space import valid_policies
+
+    policies = {**recompute_policies(),  # a user's option (conf/recompute/*.yaml) beside ours
+                "selective_ffn": RecomputeConfig(mode=RecomputeMode.selective,
+                                                 targets=[RecomputeTarget.ffn])}
+    moe, dense = Counter(), Counter()
+    moe_kept = valid_policies(policies, moe, model=spec(*MOE).model)
+    dense_kept = valid_policies(policies, dense, model=spec("model=tiny", "data=synthetic").model)
+    assert {"selective", "full", "none"} <= set(moe_kept)
+    refused = set(dense_kept) - set(moe_kept)
+    assert {"selective_alternate", "selective_ffn"} <= refused, refused
+    assert all(policies[name].mode.value == "selective" for name in refused)
+    assert moe["recompute.targets"] + moe["recompute.ops_matmuls"] == len(refused)
