@@ -138,10 +138,16 @@ class PipelineLoss:
         self.token_loss_sums: list[torch.Tensor] = []
         self.microbatch_weights: list[torch.Tensor] | None = None
         """Per pipeline micro-batch of the running step: its target tokens x `scale`, the
-        weight of a per-token loss a stage adds (router losses); None outside training."""
+        weight of a per-token loss a stage adds (router losses); None outside training and
+        where no stage adds one."""
+        self.weighs = False
+        """A stage of this rank adds a per-token loss (MicroBatchStage sets it)."""
 
     def weigh_microbatches(self, targets: torch.Tensor, n_microbatches: int) -> None:
-        """`microbatch_weights` of `targets` split as torch's schedule splits it (dim 0)."""
+        """`microbatch_weights` of `targets` split as torch's schedule splits it (dim 0),
+        where a stage needs them (`weighs`)."""
+        if not self.weighs:
+            return
         self.microbatch_weights = [(part != self.ignore_index).sum() * self.scale
                                    for part in torch.tensor_split(targets, n_microbatches)]
 
@@ -173,6 +179,7 @@ class MicroBatchStage(PipelineStage):
         self.microbatch = getattr(module, "pipeline_microbatch", None)
         if self.microbatch is not None:
             module.as_pipeline_stage()
+            loss.weighs = True
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
         if self.microbatch is None:

@@ -20,8 +20,9 @@ dim, f = expert_ffn_dim; c the compute dtype, int64 indices 8 bytes), recompute 
     up and their product (4f), the local experts' joined output (d); under ep the local
     re-sort's index (int64).
   shared experts: a SwiGLU of num_shared x f over the tokens (its input is the router's).
-  per micro-batch: the balancing loss's load share (E fp32; [B, E] per sequence) and the
-    weighted router-loss scalar the module keeps (the latter under every policy).
+  per micro-batch: the balancing loss's load share (E fp32; [B, E] per sequence), the
+    z-loss's token count and the weighted router-loss scalar the module keeps (the latter
+    under every policy).
 
 selective ops keeps the matmul outputs instead: the router's logits (E, compute dtype), each
 copy's gate, up and down outputs (2f + d) and the shared experts' (2 f_s + d). full / block
@@ -101,12 +102,13 @@ def moe_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, targets: 
 
 def moe_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, targets: set,
                               micro_batch: int) -> int:
-    """The balancing loss's saved load share (recompute none and module targets) and the
-    router-loss scalar the module holds (every policy)."""
+    """The balancing loss's saved load share and the z-loss's token count (recompute none
+    and module targets: moe_layer.router_loss_terms) and the router-loss scalar the module
+    holds (every policy)."""
     if not _keeps_what_none_keeps(recompute, targets):
         return FP32
     rows = micro_batch if model.moe.seq_aux_loss else 1
-    return FP32 * rows * model.moe.num_experts + FP32
+    return FP32 * rows * model.moe.num_experts + 2 * FP32
 
 
 def qk_norm_bytes_per_token(model: ModelSpec, *, dtypes) -> Fraction:

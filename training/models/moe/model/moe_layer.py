@@ -228,12 +228,16 @@ def router_loss_terms(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.T
         dist.all_reduce(shared, group=share_group)
         whole, local = shared[:sums.numel()], shared[sums.numel():]
     cells = groups * num_experts
+    counts = whole.detach()  # token counts: no gradient
+    run_tokens = counts[2 * cells + 1]
+    # f_i / run_tokens, made before the product so that backward keeps it alone ([groups, E])
+    load_share = counts[:cells].view(groups, -1) / run_tokens ** 2
+    z_tokens = run_tokens * groups
 
     def losses(prob_z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        load, prob_sum = whole[:cells].view(groups, -1), prob_z[cells:2 * cells].view(groups, -1)
-        run_tokens = whole[2 * cells + 1]
-        balance = num_experts * (load * prob_sum).sum(-1).mean() / run_tokens ** 2
-        return balance, prob_z[2 * cells] / (run_tokens * groups)
+        prob_sum = prob_z[cells:2 * cells].view(groups, -1)
+        balance = num_experts * (load_share * prob_sum).sum(-1).mean()
+        return balance, prob_z[2 * cells] / z_tokens
 
     balance, z = losses(sums)
     whole_balance, whole_z = losses(whole.detach())
