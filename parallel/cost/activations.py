@@ -104,7 +104,7 @@ def block_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, device_
              - Fraction(qk_norm_fp32_attention_inputs(model, dtypes=dtypes), tp),
              RecomputeTarget.norm: 2 * Fraction(FP32 * d + FP32, seq_share)}
     if split.compiled:
-        compiled = compiled_savings(model, dtypes=dtypes, split=split)
+        compiled = compiled_savings(model, dtypes=dtypes, split=split, moe=moe)
         none -= sum(compiled.values())
         for target, gone in compiled.items():  # a target cannot drop what compile dropped
             saved[target] -= gone
@@ -137,17 +137,20 @@ def runs_copy(dq: int, compute: int, split: ActivationSplit, device_type: str) -
     return Fraction(0)
 
 
-def compiled_savings(model: ModelSpec, *, dtypes: ActivationDtypes,
-                     split: ActivationSplit) -> dict[RecomputeTarget, Fraction]:
+def compiled_savings(model: ModelSpec, *, dtypes: ActivationDtypes, split: ActivationSplit,
+                     moe: bool = False) -> dict[RecomputeTarget, Fraction]:
     """What a compiled block does not keep beside an eager one, per token, where no
     checkpoint policy decides what is saved (recompute none and module targets; under ops,
     block and full the policy's saves are the same compiled or not): inductor's min-cut
     partitioner (torch/_functorch/partitioners.py, min_cut_rematerialization_partition) saves
     the inputs of a fused pointwise region and re-computes its ops in backward rather than
     saving their outputs -- each RMSNorm's fp32 upcast of its input (the input itself and the
-    rsqrt stay), and SwiGLU's silu(gate) (gate and up stay)."""
+    rsqrt stay), and SwiGLU's silu(gate) (gate and up stay). An MoE block (`moe`) is
+    credited its norms only: what inductor keeps of its experts' SwiGLU is not measured, so
+    its eager bytes stand (an upper bound)."""
+    swiglu = 0 if moe else Fraction(dtypes.compute * model.ffn_dim, split.tp)
     return {RecomputeTarget.norm: 2 * Fraction(FP32 * model.dim, split.sequence_share),
-            RecomputeTarget.swiglu: Fraction(dtypes.compute * model.ffn_dim, split.tp)}
+            RecomputeTarget.swiglu: swiglu}
 
 
 def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, seq: int,

@@ -91,3 +91,23 @@ def test_the_step_time_grows_with_the_imbalance_of_an_ep_layout():
         s = cpu_spec(*overrides, f"parallel.ep_imbalance={factor}")
         computes.append(compute_terms(s, make_plan(s), hardware_of(s)).scaled_s)
     assert computes[1] > computes[0] * 1.05
+
+
+def test_a_compiled_moe_block_is_credited_its_norms_only():
+    """compile's measured saving of a dense block (silu(gate) of the SwiGLU, each norm's
+    upcast) is not the experts': an MoE block keeps its eager bytes less the norms'."""
+    from parallel.cost.activations import (ActivationDtypes, ActivationSplit,
+                                           block_bytes_per_token, compiled_savings)
+
+    s = spec(*TINY_MOE)
+    dtypes = ActivationDtypes.uniform(4)
+    eager, compiled = (ActivationSplit(), ActivationSplit(compiled=True))
+    kept = {split.compiled: {moe: block_bytes_per_token(s.model, recompute=s.recompute,
+                                                        device_type="cpu", dtypes=dtypes,
+                                                        split=split, moe=moe)
+                             for moe in (False, True)}
+            for split in (eager, compiled)}
+    dense_saving = sum(compiled_savings(s.model, dtypes=dtypes, split=compiled).values())
+    norms = compiled_savings(s.model, dtypes=dtypes, split=compiled, moe=True)
+    assert kept[False][False] - kept[True][False] == dense_saving
+    assert kept[False][True] - kept[True][True] == sum(norms.values()) < dense_saving
