@@ -274,7 +274,7 @@ def _matmul_ops() -> frozenset:
 def _saved_ops() -> frozenset:
     aten = torch.ops.aten
     names = [
-        "mm", "addmm", "bmm", "_scaled_mm",
+        "mm", "addmm", "bmm", "_scaled_mm", "_grouped_mm",  # _grouped_mm: MoE experts
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu",
         "_scaled_dot_product_efficient_attention",

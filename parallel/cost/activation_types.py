@@ -20,6 +20,9 @@ class ActivationDtypes:
     """Matmul and attention outputs."""
     autocast: bool
     """Each matmul keeps its own compute-dtype copy of its input (autocast over fp32 weights)."""
+    grouped_experts: bool = False
+    """MoE experts run as torch's grouped GEMM (bf16 compute: training/models/moe/model/
+    grouped_experts.py): one cast of their input, the group offsets kept (expert_activations)."""
 
     @classmethod
     def uniform(cls, nbytes: int) -> "ActivationDtypes":
@@ -31,9 +34,12 @@ def activation_dtypes(precision: PrecisionSpec, *, uses_fsdp: bool) -> Activatio
     compute = DTYPE_BYTES[precision.compute_dtype.value]
     if compute >= FP32:
         return ActivationDtypes.uniform(FP32)
+    grouped = precision.compute_dtype.value == "bf16"
     if uses_fsdp:
-        return ActivationDtypes(residual=compute, compute=compute, autocast=False)
-    return ActivationDtypes(residual=FP32, compute=compute, autocast=True)
+        return ActivationDtypes(residual=compute, compute=compute, autocast=False,
+                                grouped_experts=grouped)
+    return ActivationDtypes(residual=FP32, compute=compute, autocast=True,
+                            grouped_experts=grouped)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -173,7 +173,8 @@ def block_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, s
         return 0
     targets = selective_targets(recompute)
     router = moe_bytes_per_micro_batch(model, recompute=recompute, targets=targets,
-                                       micro_batch=micro_batch) if moe else 0
+                                       micro_batch=micro_batch, dtypes=dtypes,
+                                       ep=split.ep) if moe else 0
     rows = _rope_rows(seq, split=split, micro_batch=micro_batch)
     casts_tables = dtypes.compute != FP32 and not (model.qk_norm and dtypes.autocast)
     rope = 4 * (rows or seq) * model.head_dim * dtypes.compute if casts_tables else 0

@@ -16,7 +16,8 @@ dim, f = expert_ffn_dim; c the compute dtype, int64 indices 8 bytes), recompute 
     put back in order (index_copy, k x d); under ep also the combine all-to-all's output
     (k x d), index_copy's source.
   experts, per copy RECEIVED (balanced dropless routing: k per token, whatever ep): the
-    permuted token (its norm dtype; under autocast each of w1 and w3 casts it), gate, silu,
+    permuted token (its norm dtype; under autocast each of w1 and w3 casts it, or in bf16
+    the grouped GEMM once, which also keeps its int32 group offsets per block), gate, silu,
     up and their product (4f), the local experts' joined output (d); under ep the local
     re-sort's index (int64).
   shared experts: a SwiGLU of num_shared x f over the tokens (its input is the router's).
@@ -44,6 +45,8 @@ from conf.spec import ModelSpec, RecomputeSpec
 FP32 = 4
 INDEX = 8
 """int64 routing indices."""
+INT32 = 4
+"""The grouped GEMM's int32 group offsets (one per local expert)."""
 
 
 def is_moe_block(model: ModelSpec, layer: int) -> bool:
@@ -73,7 +76,8 @@ def expert_bytes_per_copy(model: ModelSpec, *, recompute: RecomputeSpec, targets
         return Fraction(c * (2 * f + d))
     if not _keeps_what_none_keeps(recompute, targets):
         return Fraction(0)
-    permuted = (2 * c if dtypes.autocast else dtypes.residual) * d
+    casts = 1 if dtypes.grouped_experts else 2  # the grouped GEMM casts once, w1 and w3 each
+    permuted = (casts * c if dtypes.autocast else dtypes.residual) * d
     return Fraction(permuted + 4 * c * f + c * d + (INDEX if ep > 1 else 0))
 
 
@@ -101,14 +105,15 @@ def moe_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, targets: 
 
 
 def moe_bytes_per_micro_batch(model: ModelSpec, *, recompute: RecomputeSpec, targets: set,
-                              micro_batch: int) -> int:
+                              micro_batch: int, dtypes, ep: int) -> int:
     """The balancing loss's saved load share and the z-loss's token count (recompute none
-    and module targets: moe_layer.router_loss_terms) and the router-loss scalar the module
-    holds (every policy)."""
+    and module targets: moe_layer.router_loss_terms), the grouped GEMM's group offsets, and
+    the router-loss scalar the module holds (every policy)."""
     if not _keeps_what_none_keeps(recompute, targets):
         return FP32
     rows = micro_batch if model.moe.seq_aux_loss else 1
-    return FP32 * rows * model.moe.num_experts + 2 * FP32
+    offsets = INT32 * (model.moe.num_experts // max(ep, 1)) if dtypes.grouped_experts else 0
+    return FP32 * rows * model.moe.num_experts + 2 * FP32 + offsets
 
 
 def qk_norm_bytes_per_token(model: ModelSpec, *, dtypes) -> Fraction:
