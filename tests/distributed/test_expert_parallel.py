@@ -94,7 +94,7 @@ def _check(specs: list, results: list) -> None:
 
 def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
     """Parity of ep=2 (over cp: the balancing loss per batch and per sequence; the routing
-    metrics), of ep2 under selective recompute, and of tp2 on tiny_moe (with sequence
+    metrics), of ep2 under selective recompute and under ZeRO-2, and of tp2 on tiny_moe (with sequence
     parallel: the routing metrics); then a checkpoint saved under ep=2 loads (by name, DCP
     resharding the expert DTensors and their AdamW moments) under ep=1 and the reverse,
     refused without allow_reshard, and the next step equals the saving layout's."""
@@ -113,7 +113,10 @@ def test_ep2_matches_one_process_and_its_checkpoints_reshard_to_ep1(tmp_path):
              # ops policy over blocks holding the experts' own FSDP unit (its hooks' profiler
              # markers once failed backward: parallel/recompute.py `selective_contexts`)
              cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_selective",
-                      "parallel=ep", "recompute=selective")]
+                      "parallel=ep", "recompute=selective"),
+             # ZeRO-2: the experts' and the dense weights' FSDP keeps them gathered after forward
+             cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "parallel.name=ep2_zero2",
+                      "parallel=ep", "parallel.zero=2")]
     ckpt = [cpu_spec(*SHIPPED, "cluster.procs_per_node=2", "training.global_batch_size=8",
                      "training.grad_accum_steps=-1", *extra)
             for extra in (["parallel=ep"], ["parallel=zero3"])]

@@ -31,8 +31,10 @@ LAYOUTS = {  # name: (overrides, the rank slowed)
     "pp_1f1b": (["parallel=pp", "parallel.pp_schedule=1f1b"], 0),
     "cp": (["parallel=cp"], 1),
 }
-SLEEP_S = 0.1
-"""Per forward of the slow rank's parts (one per step; two under pp: its micro-batches)."""
+SLEEP_S = 0.3
+"""Per forward of the slow rank's parts (one per step; two under pp: its micro-batches).
+Well above the tiny model's step (0.2-1.7 s on two busy cores): at 0.1 s a CI run under
+load saw the tp layout's waits land on the slow rank for most steps."""
 
 
 @pytest.fixture(scope="module")
