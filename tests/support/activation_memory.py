@@ -36,6 +36,16 @@ from tests.support.peak_memory import LiveBytes, state_tensors, warm_optimizers
 CPU = torch.device("cpu")
 PEAK_SLACK = 0.01
 """The step's peak is summed once each 1% of it is newly made (peak_memory.LiveBytes)."""
+PEAK_TOLERANCE = 0.10
+"""The step's peak is the plan's within 10% (tests/distributed/test_activation_memory.py)."""
+PEAK_TRIES = 3
+"""A peak off the plan by more than PEAK_TOLERANCE is measured again, over as many steps, and
+the least kept: gloo's worker thread drops its reference to a finished collective's buffers
+a moment after the op returns (`_settled`), and on a loaded machine that moment can come
+some ops later, so a step can see, say, FSDP's flat all-gather output (a whole unit) alive
+after the copy-out freed it (CI saw pp2_dp2 rank 2 at 1.108 once, at 1.062 ever since).
+Late frees only add bytes, so the least of the tries is the step's peak in program order; a
+plan that is wrong is wrong on every try."""
 DEBUG = os.environ.get("MESHRUN_DEBUG_ACTIVATIONS")
 """Set to print every kept storage (bytes, the op that made it, shape, dtype) on rank 0."""
 
@@ -234,11 +244,30 @@ def _spec_row(spec: RunSpec, rank: int) -> dict:
         return pipeline_rows(layout, spec, batches, optimizers, rank=rank, slack=PEAK_SLACK)
     warm_optimizers(layout, optimizers)
     routed: dict = {}
-    with LiveBytes([*state_tensors(layout, optimizers), inputs, targets,
-                    *documents.values()], slack=PEAK_SLACK) as live:
-        measured = kept_bytes(layout, spec, inputs, targets, optimizers, documents, routed)
+
+    def step() -> tuple[int, LiveBytes]:
+        with LiveBytes([*state_tensors(layout, optimizers), inputs, targets,
+                        *documents.values()], slack=PEAK_SLACK) as live:
+            kept = kept_bytes(layout, spec, inputs, targets, optimizers, documents,
+                              routed if not routed else {})
+        return kept, live
+
+    plan_peak = estimate_memory(spec, rank=rank).total
+    measured, live = least_peak(step, plan_peak)
     return {"name": spec.parallel.name, "rank": rank, "measured": measured,
             "loss_chunks": spec.training.loss_chunks, "routed": routed,
             "plan": layout_activation_bytes(spec, rank) + routing_difference(spec, routed),
-            "peak": live.peak,
-            "peak_at": live.peak_at, "plan_peak": estimate_memory(spec, rank=rank).total}
+            "peak": live.peak, "peak_at": live.peak_at, "plan_peak": plan_peak}
+
+
+def least_peak(step, plan_peak: int) -> tuple[int, LiveBytes]:
+    """(the first step's kept reading, the LiveBytes of the step with the least peak) of
+    `step()` run until its peak is within PEAK_TOLERANCE of `plan_peak`, PEAK_TRIES at most
+    (PEAK_TRIES says why)."""
+    kept, least = step()
+    for _ in range(PEAK_TRIES - 1):
+        if abs(least.peak / plan_peak - 1) <= PEAK_TOLERANCE:
+            break
+        _, live = step()
+        least = min(least, live, key=lambda measured: measured.peak)
+    return kept, least
