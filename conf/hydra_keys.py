@@ -46,7 +46,8 @@ EQUIVALENTS = (
     Equivalent("hydra/launcher", "cluster=local|nodes|slurm",
                "local: torchrun here; nodes: torchrun per machine; slurm: Slurm through "
                "submitit; it sets cluster.kind, the other settings are cluster.*", "launcher"),
-    Equivalent("hydra.launcher", "the cluster.* keys", "see ClusterConfig in conf/schema.py"),
+    Equivalent("hydra.launcher", "the cluster.* keys",
+               "see ClusterConfig in conf/schema_cluster.py"),
     Equivalent("hydra.job.name", "name=NAME", "the run's name: its run dir and W&B run",
                "job_name"),
     Equivalent("hydra.searchpath", "--config-dir DIR or MESHRUN_CONFIG_PATH=DIR",
