@@ -72,8 +72,10 @@ class ParallelConfig:
     world size); the experts' FSDP shards over the other dp x cp / ep ranks. Needs zero 2/3."""
     ep_imbalance: float = 0.0
     """ep > 1, for the plan: tokens the busiest ep rank receives over the mean (1.0 = perfectly
-    balanced routing); scales the all-to-all volume in the step time. 0 = auto: the value
-    `meshrun plan --calibrate` fitted to this device's MoE runs, else 1.0; a value set wins."""
+    balanced routing); scales the all-to-all volume and the busiest rank's expert compute in
+    the step time, and its experts' activations in the memory plan. 0 = auto: for the step
+    time, the value `meshrun plan --calibrate` fitted to this device's MoE runs, else 1.0;
+    for memory, 1.0 (set it to plan the busiest rank's memory); a value set wins."""
 
 
 @dataclass

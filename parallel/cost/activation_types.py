@@ -65,6 +65,9 @@ class ActivationSplit:
     """training.compile: each block is one inductor graph (`compiled_savings`)."""
     ep: int = 1
     """parallel.ep: MoE blocks send token copies to other ranks' experts (expert_activations)."""
+    ep_imbalance: float = 1.0
+    """ep > 1: the token copies the busiest rank's experts receive over the mean
+    (parallel.ep_imbalance when set, else 1.0: the memory plan reads no calibration file)."""
 
     @classmethod
     def of(cls, p: ParallelSpec, *, document_mask: bool = False, loss_chunks: int = 1,
@@ -73,7 +76,7 @@ class ActivationSplit:
                    loss_parallel=p.loss_parallel, cp=p.cp, cp_balanced=p.cp_balanced,
                    fsdp=p.uses_fsdp,
                    document_mask=document_mask, loss_chunks=loss_chunks, compiled=compiled,
-                   ep=p.ep)
+                   ep=p.ep, ep_imbalance=p.ep_imbalance or 1.0)
 
     @property
     def sequence_share(self) -> int:

@@ -124,7 +124,7 @@ def _moe_instead_of_mlp(model: ModelSpec, recompute: RecomputeSpec, targets: set
         mlp = (_norm_output(model, dtypes, matmuls=2)
                + Fraction(4 * dtypes.compute * model.ffn_dim, split.tp))
     return moe_bytes_per_token(model, recompute=recompute, targets=targets, dtypes=dtypes,
-                               ep=split.ep) - mlp
+                               ep=split.ep, ep_imbalance=split.ep_imbalance) - mlp
 
 
 def runs_copy(dq: int, compute: int, split: ActivationSplit, device_type: str) -> Fraction:

@@ -30,10 +30,13 @@ copy's gate, up and down outputs (2f + d) and the shared experts' (2 f_s + d). f
 keep only the block input (the dense block's). Tensor parallelism does not split experts
 or router (conf/rules/moe_rules.py): these terms are whole over tp.
 
-Token counts per expert depend on routing: the plan takes a perfectly balanced load (every
-rank's experts receive k copies per token of a micro-batch; dropless, so a capacity factor
-only lowers what is kept); a rank's real bytes differ by `expert_bytes_per_copy` x (copies
-it received - T x k), the rule the distributed test checks with the measured loads.
+Token counts per expert depend on routing: the plan takes a balanced load (every rank's
+experts receive k copies per token of a micro-batch; dropless, so a capacity factor only
+lowers what is kept), times parallel.ep_imbalance under ep when that is set: the busiest
+rank's experts then receive ep_imbalance x T x k copies (the step time's convention,
+moe_gemms.py). A rank's real bytes differ from the balanced plan by `expert_bytes_per_copy`
+x (copies it received - T x k), the rule the distributed test checks with the measured
+loads.
 """
 from __future__ import annotations
 
@@ -82,14 +85,16 @@ def expert_bytes_per_copy(model: ModelSpec, *, recompute: RecomputeSpec, targets
 
 
 def moe_bytes_per_token(model: ModelSpec, *, recompute: RecomputeSpec, targets: set,
-                        dtypes, ep: int) -> Fraction:
+                        dtypes, ep: int, ep_imbalance: float = 1.0) -> Fraction:
     """Bytes one MoE feed-forward keeps per token of the rank's micro-batch, its MLP norm
-    output's copies included, under a balanced load (module docstring)."""
+    output's copies included; under ep its experts receive `ep_imbalance` x the balanced
+    load's token copies (the busiest rank; module docstring)."""
     moe, d, c = model.moe, model.dim, dtypes.compute
     k, experts = moe.top_k, moe.num_experts
     shared_f = moe.num_shared_experts * model.expert_ffn_dim
-    received = k * expert_bytes_per_copy(model, recompute=recompute, targets=targets,
-                                         dtypes=dtypes, ep=ep)
+    copies = k * (Fraction(ep_imbalance) if ep > 1 else 1)
+    received = copies * expert_bytes_per_copy(model, recompute=recompute, targets=targets,
+                                              dtypes=dtypes, ep=ep)
     if _reruns_ops(recompute, targets):
         return c * experts + received + (c * (2 * shared_f + d) if shared_f else 0)
     if not _keeps_what_none_keeps(recompute, targets):

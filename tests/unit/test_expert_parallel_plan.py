@@ -11,7 +11,10 @@ import pytest
 
 from conf.errors import ConfigError
 from parallel.cost.comm import Link, all_to_all_bytes, collective_s, step_collectives
-from parallel.cost.memory import static_bytes
+from parallel.cost.activation_types import activation_dtypes
+from parallel.cost.activations import selective_targets
+from parallel.cost.expert_activations import expert_bytes_per_copy
+from parallel.cost.memory import estimate_memory, layout_activation_bytes, static_bytes
 from parallel.cost.params import expert_params
 from parallel.cost.search_space import ep_degrees
 from parallel.cost.step_time import collectives_of, hardware_of
@@ -104,3 +107,23 @@ def test_the_search_offers_an_moe_model_only_the_recompute_policies_its_family_r
     assert {"selective_alternate", "selective_ffn"} <= refused, refused
     assert all(policies[name].mode.value == "selective" for name in refused)
     assert moe["recompute.targets"] + moe["recompute.ops_matmuls"] == len(refused)
+
+
+def test_the_memory_plan_gives_the_busiest_ranks_experts_the_imbalance():
+    """parallel.ep_imbalance moves the memory plan by the token copies the busiest rank's
+    experts receive beyond the balanced load: (factor - 1) x tokens x top_k x the bytes each
+    copy keeps, per MoE block; auto (0) plans the balanced load, as 1.0 does."""
+    base = ("model=tiny_moe", "data=synthetic", "training.seq_len=32",
+            "cluster.procs_per_node=2", "parallel=ep")
+    auto, even, skewed = (spec(*base, f"parallel.ep_imbalance={f}") for f in (0, 1.0, 1.5))
+    model, recompute = even.model, even.recompute
+    per_copy = expert_bytes_per_copy(
+        model, recompute=recompute, targets=selective_targets(recompute), ep=2,
+        dtypes=activation_dtypes(even.precision, uses_fsdp=even.parallel.uses_fsdp))
+    tokens = even.training.micro_batch_size * even.training.seq_len
+    blocks = sum(model.is_moe_block(layer) for layer in range(model.n_layers))
+    assert per_copy > 0 and blocks == 2
+    extra = layout_activation_bytes(skewed, 0) - layout_activation_bytes(even, 0)
+    assert extra == pytest.approx(0.5 * tokens * model.moe.top_k * per_copy * blocks, abs=blocks)
+    assert layout_activation_bytes(auto, 0) == layout_activation_bytes(even, 0)
+    assert estimate_memory(skewed).total - estimate_memory(even).total >= extra
