@@ -14,11 +14,12 @@ token uses, embedding and head included); both counts are printed. Rows:
   (GroupedExperts.allow_grouped_mm off)
 
 Each row also shows the AdamW step's own time (it scales with all parameters, the MoE's
-inactive experts included). With --torchtitan, the
-Qwen3-MoE debug model of torchtitan (the peer: $MESHRUN_PEER, else shared/peer beside the
-repository; its venv from setup.sh in $PEER_DIR, else setup.sh's default, see
-benchmarks/peer_paths.py) is timed the same way under the peer's Python, in a subprocess,
-and printed beside them; when the peer cannot build it the reason is printed instead.
+inactive experts included). With --torchtitan, torchtitan's
+Qwen3-MoE at the same shape (its registry's layer builder; the peer: $MESHRUN_PEER, else
+shared/peer beside the repository; its venv from setup.sh in $PEER_DIR, else setup.sh's
+default, see benchmarks/peer_paths.py) is timed the same way under the peer's Python, in a
+subprocess, beside a meshrun MoE row with Qwen3's q/k norms on ("moe fp32 qk-norm"); when
+the peer cannot build it the reason is printed instead.
 
     python benchmarks/moe_vs_dense.py [--threads 1] [--batch 4] [--seq-len 256] [--rounds 7]
         [--moe model.moe.num_experts=16 ...] [--bf16] [--torchtitan]
@@ -111,8 +112,17 @@ def time_rounds(rows: dict, tokens, rounds: int) -> dict[str, list[tuple[float, 
     return times
 
 
-def torchtitan_row(a) -> dict:
-    """torchtitan's MoE under the peer's Python ({'error': why} when it cannot run)."""
+def peer_shape(moe) -> dict:
+    """The MoE model's shape as moe_torchtitan_peer.py --shape takes it."""
+    return {"dim": moe.dim, "n_layers": moe.n_layers, "n_heads": moe.n_heads,
+            "n_kv_heads": moe.n_kv_heads, "head_dim": moe.head_dim,
+            "vocab_size": moe.vocab_size, "moe_hidden_dim": moe.expert_ffn_dim,
+            "num_experts": moe.moe.num_experts, "top_k": moe.moe.top_k}
+
+
+def torchtitan_row(a, shape: dict) -> dict:
+    """torchtitan's Qwen3-MoE of `shape` under the peer's Python ({'error': why} when it
+    cannot run)."""
     if not (peer_source() / "README.md").is_file():
         return {"error": f"no peer folder at {peer_source()} ({PEER_WHERE})"}
     python = peer_python()
@@ -121,7 +131,7 @@ def torchtitan_row(a) -> dict:
                          f"{peer_source() / 'setup.sh'}, or set PEER_DIR)"}
     command = [str(python), str(Path(__file__).with_name("moe_torchtitan_peer.py")),
                "--threads", str(a.threads), "--batch", str(a.batch), "--seq-len",
-               str(a.seq_len), "--rounds", str(a.rounds)]
+               str(a.seq_len), "--rounds", str(a.rounds), "--shape", json.dumps(shape)]
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
@@ -157,6 +167,9 @@ def main() -> int:
           f"{moe.expert_ffn_dim}); dense: {counts['dense'].total:,} params (ffn {dense.ffn_dim})")
     bf16, fp32 = torch.bfloat16, torch.float32
     plan = {"dense fp32": (dense, fp32, False), "moe fp32 looped": (moe, fp32, False)}
+    if a.torchtitan:  # Qwen3's attention has q/k norms: the like-for-like row for torchtitan
+        plan["moe fp32 qk-norm"] = (model_spec("model=tiny_moe", *overrides,
+                                               "model.qk_norm=true"), fp32, False)
     if a.bf16:
         plan |= {"dense bf16": (dense, bf16, False), "moe bf16 looped": (moe, bf16, False)}
         if grouped_mm_on_cpu():
@@ -183,12 +196,15 @@ def main() -> int:
         ratio = speeds["moe bf16 grouped"] / speeds["moe bf16 looped"]
         print(f"  grouped / looped (bf16): x{ratio:.2f}")
     if a.torchtitan:
-        row = torchtitan_row(a)
+        row = torchtitan_row(a, peer_shape(moe))
         if "error" in row:
             print(f"  torchtitan MoE: not run: {row['error']}")
         else:
+            ours = speeds["moe fp32 qk-norm"]
             print(f"  torchtitan MoE ({row['model']}, {row['params']:,} params, fp32): "
-                  f"{row['tokens_per_s']:9,.0f} tok/s (a separate process, its own shape)")
+                  f"{row['tokens_per_s']:9,.0f} tok/s; meshrun's moe fp32 qk-norm is "
+                  f"x{ours / row['tokens_per_s']:.2f} of it (torchtitan in a separate "
+                  f"process after these rounds)")
     return 0
 
 
