@@ -243,17 +243,19 @@ def _spec_row(spec: RunSpec, rank: int) -> dict:
     if layout.schedule is not None:
         return pipeline_rows(layout, spec, batches, optimizers, rank=rank, slack=PEAK_SLACK)
     warm_optimizers(layout, optimizers)
-    routed: dict = {}
+    routings: list[dict] = []  # each step's routed copies; the first step's is the row's
 
     def step() -> tuple[int, LiveBytes]:
+        routings.append({})
         with LiveBytes([*state_tensors(layout, optimizers), inputs, targets,
                         *documents.values()], slack=PEAK_SLACK) as live:
             kept = kept_bytes(layout, spec, inputs, targets, optimizers, documents,
-                              routed if not routed else {})
+                              routings[-1])
         return kept, live
 
     plan_peak = estimate_memory(spec, rank=rank).total
     measured, live = least_peak(step, plan_peak)
+    routed = routings[0]
     return {"name": spec.parallel.name, "rank": rank, "measured": measured,
             "loss_chunks": spec.training.loss_chunks, "routed": routed,
             "plan": layout_activation_bytes(spec, rank) + routing_difference(spec, routed),
