@@ -20,6 +20,10 @@ from launcher.data.sft_template import ChatTemplate, Segment
 
 RENDER_TIMEOUT_S = 10.0
 """Seconds one conversation may take to render (a real one takes milliseconds)."""
+START_TIMEOUT_S = 120.0
+"""Seconds the rendering process may take to start (an interpreter and jinja2's import: well
+under a second, more on a loaded machine); not counted in RENDER_TIMEOUT_S, so a slow start is
+never taken for a looping template."""
 RENDER_MEMORY_BYTES = 2 << 30
 """Address-space cap of the rendering process."""
 
@@ -43,6 +47,17 @@ class BoundedTemplate:
         self._send({"source": template.source, "bos_token": template.bos_token,
                     "eos_token": template.eos_token, "origin": template.origin,
                     "max_chars": template.max_chars, "memory_bytes": RENDER_MEMORY_BYTES})
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        """Wait for the child's ready line (its imports done), START_TIMEOUT_S at most."""
+        if not self._select.select(timeout=START_TIMEOUT_S):
+            self.close()
+            raise ValueError(f"chat template ({self.origin}): the renderer did not start in "
+                             f"{START_TIMEOUT_S:.0f} s (fix: retry on a less loaded machine)")
+        if not self._child.stdout.readline():
+            raise ValueError(f"chat template ({self.origin}): the renderer stopped at its start "
+                             f"({self._stop_and_why()})")
 
     def __enter__(self) -> BoundedTemplate:
         return self
@@ -60,14 +75,21 @@ class BoundedTemplate:
                              "the template)")
         line = self._child.stdout.readline()
         if not line:
-            self.close()
-            why = self._child.stderr.read().strip().splitlines()
             raise ValueError(f"chat template ({self.origin}) stopped the renderer on {where}"
-                             f" ({why[-1] if why else 'no message'})")
+                             f" ({self._stop_and_why()})")
         reply = json.loads(line)
         if "error" in reply:
             raise ValueError(f"{where}: {reply['error']}")
         return [Segment(text, learned, content) for text, learned, content in reply["segments"]]
+
+    def _stop_and_why(self) -> str:
+        """End the child; the last line it wrote to stderr (its error), else 'no message'."""
+        if self._child.poll() is None:
+            self._child.kill()
+        self._child.wait()
+        why = self._child.stderr.read().strip().splitlines()
+        self.close()
+        return why[-1] if why else "no message"
 
     def close(self) -> None:
         if self._child.poll() is None:
@@ -97,6 +119,8 @@ def _serve() -> None:
     template = ChatTemplate(config["source"], bos_token=config["bos_token"],
                             eos_token=config["eos_token"], origin=config["origin"],
                             max_chars=config["max_chars"])
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         try:
             request = json.loads(line)
