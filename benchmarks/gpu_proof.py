@@ -98,9 +98,11 @@ class Result:
     tokens_per_s: float | None = None
     mfu: float | None = None
     mem_peak_gib: float | None = None
+    mem_reserved_peak_gib: float | None = None
     plan_tokens_per_s: float | None = None
     plan_mfu: float | None = None
     plan_peak_gib: float | None = None
+    plan_reserved_gib: float | None = None
     plan_fits: bool | None = None
     run_dir: str = ""
     command: list[str] = field(default_factory=list)
@@ -173,6 +175,8 @@ def add_plan(res: Result, ovr: list[str], *, budget: Budget, work: Path, shape: 
         res.note += f"plan failed (rc {rc}); "
         return
     res.plan_peak_gib = plan["memory_bytes"]["peak"] / GIB
+    if plan.get("reserved"):
+        res.plan_reserved_gib = plan["reserved"]["bytes"] / GIB
     res.plan_fits = plan["verdict"]["fits"]
     if plan.get("step_time"):
         res.plan_tokens_per_s = shape.tokens_per_step / plan["step_time"]["step_s"]
@@ -198,6 +202,8 @@ def measure(res: Result, runs_dir: Path, shape: Shape) -> None:
     res.mfu = statistics.fmean(mfus) if mfus else None
     mems = [r["mem_peak_gib"] for r in rows if r.get("mem_peak_gib") is not None]
     res.mem_peak_gib = max(mems) if mems else None
+    reserved = [r["mem_reserved_peak_gib"] for r in rows if r.get("mem_reserved_peak_gib")]
+    res.mem_reserved_peak_gib = max(reserved) if reserved else None
     if len(timed) < shape.steps - shape.warmup:
         res.note += f"only {len(timed)} timed steps; "
 
@@ -281,19 +287,23 @@ def fmt(value: float | None, spec: str) -> str:
 def table(results: list[Result], shape: Shape, header: str) -> str:
     lines = [header, "",
              "| step | status | wall s | tokens/s | plan tokens/s | MFU | plan MFU (assumed) | "
-             "peak mem GiB | plan peak GiB | plan fits | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peak mem GiB | plan peak GiB | reserved GiB | plan reserved GiB | plan fits | "
+             "notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(
             f"| {r.name} | {r.status} | {fmt(r.wall_s, '.0f')} | {fmt(r.tokens_per_s, ',.0f')} "
             f"| {fmt(r.plan_tokens_per_s, ',.0f')} | {fmt(r.mfu, '.1%')} "
             f"| {fmt(r.plan_mfu, '.0%')} "
             f"| {fmt(r.mem_peak_gib, '.3g')} | {fmt(r.plan_peak_gib, '.3g')} "
+            f"| {fmt(r.mem_reserved_peak_gib, '.3g')} | {fmt(r.plan_reserved_gib, '.3g')} "
             f"| {'—' if r.plan_fits is None else r.plan_fits} | {r.note.strip('; ')} |")
     lines += ["", f"tokens/s and MFU: means over steps {shape.warmup + 1}..{shape.steps} "
               f"(steps 1..{shape.warmup} are warm-up, compilation included); peak memory: the "
               "largest mem_peak_gib of the run (CUDA: torch.cuda.max_memory_allocated; CPU: "
-              "the rank's max RSS, not comparable with the plan). Plan: `meshrun plan --json` "
+              "the rank's max RSS, not comparable with the plan); reserved: the largest "
+              "mem_reserved_peak_gib (torch.cuda.max_memory_reserved) against the plan's "
+              "reserved estimate (allocated peak x cluster.reserved_ratio). Plan: `meshrun plan --json` "
               "with the same overrides (tokens/s = tokens_per_step / step_time.step_s at its "
               "assumed MFU)."]
     return "\n".join(lines)

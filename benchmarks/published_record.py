@@ -4,6 +4,12 @@ planned with `cluster.calibration=none`, published vs plan memory and tokens/s p
 the error, then a summary (rows within 15% memory / 25% tokens/s, median errors). It reports,
 it asserts nothing: the regression test of the planner's honesty. Torch-free.
 
+Memory: the published figures are the caching allocator's reserved peaks, so the plan's
+column is its reserved estimate (parallel.cost.allocator_reserve: the allocated peak, shown
+as `alloc`, times the reserved ratio). The default ratio is the median of these rows' own
+published / allocated ratios, so the summary ends with each row's error under the median of
+the OTHER rows (leave one out), the honest figure for a row nobody fitted to.
+
     PYTHONPATH=$PWD .venv/bin/python benchmarks/published_record.py [--detail]
 
 A row whose layout meshrun cannot express says so: its inexpressible overrides (with why) are
@@ -208,9 +214,21 @@ Why they differ (one line each; numbers from the table):
 class Result:
     row: object
     mem_gib: float | None
+    """The planned reserved peak (parallel.cost.allocator_reserve: what the published memory
+    columns show), else the allocated peak (a CPU plan)."""
     tps: float | None
     dropped: tuple[str, ...]
     refused: str = ""
+    alloc_gib: float | None = None
+    """The plan's allocated peak (the tensors; exact on gloo ranks)."""
+    kept_gib: float = 0.0
+    """What the published run's torch held and meshrun's does not (Row.kept_outputs), added
+    to the allocated peak before the reserve."""
+
+    @property
+    def held_gib(self) -> float | None:
+        """The published run's allocated peak as planned: the plan's, plus kept_gib."""
+        return None if self.alloc_gib is None else self.alloc_gib + self.kept_gib
 
     def err(self, planned: float | None, published: float | None) -> float | None:
         return None if planned is None or not published else planned / published - 1
@@ -219,6 +237,7 @@ class Result:
 def plan_row(row) -> Result:
     """Plan `row`; its inexpressible overrides dropped one by one while resolve() refuses."""
     from conf.errors import ConfigError
+    from parallel.cost.allocator_reserve import estimate_reserved
     from parallel.cost.devices import GIB
     from parallel.cost.plan import make_plan
     from parallel.cost.step_time import estimate_time
@@ -239,10 +258,23 @@ def plan_row(row) -> Result:
             continue
         plan = make_plan(spec)
         time = estimate_time(spec, plan)
-        return Result(row=row, mem_gib=plan.memory.total / GIB,
+        kept = kept_output_bytes(spec) if row.kept_outputs else 0
+        reserved = estimate_reserved(spec, plan.memory.total + kept)
+        return Result(row=row, alloc_gib=plan.memory.total / GIB, kept_gib=kept / GIB,
+                      mem_gib=(reserved.bytes if reserved else plan.memory.total + kept) / GIB,
                       tps=None if time is None else time.tokens_per_s_per_device,
                       dropped=tuple(dropped))
     return Result(row=row, mem_gib=None, tps=None, dropped=tuple(dropped), refused=refused)
+
+
+def kept_output_bytes(spec) -> int:
+    """The last pipeline stage's outputs of every micro-batch of a step, as torch's pipelining
+    kept them before `return_outputs=False` (published_rows.Row.kept_outputs): torchtitan's
+    fp32 logits, for the rank's tokens (its micro-batches' sequences over cp), over the
+    vocabulary (sharded over tp with loss parallel)."""
+    p, t = spec.parallel, spec.training
+    vocab = spec.model.vocab_size // (p.tp if p.loss_parallel else 1)
+    return t.micro_batch_size * t.seq_len // p.cp * vocab * 4
 
 
 def _pct(e: float | None) -> str:
@@ -257,22 +289,26 @@ def print_record() -> list[Result]:
     from published_rows import ROWS, SOURCES
 
     results = [plan_row(row) for row in ROWS]
-    head = (f"{'run':48} {'mem pub':>7} {'plan':>7} {'err':>7} {'tok/s pub':>9} {'plan':>9} "
-            f"{'err':>7}")
+    head = (f"{'run':48} {'mem pub':>7} {'alloc':>6} {'plan':>7} {'err':>7} {'tok/s pub':>9} "
+            f"{'plan':>9} {'err':>7}")
     for key, source in SOURCES.items():
         print(f"[{key}] {source}")
     print("\n" + head + "\n" + "-" * len(head))
     for r in results:
         row = r.row
-        mark = "~" if r.dropped or row.unmodelled else " "
+        mark = "~" if r.dropped or row.unmodelled or r.kept_gib else " "
         if r.refused:
             print(f"{row.label[:46]:46} {mark} cannot express: {r.refused}")
             continue
         print(f"{row.label[:46]:46} {mark} {_num(row.memory_gib, '7.1f')} "
+              f"{_num(r.alloc_gib, '6.1f')} "
               f"{_num(r.mem_gib, '7.1f')} {_pct(r.err(r.mem_gib, row.memory_gib)):>7} "
               f"{_num(row.tokens_per_s, '9,.0f')} {_num(r.tps, '9,.0f')} "
               f"{_pct(r.err(r.tps, row.tokens_per_s)):>7}")
-        for what in (*r.dropped, *row.unmodelled):
+        kept = (f"torch of the run kept every micro-batch's last-stage output (fp32 logits) "
+                f"to the step's end: +{r.kept_gib:.1f} GiB allocated, added (meshrun's own "
+                "runs do not keep them)",) if r.kept_gib else ()
+        for what in (*r.dropped, *row.unmodelled, *kept):
             print(f"{'':50}~ {what}")
     print_summary(results)
     return results
@@ -308,6 +344,34 @@ def print_summary(results: list[Result]) -> None:
     if tps:
         print(f"  tokens/s: {len(tps)} rows, median |error| {statistics.median(tps):.1%}, "
               f"{sum(e <= TPS_WITHIN for e in tps)} within {TPS_WITHIN:.0%}")
+    print_reserved_ratios(planned)
+
+
+def print_reserved_ratios(planned: list[Result]) -> None:
+    """Where allocator_reserve.DEFAULT_RESERVED_RATIO comes from: published memory over the
+    planned allocated peak, per row and their median; and each row's error with the median of
+    the OTHER rows' ratios (leave one out): how the default does on a row it was not fitted to."""
+    import statistics
+
+    from parallel.cost.allocator_reserve import DEFAULT_RESERVED_RATIO
+
+    rows = [(r.row.label, r.row.memory_gib / r.held_gib) for r in planned
+            if r.row.memory_gib and r.held_gib]
+    if len(rows) < 2:
+        return
+    ratios = [ratio for _, ratio in rows]
+    print(f"\npublished memory / planned allocated peak (with what the run's torch kept) "
+          f"({len(rows)} rows): median "
+          f"{statistics.median(ratios):.3f} (allocator_reserve.DEFAULT_RESERVED_RATIO = "
+          f"{DEFAULT_RESERVED_RATIO}), from {min(ratios):.2f} to {max(ratios):.2f}")
+    errors = []
+    for i, (label, ratio) in enumerate(rows):
+        others = statistics.median(ratios[:i] + ratios[i + 1:])
+        errors.append(others / ratio - 1)
+        print(f"  {label[:46]:46} x{ratio:.3f}  left out: x{others:.3f} -> {errors[-1]:+.1%}")
+    print(f"  leave one out: median |error| {statistics.median(map(abs, errors)):.1%}, "
+          f"{sum(abs(e) <= MEMORY_WITHIN for e in errors)} of {len(errors)} within "
+          f"{MEMORY_WITHIN:.0%}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,13 @@ class Row:
     instead]): dropped (and replaced) in order while the row does not resolve."""
     unmodelled: tuple[str, ...] = field(default=())
     """What the run used that meshrun neither expresses nor plans (named, not dropped)."""
+    kept_outputs: bool = False
+    """The run's torch pipelining kept every micro-batch's last-stage output until the step's
+    end (PipelineStage.output_chunks, for the schedule to return them: torch before 2025's
+    `return_outputs=False`, pytorch/pytorch#138504 and #159251). torchtitan's last stage
+    outputs fp32 logits (`self.output(h).float()`), vocabulary-sharded under loss parallel.
+    meshrun's runs pass return_outputs=False and hold none; the record adds them to the plan
+    of such a row, says how much, and marks it approximate."""
 
 
 H100 = ("cluster=slurm", "cluster.gpu_name=H100", "cluster.gpus_per_node=8")
@@ -120,10 +127,11 @@ def _tt_3d() -> list[Row]:
                 approx=(COMPILE,), unmodelled=("AsyncTP",)),
             Row("tt_h100", "405B 512 H100 FSDP8 TP8 PP8 1F1B (Table 5)",
                 (*pp405, "parallel.pp_schedule=1f1b", SPLIT_126_8), 100, 82.5,
-                approx=(COMPILE,), unmodelled=("AsyncTP",)),
+                approx=(COMPILE,), unmodelled=("AsyncTP",), kept_outputs=True),
             Row("tt_h100", "405B 512 H100 FSDP8 TP8 PP8 interleaved",
                 (*pp405, "parallel.pp_schedule=interleaved_1f1b", "parallel.pp_virtual_stages=2",
-                 SPLIT_126_16), 128, 72.7, approx=(COMPILE,), unmodelled=("AsyncTP",))]
+                 SPLIT_126_16), 128, 72.7, approx=(COMPILE,), unmodelled=("AsyncTP",),
+                kept_outputs=True)]
     for cp, seq, tps, mem in ((1, 32768, 76, 75.3), (2, 65536, 47, 75.9),
                               (4, 131072, 31, 77.1), (8, 262144, 16, 84.9)):
         over = [o for o in pp405 if not o.startswith(("parallel.dp_shard", "training.seq_len",
@@ -135,7 +143,7 @@ def _tt_3d() -> list[Row]:
                          f"training.seq_len={seq}", f"model.max_seq_len={max(seq, 131072)}",
                          "training.micro_batch_size=8", "parallel.pp_microbatches=8",
                          "parallel.pp_schedule=1f1b", SPLIT_126_8), tps, mem,
-                        approx=(COMPILE,), unmodelled=("AsyncTP",)))
+                        approx=(COMPILE,), unmodelled=("AsyncTP",), kept_outputs=True))
     return rows
 
 

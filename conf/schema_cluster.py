@@ -106,6 +106,12 @@ class ClusterConfig:
     collective_overhead_us: float = 0.0
     """Software cost of one collective call beyond its alpha-beta time (hooks, buffer copies,
     launch, waking the peers), us (parallel/cost/comm.py)."""
+    reserved_ratio: float = 0.0
+    """The CUDA caching allocator's reserved peak over the allocated peak the plan counts (what a
+    GPU shows over what the tensors hold: parallel/cost/allocator_reserve.py): 0 = calibrated
+    from runs that logged both (`meshrun plan --calibrate`), else the public record's 1.20;
+    else >= 1. Only the plan's reserved figure uses it; the fit verdict stays on the
+    allocated peak."""
     calibration: str = "auto"
     """Calibration file written by `meshrun plan --calibrate`: auto = ~/.meshrun/calibration.json
     when it exists ($MESHRUN_HOME instead of ~/.meshrun when set), none = do not use one, or a

@@ -203,11 +203,14 @@ def mfu_fields(*, tokens_per_s_per_device: float, flops_per_token: int,
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:
-    """CUDA allocated/reserved/peak, or the CPU process's peak resident set size, in GiB."""
+    """CUDA allocated/reserved now and their peaks since the run began (the plan's peak, and
+    the caching allocator's reserve over it: parallel/cost/allocator_reserve.py), or the CPU
+    process's peak resident set size, in GiB."""
     if device.type == "cuda":
         return {"mem_allocated_gib": torch.cuda.memory_allocated(device) / GIB,
                 "mem_reserved_gib": torch.cuda.memory_reserved(device) / GIB,
-                "mem_peak_gib": torch.cuda.max_memory_allocated(device) / GIB}
+                "mem_peak_gib": torch.cuda.max_memory_allocated(device) / GIB,
+                "mem_reserved_peak_gib": torch.cuda.max_memory_reserved(device) / GIB}
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {"mem_peak_gib": peak_kib * 1024 / GIB}
 

@@ -35,6 +35,10 @@ def check_cluster(c: ClusterConfig, procs: int, host: HostSpec, device: DeviceKi
     if c.matmul_efficiency > 1:
         problems.add("cluster.matmul_efficiency", c.matmul_efficiency,
                      "is a fraction of the peak, at most 1", "e.g. 0.5")
+    if c.reserved_ratio != 0 and c.reserved_ratio < 1:
+        problems.add("cluster.reserved_ratio", c.reserved_ratio,
+                     "is reserved over allocated bytes: at least 1 (0 = calibrated, else "
+                     "the public record's)", "e.g. 1.2, or 0")
     if procs <= 0:
         problems.add("cluster.procs_per_node", procs, "must be positive, or -1 for auto",
                      "give a value >= 1")

@@ -8,7 +8,11 @@ large-matmul efficiency, the per-block and per-collective overheads, the GEMM kn
 matmul_knee_us). A MoE run's routing metrics give its device's ep_imbalance (the max of the
 busiest expert's load over the mean past warm-up: parallel.cost.routing_fit says why), which
 the compute fit and later plans of the device use unless parallel.ep_imbalance is set; dense
-runs fit none and keep what is stored. Every run is read before anything is stored.
+runs fit none and keep what is stored. A CUDA run's memory peaks give its device's
+reserved_ratio (the caching allocator's reserved peak over the allocated one, the max over the
+device's runs: parallel.cost.allocator_reserve), which later plans' reserved figure uses unless
+cluster.reserved_ratio is set; runs that logged no such peaks (CPU) fit none. Every run is
+read before anything is stored.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ from rich.console import Console
 from conf.errors import ConfigError, Problem
 from conf.run_dir.paths import RunDir
 from launcher.output_file import check_output_file
+from parallel.cost.allocator_reserve import FITTED_KEY as RESERVE_KEY
+from parallel.cost.allocator_reserve import read_reserved_ratio
 from parallel.cost.calibrate import COMPUTE_CONSTANTS, Sample, calibrate, read_run
 from parallel.cost.calibrate_store import default_path, device_key, read_file, store_entry
 from parallel.cost.routing_fit import FITTED_KEY, read_imbalance
@@ -30,7 +36,7 @@ KEY = "--calibrate"
 
 def run_calibrate(paths: list[Path], *, out: Path | None, console: Console) -> int:
     """Fit, print and store; a path that gives nothing to fit raises ConfigError (exit 2)."""
-    samples, preflights, imbalances = _read(paths)
+    samples, preflights, imbalances, reserves = _read(paths)
     target = out or default_path()
     check_output_file("--out" if out else "calibration file", target, make_folder=True)
     devices = sorted({device_key(s.spec) for s in samples} | set(preflights))
@@ -39,6 +45,8 @@ def run_calibrate(paths: list[Path], *, out: Path | None, console: Console) -> i
         base = _stored_links(target, device)
         if device in imbalances:
             base[FITTED_KEY] = imbalances[device]
+        if device in reserves:
+            base[RESERVE_KEY] = reserves[device]
         try:
             result = calibrate(mine, preflights=preflights.get(device, []), base=base,
                                device=device)
@@ -52,10 +60,12 @@ def run_calibrate(paths: list[Path], *, out: Path | None, console: Console) -> i
     return 0
 
 
-def _read(paths: list[Path]) -> tuple[list[Sample], dict[str, list[dict]], dict[str, float]]:
-    """The runs' samples, preflight tables by device and fitted ep_imbalance by device (the
-    max over the device's MoE runs); every problem of every path in one ConfigError."""
-    samples, preflights, imbalances, problems = [], {}, {}, []
+def _read(paths: list[Path]) -> tuple[list[Sample], dict[str, list[dict]], dict[str, float],
+                                      dict[str, float]]:
+    """The runs' samples, preflight tables by device, fitted ep_imbalance by device (the max
+    over the device's MoE runs) and fitted reserved_ratio by device (the max over its runs
+    that logged memory peaks); every problem of every path in one ConfigError."""
+    samples, preflights, imbalances, reserves, problems = [], {}, {}, {}, []
     for path in paths:
         rd = RunDir(path)
         if not Path(path).is_dir() or not rd.spec_file.exists():
@@ -77,13 +87,20 @@ def _read(paths: list[Path]) -> tuple[list[Sample], dict[str, list[dict]], dict[
             why = str(error).removeprefix(f"{path}: ")
         else:
             _read_routing(path, samples[-1], imbalances, problems)
+            _max_into(reserves, device_key(samples[-1].spec), read_reserved_ratio(path))
         if not found:
             problems.append(Problem(KEY, path, f"has no step times to fit ({why}) and no "
                                     "preflight bandwidth table of 2+ ranks",
                                     "let the run take a few steps, or run `meshrun preflight`"))
     if problems:
         raise ConfigError(problems, title="Cannot calibrate")
-    return samples, preflights, imbalances
+    return samples, preflights, imbalances, reserves
+
+
+def _max_into(fitted: dict[str, float], device: str, value: float | None) -> None:
+    """`fitted[device]` becomes the larger of itself and `value` (None: nothing fitted)."""
+    if value is not None:
+        fitted[device] = max(value, fitted.get(device, value))
 
 
 def _read_routing(path: Path, sample: Sample, imbalances: dict[str, float],
@@ -97,9 +114,7 @@ def _read_routing(path: Path, sample: Sample, imbalances: dict[str, float],
                                 "give MoE runs that logged routing metrics (training.log_every "
                                 "> 0, a few steps past warm-up)"))
         return
-    if value is not None:
-        device = device_key(sample.spec)
-        imbalances[device] = max(value, imbalances.get(device, value))
+    _max_into(imbalances, device_key(sample.spec), value)
 
 
 def _preflight_report(rd: RunDir) -> dict | None:

@@ -12,6 +12,9 @@ times seconds. Keys (schema "meshrun.plan/1"):
   phase beyond params, optimizer and weight copies: parallel.cost.peak.step_peak_bytes)}
   and by phase: {static (between steps: params + grads + optimizer + master_weights), peak
   (params + optimizer + master_weights + weight_copies + in_step)}
+- reserved: on a GPU the CUDA caching allocator's estimated reserved peak of that rank (what
+  nvidia-smi shows; parallel.cost.allocator_reserve): {bytes, ratio (over the peak), source
+  (cluster | calibration | default)}; null on CPU
 - verdict: {fits (true | false | null: no verdict), need_bytes, device_bytes,
   usable_bytes, margin_bytes (usable - need), basis, line}
 - step_time: the step-time model (parallel/cost/step_time.py) or null (a GPU with no known
@@ -34,6 +37,7 @@ from __future__ import annotations
 from conf.degrees import MESH_AXES
 from conf.spec import RunSpec
 from launcher.plan.no_fit import no_fit
+from parallel.cost.allocator_reserve import estimate_reserved
 from parallel.cost.plan import Plan
 from parallel.cost.step_time import TimeEstimate, estimate_time
 
@@ -60,6 +64,7 @@ def plan_json(spec: RunSpec, plan: Plan, suggestions: list) -> dict:
                          "weight_copies": m.weight_copies, "activations": m.activations,
                          "loss_peak": m.loss_peak, "in_step": m.in_step,
                          "static": m.static, "peak": m.total},
+        "reserved": _reserved_json(spec, m.total),
         "verdict": {"fits": v.fits, "need_bytes": v.need_bytes, "device_bytes": v.device_bytes,
                     "usable_bytes": v.usable_bytes, "margin_bytes": v.margin_bytes,
                     "basis": v.basis, "line": v.line},
@@ -69,6 +74,12 @@ def plan_json(spec: RunSpec, plan: Plan, suggestions: list) -> dict:
                          "memory_bytes": s.plan.memory.total, "fits": s.plan.verdict.fits,
                          "margin_bytes": s.plan.verdict.margin_bytes} for s in suggestions],
     }
+
+
+def _reserved_json(spec: RunSpec, peak: int) -> dict | None:
+    reserved = estimate_reserved(spec, peak)
+    return None if reserved is None else {"bytes": reserved.bytes, "ratio": reserved.ratio,
+                                          "source": reserved.source}
 
 
 def _no_fit_json(spec: RunSpec, plan: Plan, suggestions: list) -> dict | None:

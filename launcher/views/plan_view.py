@@ -7,6 +7,7 @@ from rich.table import Table
 from conf.spec import RunSpec
 from launcher.plan.no_fit import no_fit
 from launcher.views.rank_view import layout_line, rank_table
+from parallel.cost.allocator_reserve import estimate_reserved
 from parallel.cost.devices import GIB
 from parallel.cost.optimizer_state import uses_muon
 from parallel.cost.plan import Plan
@@ -90,7 +91,24 @@ def _memory_rows(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
         ("  fullest phase", f"{gib(m.in_step)} (gradients, activations, transients at the "
                             "loss, a block's backward or the optimizer step; the peak is this "
                             "+ parameters, optimizer state, weight copies)"),
+        *_reserved_row(spec, plan),
     ]
+
+
+def _reserved_row(spec: RunSpec, plan: Plan) -> list[tuple[str, str]]:
+    """The allocator's reserved peak on a GPU (what nvidia-smi shows), with its ratio's source,
+    and what it means when it is more than the device has."""
+    reserved = estimate_reserved(spec, plan.memory.total)
+    if reserved is None:
+        return []
+    text = (f"{gib(reserved.bytes)} (what the GPU shows: the CUDA caching allocator's peak, "
+            f"x{reserved.ratio:.2f} the peak above ({reserved.source}; cluster.reserved_ratio))")
+    device = plan.verdict.device_bytes
+    if plan.verdict.fits and device and reserved.bytes > device:
+        text += (f"; over the device's {gib(device)}: the allocator will empty its cache and "
+                 "retry (slower steps); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                 "keeps less in reserve")
+    return [("reserved (est.)", text)]
 
 
 def _optimizer_state_note(spec: RunSpec) -> str:

@@ -28,8 +28,9 @@ FILE_NAME = "calibration.json"
 CONSTANTS = ("peak_tflops", "hbm_gbps", "intra_node_gbps", "inter_node_gbps",
              "intra_node_latency_us", "inter_node_latency_us", "matmul_efficiency",
              "layer_overhead_us", "tp_overhead_us", "collective_overhead_us", "host_link_gbps",
-             "update_overhead_us", "matmul_knee_us", "ep_imbalance")
-"""The constants a calibration may hold: the `cluster.*` knobs of the same names, and
+             "update_overhead_us", "matmul_knee_us", "ep_imbalance", "reserved_ratio")
+"""The constants a calibration may hold: the `cluster.*` knobs of the same names (reserved_ratio:
+fitted to CUDA runs' memory peaks, parallel.cost.allocator_reserve), and
 `parallel.ep_imbalance` (fitted to MoE runs' routing: parallel.cost.routing_fit)."""
 
 

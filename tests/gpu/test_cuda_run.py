@@ -29,7 +29,9 @@ def test_default_command_runs_on_the_gpus_in_bf16(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert train[-1]["loss"] < train[0]["loss"]
-    assert {"mem_allocated_gib", "mem_reserved_gib", "mem_peak_gib"} <= set(train[-1])
+    assert {"mem_allocated_gib", "mem_reserved_gib", "mem_peak_gib",
+            "mem_reserved_peak_gib"} <= set(train[-1])
+    assert train[-1]["mem_reserved_peak_gib"] >= train[-1]["mem_peak_gib"] > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["peak_flops_source"].startswith("table:"), summary["peak_flops_source"]
     assert 0 < summary["mfu"] < 1

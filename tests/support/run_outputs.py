@@ -1,5 +1,6 @@
 """What a finished or running `meshrun run` left in its runs_dir, read back for tests: the one
-run dir, the train losses by step, the run dir whose first train step is logged."""
+run dir, the train losses by step, the run dir whose first train step is logged; and a run dir
+written by hand (its spec and metrics rows) for the commands that read finished runs."""
 from __future__ import annotations
 
 import json
@@ -24,3 +25,14 @@ def training_started(runs: Path) -> Path | None:
         if '"kind": "train"' in metrics.read_text() or '"kind":"train"' in metrics.read_text():
             return metrics.parent
     return None
+
+
+def written_run_dir(root: Path, name: str, spec, rows: list[dict]) -> Path:
+    """`root/name` as a run dir: `spec` (a RunSpec) as spec.json and `rows` as metrics.jsonl."""
+    from conf.run_dir.spec_io import write_spec
+
+    d = root / name
+    d.mkdir()
+    write_spec(spec, d / "spec.json")
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d

@@ -10,9 +10,9 @@ from functools import cache
 
 import pytest
 
-from conf.run_dir.spec_io import write_spec
 from parallel.cost.routing_fit import fit_imbalance, read_imbalance
 from parallel.cost.step_time import hardware_of
+from tests.support.run_outputs import written_run_dir
 from tests.support.specs import cpu_spec
 
 MOE = ("model=tiny_moe", "data=synthetic", "training.seq_len=32", "cluster.procs_per_node=2",
@@ -39,14 +39,6 @@ def _rows(loads: dict, *, step_s: float = 0.5) -> list[dict]:
     return rows
 
 
-def _run_dir(root, name: str, s, rows: list[dict]):
-    d = root / name
-    d.mkdir()
-    write_spec(s, d / "spec.json")
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return d
-
-
 def test_fit_is_the_max_past_warm_up_of_the_valid_load_ratios():
     assert fit_imbalance(_rows(LOADS), warmup_steps=3) == FITTED
     # the LR warm-up also counts: with none, step 3's 3.0 is past the first 2 rows
@@ -60,16 +52,16 @@ def test_fit_is_the_max_past_warm_up_of_the_valid_load_ratios():
 
 
 def test_a_dense_run_fits_nothing(tmp_path):
-    dense = _run_dir(tmp_path, "dense", spec("model=tiny", "data=synthetic"), _rows(LOADS))
+    dense = written_run_dir(tmp_path, "dense", spec("model=tiny", "data=synthetic"), _rows(LOADS))
     assert read_imbalance(dense) is None
-    moe = _run_dir(tmp_path, "moe", spec(*MOE), _rows(LOADS))
+    moe = written_run_dir(tmp_path, "moe", spec(*MOE), _rows(LOADS))
     assert read_imbalance(moe) == FITTED
 
 
 def test_calibrate_stores_and_prints_it_and_later_ep_plans_use_it(tmp_path, capsys):
     from launcher.cli import main
 
-    run = _run_dir(tmp_path, "moe", spec(*MOE, "parallel=zero3"), _rows(LOADS))
+    run = written_run_dir(tmp_path, "moe", spec(*MOE, "parallel=zero3"), _rows(LOADS))
     out = tmp_path / "cal.json"
     assert main(["plan", "--calibration-out", str(out), "--calibrate", str(run)]) == 0
     assert f"ep_imbalance = {FITTED:.4g}" in capsys.readouterr().out
@@ -86,7 +78,7 @@ def test_calibrate_stores_and_prints_it_and_later_ep_plans_use_it(tmp_path, caps
     assert f"ep all-to-all at {FITTED:.3g}x the mean tokens (calibration)" in shown
 
     # a dense run calibrates the same device: nothing fitted, the MoE runs' factor stays
-    dense = _run_dir(tmp_path, "dense", spec("model=tiny", "data=synthetic"),
+    dense = written_run_dir(tmp_path, "dense", spec("model=tiny", "data=synthetic"),
                      [{"kind": "train", "step": i, "step_time_s": 0.5} for i in range(1, 6)])
     assert main(["plan", "--calibration-out", str(out), "--calibrate", str(dense)]) == 0
     assert json.loads(out.read_text())["devices"]["CPU core"]["ep_imbalance"] == FITTED
@@ -100,8 +92,8 @@ def test_a_moe_run_without_routing_metrics_is_refused_and_nothing_is_stored(
 
     rows = _rows(loads) if loads else [{"kind": "train", "step": i, "step_time_s": 0.5}
                                        for i in range(1, 6)]
-    bad = _run_dir(tmp_path, "bad-moe", spec(*MOE), rows)
-    good = _run_dir(tmp_path, "good-dense", spec("model=tiny", "data=synthetic"),
+    bad = written_run_dir(tmp_path, "bad-moe", spec(*MOE), rows)
+    good = written_run_dir(tmp_path, "good-dense", spec("model=tiny", "data=synthetic"),
                     [{"kind": "train", "step": i, "step_time_s": 0.5} for i in range(1, 6)])
     out = tmp_path / "cal.json"
     assert main(["plan", "--calibration-out", str(out), "--calibrate", str(good), str(bad)]) == 2

@@ -17,6 +17,7 @@ from parallel.cost.plan import make_plan
 from parallel.cost.params import parameter_shapes
 from parallel.cost.step_time import (bubble_factor, core_share, estimate_time, hardware_of,
                                      optimizer_tensors, recompute_flops_per_token, step_parts)
+from tests.support.run_outputs import written_run_dir
 from tests.support.specs import cpu_spec
 
 SMALL = ("model=tiny", "model.n_layers=4", "data=synthetic", "training.seq_len=64",
@@ -307,12 +308,8 @@ def test_the_link_fit_recovers_alpha_and_beta():
 # --- the command --------------------------------------------------------------------------
 
 def _run_dir(root, name, s, step_s):
-    d = root / name
-    d.mkdir()
-    write_spec(s, d / "spec.json")
     rows = [{"kind": "train", "step": i, "step_time_s": step_s} for i in range(1, 8)]
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return d
+    return written_run_dir(root, name, s, rows)
 
 
 def test_calibrate_command_fits_stores_and_later_plans_use_it(tmp_path, capsys):
