@@ -37,6 +37,23 @@ def cpu_peak_cache(tmp_path_factory):
         os.environ[CACHE_ENV] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def inductor_cache(tmp_path_factory):
+    """torch.compile's caches (inductor's kernels, FX graphs) in a folder of the session, shared
+    by its tests and the processes they start, never the machine's /tmp/torchinductor_<user>:
+    a kernel left truncated there by a killed process on this shared machine failed every later
+    compile of the same graph ("ImportError: ... .so: file too short"). A test that sets its own
+    folder (test_compile_layouts) still does."""
+    key = "TORCHINDUCTOR_CACHE_DIR"
+    before = os.environ.get(key)
+    os.environ[key] = str(tmp_path_factory.mktemp("inductor_cache"))
+    yield os.environ[key]
+    if before is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = before
+
+
 @pytest.fixture
 def one_rank_group():
     """A real gloo group of one rank in this process (a HashStore), torn down afterwards."""
