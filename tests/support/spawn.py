@@ -9,8 +9,8 @@ barrier aborts about one teardown in eight on gloo). A rank that raises fails th
 that rank's traceback, and the other ranks are terminated; a run past `timeout_s` is killed.
 Return values (picklable) come back as a list indexed by rank.
 
-Ranks start from a fork server (multiprocessing's "forkserver") that has imported torch once
-per test process, then fork for each rank: a spawn of two no-op ranks took ~9-19 s with
+Ranks start from a fork server (multiprocessing's "forkserver") that has imported torch (and
+the modules of PRELOADED) once per test process, then fork for each rank: a spawn of two no-op ranks took ~9-19 s with
 "spawn" (each rank importing torch on this loaded 2-core machine) and 0.13 s after the
 server's first start (~4 s). A forked rank gets what spawn gives it (sys.path, the working
 folder: multiprocessing's preparation data) and, passed here, the caller's environment as it
@@ -36,8 +36,17 @@ class RankTimeout(TimeoutError):
     """The ranks did not all finish within the time limit."""
 
 
-PRELOADED = ["torch", "torch.distributed", "tests.support.spawn"]
-"""What the fork server imports once, before it forks the ranks."""
+PRELOADED = ["torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp",
+             "torch.distributed.checkpoint", "torch.distributed.pipelining",
+             "torch.distributed.tensor.parallel", "conf.spec", "conf.run_dir.spec_io",
+             "parallel.cost.memory", "training.parallel_model", "training.step",
+             "training.data.build", "training.optim", "training.checkpoint",
+             "tests.support.spawn"]
+"""What the fork server imports once, before it forks the ranks: torch, and what the ranks of
+the layout tests import (DTensor, FSDP, DCP, pipelining and the trainer's modules): a forked
+rank imported those in 5-15 s on this loaded machine (torch.distributed.pipelining alone
+3-9 s), every rank of every spawn. No module of these reads the environment when imported
+(the ranks get the caller's, module docstring); a name missing here is imported by the rank."""
 
 
 def _rank_entry(rank: int, fn: Callable[..., Any], world_size: int, store_path: str,
