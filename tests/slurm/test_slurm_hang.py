@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -30,46 +29,26 @@ workers beside other work), which named the second leg a hang too."""
 SCANCEL_SLACK_S = 20.0
 """Beyond the guard's bound: a step's age, scancel, and sacct seeing the job end."""
 STATUS_EVERY_S = 1.0
-"""Between two polls of the run's state (`_state`: sacct and the run dir's files)."""
+"""Between two `meshrun status` polls: each starts an interpreter (about 0.6 s of CPU)."""
 
 
-@pytest.fixture(scope="module")
-def scenarios(slurm_cluster, tmp_path_factory):
-    """Both scenarios below driven at once, in threads (each mostly waits: on the scheduler,
-    on the hang guard's timeout, on a requeue); one after another they took ~150 s. Each
-    name: a Future of what its driver returns; `.result()` re-raises what failed in it."""
-    root = tmp_path_factory.mktemp("slurm-hang")
-    with ThreadPoolExecutor(2) as pool:
-        yield {"stopped": pool.submit(_stopped_rank_job, root / "stopped"),
-               "requeued": pool.submit(_requeued_hang_job, root / "requeued")}
-
-
-def _stopped_rank_job(root) -> tuple:
-    """Rank 1 of a 2-node job (one rank per node) stopped after step 5, waited on until the
-    run's state is hung: (run dir, rank 1's heartbeat, seconds from the stop to `hung`,
-    `meshrun status --json` then)."""
-    runs = root / "runs"
+def test_a_stopped_rank_on_another_node_is_named_and_the_job_cancelled(slurm_cluster,
+                                                                       tmp_path):
+    runs = tmp_path / "runs"
     one_per_node = [o for o in SLURM if not o.startswith("cluster.procs_per_node=")]
     args = [*TINY, *one_per_node, "cluster.nodes=2", "cluster.procs_per_node=1", "logging=disabled", f"runs_dir={runs}",
             "training.steps=400", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
             "checkpoint.export_safetensors=false", f"training.hang_timeout_s={HANG_S}"]
     run_dir, beat, stopped_at = _submit_and_stop_rank_1_after_step_5(runs, args)
     try:
-        wait_for(lambda: _state(run_dir) == "hung",
-                 HANG_S + DETECTION_BOUND_S + SCANCEL_SLACK_S + 30, "state hung",
-                 every_s=STATUS_EVERY_S)
-        named_after = time.monotonic() - stopped_at
-        shown = _status(run_dir)
+        shown = wait_for(lambda: (s := _status(run_dir))["state"] == "hung" and s,
+                         HANG_S + DETECTION_BOUND_S + SCANCEL_SLACK_S + 30, "state hung",
+                         every_s=STATUS_EVERY_S)
     finally:
         if pid_alive(beat["pid"]):
             os.kill(beat["pid"], signal.SIGCONT)
-    return run_dir, beat, named_after, shown
-
-
-def test_a_stopped_rank_on_another_node_is_named_and_the_job_cancelled(scenarios):
-    run_dir, beat, named_after, shown = scenarios["stopped"].result()
+    named_after = time.monotonic() - stopped_at
     assert named_after < HANG_S + DETECTION_BOUND_S + SCANCEL_SLACK_S, named_after
-    assert shown["state"] == "hung", shown
     assert "rank(s) 1" in shown["hang"], shown
     report = (RunDir(run_dir).logs_dir / HANG_REPORT_FILE).read_text()
     assert "rank 1 [STALLED]" in report and "did not answer the stack request" in report, report
@@ -94,37 +73,21 @@ def _status(run_dir) -> dict:
     return json.loads(out.stdout) if out.returncode == 0 else {"state": "?"}
 
 
-def _state(run_dir) -> str:
-    """The `state` of `meshrun status`, asked in this process (launcher.views.run_status, the
-    code the command runs): a wait polls this instead of starting an interpreter each time."""
-    from launcher.views.run_status import run_status
-
-    return str(run_status(run_dir)["state"])
-
-
-def _requeued_hang_job(root):
-    """A 1-node job with a restart left, rank 1 stopped after step 5, waited on until `meshrun
-    status` says completed: its run dir."""
-    runs = root / "runs"
+def test_a_hung_job_with_restarts_left_is_requeued_and_finishes(slurm_cluster, tmp_path):
+    """training.max_restarts on Slurm covers hangs too: the guard requeues the job (a restart
+    leg naming the hang) instead of cancelling it, and the run finishes from its checkpoint."""
+    runs = tmp_path / "runs"
     args = [*TINY, *SLURM, "cluster.nodes=1", "logging=disabled", f"runs_dir={runs}",
             "training.steps=40", "checkpoint.every_steps=2", "checkpoint.keep_last=1",
             "checkpoint.export_safetensors=false", f"training.hang_timeout_s={REQUEUED_HANG_S}",
             "training.max_restarts=1"]
     run_dir, beat, _ = _submit_and_stop_rank_1_after_step_5(runs, args)
     try:
-        wait_for(lambda: _state(run_dir) == "completed", 300, "the requeued run's end",
+        wait_for(lambda: _status(run_dir)["state"] == "completed", 300, "the requeued run's end",
                  every_s=STATUS_EVERY_S)
     finally:
         if pid_alive(beat["pid"]):
             os.kill(beat["pid"], signal.SIGCONT)
-    return run_dir
-
-
-def test_a_hung_job_with_restarts_left_is_requeued_and_finishes(scenarios):
-    """training.max_restarts on Slurm covers hangs too: the guard requeues the job (a restart
-    leg naming the hang) instead of cancelling it, and the run finishes from its checkpoint."""
-    run_dir = scenarios["requeued"].result()
-    assert _status(run_dir)["state"] == "completed"
     legs = [leg for leg in RunDir(run_dir).read_resumes() if "restart" in leg]
     assert len(legs) == 1 and legs[0]["after"]["cause"] == "hung (stalled rank 1)", legs
     steps = [r["step"] for r in RunDir(run_dir).read_rows() if r.get("kind") == "train"]
