@@ -1,8 +1,7 @@
 """meshrun on a real Slurm cluster started on this machine (two slurmd nodes, accounting on).
 
 One task per rank through submitit; MASTER_ADDR is overridden to 127.0.0.1 because the test
-nodes' names (n1, n2) do not resolve. All five jobs start at once (the `jobs` fixture): one
-after another they took ~255 s of the suite, most of it waiting on the scheduler.
+nodes' names (n1, n2) do not resolve.
 """
 from __future__ import annotations
 
@@ -45,18 +44,9 @@ def status(run_dir: Path) -> dict:
     return json.loads(result.stdout)
 
 
-def state(run_dir: Path) -> str:
-    """The `state` word of `status`, asked in this process (launcher.views.run_status, the
-    code `meshrun status` runs): a wait polls this every second instead of starting an
-    interpreter each time (~0.6 s of CPU); the checks after a wait use `status`."""
-    from launcher.views.run_status import run_status
-
-    return str(run_status(run_dir)["state"])
-
-
 def wait_until(predicate, *, timeout_s: float, what: str, every_s: float = 0.2) -> None:
-    """Poll `predicate` every `every_s` (a file check: 0.2 s; a sacct-asking `state`, 1 s)
-    until it holds or `timeout_s` passes."""
+    """Poll `predicate` every `every_s` (a file check: 0.2 s; a `meshrun status` call, which
+    starts an interpreter, every 1 s) until it holds or `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -64,31 +54,21 @@ def wait_until(predicate, *, timeout_s: float, what: str, every_s: float = 0.2) 
 
 
 @pytest.fixture(scope="module")
-def jobs(slurm_cluster, tmp_path_factory):
-    """Every job of this module, started together in threads (a Slurm job spends much of its
-    time queued, starting, requeued and polled; 4 jobs fit the cluster at once): "slurm", a
-    2-node x 2-rank job with awkward characters in its name; "local", the same spec as a
-    local 4-process torchrun; "one_node", a 1-node job of 6 steps; "warning" and "crash", the
-    two scenarios below (`_warned_job`, `_crashed_job`). Each name: a Future of its outcome;
-    a test's `.result()` waits for its own job only and re-raises what failed in it."""
+def launches(slurm_cluster, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Three launches started together (a Slurm job spends much of its time queued, starting
+    and polled): "slurm", a 2-node x 2-rank job with awkward characters in its name; "local",
+    the same spec as a local 4-process torchrun; "one_node", a 1-node job of 6 steps. Each
+    name: (the `meshrun run` result, its runs_dir)."""
     root = tmp_path_factory.mktemp("slurm-runs")
     name = "name='a b \"c\" $HOME; echo x\nnext line'"
     spec = [*TINY, "training.steps=12", name]
     argv = {"slurm": ["run", "--wait", *spec, *SLURM, "cluster.nodes=2"],
             "local": ["run", *spec, "cluster.procs_per_node=4"],
             "one_node": ["run", "--wait", *TINY, "training.steps=6", *SLURM, "cluster.nodes=1"]}
-    with ThreadPoolExecutor(len(argv) + 2) as pool:
-        started = {key: pool.submit(lambda k, a: (meshrun(*a, f"runs_dir={root / k}"), root / k),
-                                    key, args) for key, args in argv.items()}
-        started["warning"] = pool.submit(_warned_job, root / "warning")
-        started["crash"] = pool.submit(_crashed_job, root / "crash")
-        yield started
-
-
-@pytest.fixture(scope="module")
-def launches(jobs) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """The three plain launches: each name, (the `meshrun run` result, its runs_dir)."""
-    return {key: jobs[key].result() for key in ("slurm", "local", "one_node")}
+    with ThreadPoolExecutor(len(argv)) as pool:
+        started = {key: pool.submit(meshrun, *args, f"runs_dir={root / key}")
+                   for key, args in argv.items()}
+        return {key: (future.result(), root / key) for key, future in started.items()}
 
 
 @pytest.fixture(scope="module")
@@ -126,63 +106,47 @@ def test_one_node_job_runs_to_completion(launches):
     assert Path(job["stdout"]).exists()
 
 
-WARNED_STEPS = 20  # the signal comes after step 5: 15 steps of margin before the end
-
-
-def _warned_job(runs_dir: Path) -> Path:
-    """A 2-node job sent Slurm's warning signal (USR1) after step 5, waited on until its
-    summary.json exists and `meshrun status` says completed; its run dir."""
-    result = meshrun("run", *TINY, f"training.steps={WARNED_STEPS}", "checkpoint.every_steps=100",
-                     *SLURM, "cluster.nodes=2", f"runs_dir={runs_dir}")
+def test_warning_signal_checkpoints_requeues_and_resumes_one_wandb_run(slurm_cluster, tmp_path):
+    steps = 20  # the signal comes after step 5: 15 steps of margin before the end
+    result = meshrun("run", *TINY, f"training.steps={steps}", "checkpoint.every_steps=100",
+                     *SLURM, "cluster.nodes=2", f"runs_dir={tmp_path}")
     assert result.returncode == 0, result.stderr
-    run_dir = only_run_dir(runs_dir)
+    run_dir = only_run_dir(tmp_path)
     (job,) = json.loads((run_dir / "slurm" / "jobs.json").read_text())
     wait_until(lambda: len(losses(run_dir)) >= 5, timeout_s=180, what="step 5")
     subprocess.run(["scancel", "--signal=USR1", job["job_id"]], check=True)
     wait_until(lambda: (run_dir / "summary.json").exists(), timeout_s=300, what="completion")
-    # summary.json comes before W&B has written its file: read that once the job has ended
-    wait_until(lambda: state(run_dir) == "completed", timeout_s=60, what="completed",
-               every_s=1)
-    return run_dir
-
-
-def test_warning_signal_checkpoints_requeues_and_resumes_one_wandb_run(jobs):
-    run_dir = jobs["warning"].result()
     events = rows(run_dir, "event")
     assert [e["event"] for e in events] == ["requeued", "finished"], events
     stopped_at = events[0]["step"]
-    assert 5 <= stopped_at < WARNED_STEPS
-    assert (run_dir / "checkpoints" / f"step_{stopped_at:08d}").exists() or stopped_at < WARNED_STEPS
-    assert sorted(losses(run_dir)) == list(range(1, WARNED_STEPS + 1))  # no step lost or doubled
-    assert status(run_dir)["state"] == "completed"
+    assert 5 <= stopped_at < steps
+    assert (run_dir / "checkpoints" / f"step_{stopped_at:08d}").exists() or stopped_at < steps
+    assert sorted(losses(run_dir)) == list(range(1, steps + 1))  # no step lost or doubled
+    # summary.json comes before W&B has written its file: read that once the job has ended
+    wait_until(lambda: status(run_dir)["state"] == "completed", timeout_s=60, what="completed",
+               every_s=1)
     record = read_runs(run_dir)
     assert record.run_id == (run_dir / "wandb_id.txt").read_text().strip()
     assert len(record.sources) == 2
     assert status(run_dir)["requeues"] == 1
 
 
-def _crashed_job(runs_dir: Path) -> tuple[Path, dict, subprocess.CompletedProcess]:
-    """A 2-node job whose rank 3 is SIGKILLed after the step-5 checkpoint, then `meshrun
-    resume --wait`: (its run dir, `meshrun status` once the job had ended, the resume)."""
+def test_crashed_job_is_reported_failed_and_resumes_from_its_checkpoint(slurm_cluster, tmp_path):
     result = meshrun("run", *TINY, "training.steps=20", "checkpoint.every_steps=5", *SLURM,
-                     "cluster.nodes=2", f"runs_dir={runs_dir}")
+                     "cluster.nodes=2", f"runs_dir={tmp_path}")
     assert result.returncode == 0, result.stderr
-    run_dir = only_run_dir(runs_dir)
+    run_dir = only_run_dir(tmp_path)
     wait_until(lambda: (run_dir / "checkpoints" / "step_00000005").exists(), timeout_s=180,
                what="the first checkpoint")
     log = (run_dir / "logs" / "rank3.log").read_text()
     pid = int(re.search(r"pid (\d+)", log).group(1))
     os.kill(pid, signal.SIGKILL)  # a node dies: no warning, no checkpoint
-    wait_until(lambda: state(run_dir) not in ("running", "pending"),
+    wait_until(lambda: status(run_dir)["state"] not in ("running", "pending"),
                timeout_s=240, what="the job to fail", every_s=1)
     failed = status(run_dir)
-    return run_dir, failed, meshrun("resume", "--wait", str(run_dir))
-
-
-def test_crashed_job_is_reported_failed_and_resumes_from_its_checkpoint(jobs):
-    run_dir, failed, resumed = jobs["crash"].result()
     assert (failed["state"], failed["scheduler_state"]) == ("failed", "FAILED"), failed
     assert "log_tail" in failed and failed["log_tail"].strip()
+    resumed = meshrun("resume", "--wait", str(run_dir))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert sorted(losses(run_dir)) == list(range(1, 21))
     assert status(run_dir)["state"] == "completed"
