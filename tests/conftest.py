@@ -28,13 +28,7 @@ def cpu_peak_cache(tmp_path_factory):
     reuse it, as on a user's machine."""
     from training.cpu_peak_cache import CACHE_ENV
 
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("cpu_peak_cache"))
-    yield os.environ[CACHE_ENV]
-    if before is None:
-        os.environ.pop(CACHE_ENV, None)
-    else:
-        os.environ[CACHE_ENV] = before
+    yield from _session_folder(tmp_path_factory, CACHE_ENV, "cpu_peak_cache")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -44,9 +38,14 @@ def inductor_cache(tmp_path_factory):
     a kernel left truncated there by a killed process on this shared machine failed every later
     compile of the same graph ("ImportError: ... .so: file too short"). A test that sets its own
     folder (test_compile_layouts) still does."""
-    key = "TORCHINDUCTOR_CACHE_DIR"
+    yield from _session_folder(tmp_path_factory, "TORCHINDUCTOR_CACHE_DIR", "inductor_cache")
+
+
+def _session_folder(tmp_path_factory, key: str, name: str):
+    """Set environment variable `key` to a new folder of the session (yielded) for the
+    session's tests and the processes they start, then restore it."""
     before = os.environ.get(key)
-    os.environ[key] = str(tmp_path_factory.mktemp("inductor_cache"))
+    os.environ[key] = str(tmp_path_factory.mktemp(name))
     yield os.environ[key]
     if before is None:
         os.environ.pop(key, None)
