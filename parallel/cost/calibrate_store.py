@@ -34,6 +34,10 @@ fitted to CUDA runs' memory peaks, parallel.cost.allocator_reserve), and
 `parallel.ep_imbalance` (fitted to MoE runs' routing: parallel.cost.routing_fit)."""
 
 
+RATIOS = ("ep_imbalance", "reserved_ratio")
+"""Constants that are ratios of at least 1 by construction (routing_fit, allocator_reserve)."""
+
+
 def default_path() -> Path:
     """$MESHRUN_HOME/calibration.json, else ~/.meshrun/calibration.json."""
     home = os.environ.get("MESHRUN_HOME") or os.path.join(os.path.expanduser("~"), ".meshrun")
@@ -83,6 +87,12 @@ def read_file(path: Path, *, key: str) -> dict:
     if bad:
         raise ConfigError([Problem(key, path, f"holds a constant that is not a finite number "
                                    f"({bad[0]})", fix)])
+    below = [f"{device}.{name}={value}" for device, entry in data["devices"].items()
+             for name, value in entry.items() if name in RATIOS and value < 1]
+    if below:
+        raise ConfigError([Problem(key, path, f"holds a ratio below 1 ({below[0]}): "
+                                   f"{', '.join(RATIOS)} are a max or a reserve over a mean or "
+                                   "an allocation", fix)])
     return data
 
 

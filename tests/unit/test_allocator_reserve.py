@@ -108,3 +108,14 @@ def test_a_ratio_below_one_is_refused_naming_the_key(capsys, value, rule):
     err = capsys.readouterr().err
     assert f"cluster.reserved_ratio={value}" in err and rule in err
     assert "Traceback" not in err
+
+
+def test_a_calibration_file_with_a_ratio_below_one_is_refused(tmp_path, capsys):
+    from launcher.cli import main
+
+    hand_edited = tmp_path / "cal.json"
+    hand_edited.write_text(json.dumps({"schema": "meshrun.calibration/1",
+                                       "devices": {"H100": {"reserved_ratio": 0.5}}}))
+    assert main(["plan", *H100, f"cluster.calibration={hand_edited}", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "H100.reserved_ratio=0.5" in err and "below 1" in err and "Traceback" not in err
