@@ -17,7 +17,7 @@ def progress_line(columns: int, *, done: int = 4321, total: int = 10000) -> str:
     out = io.StringIO()
     console = Console(file=out, width=columns, force_terminal=True, color_system=None)
     with Progress(*progress_columns(terminal_columns=columns), console=console,
-                  auto_refresh=False) as progress:
+                  auto_refresh=False, get_time=lambda: 0.0) as progress:  # a frozen clock
         task = progress.add_task(describe(ROW), total=total)
         progress.update(task, completed=done)
         progress.refresh()
